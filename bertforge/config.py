@@ -1,0 +1,383 @@
+"""Typed configuration: the single source of truth for a run.
+
+A config is built in three layers, each overriding the one before:
+
+1. the dataclass defaults below,
+2. a YAML file (``--config pretrain_base_128`` names one shipped in
+   ``bertforge/configs/``; a path names your own; a bare model preset such as
+   ``base`` means "defaults with that model"),
+3. dotted command-line overrides such as ``--train.global_batch_size 256``.
+
+Unknown keys and values of the wrong type are errors that name the key. The
+resolved config is saved as ``config.yaml`` in every run and checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+
+
+class ConfigError(ValueError):
+    """A user-facing configuration mistake; the message names the key."""
+
+
+@dataclass
+class ModelConfig:
+    """BERT shape. Field names follow Hugging Face's ``BertConfig`` so that
+    ``config.json`` maps one to one."""
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+    pad_token_id: int = 0
+
+
+def _shape(layers: int, hidden: int, heads: int) -> dict[str, int]:
+    return dict(num_hidden_layers=layers, hidden_size=hidden,
+                num_attention_heads=heads, intermediate_size=4 * hidden)
+
+
+# The standard BERT shapes (Turc et al. 2019 for the small ones, Devlin et al. 2018).
+MODEL_PRESETS: dict[str, dict[str, int]] = {
+    "tiny": _shape(2, 128, 2),
+    "mini": _shape(4, 256, 4),
+    "small": _shape(4, 512, 8),
+    "medium": _shape(8, 512, 8),
+    "base": _shape(12, 768, 12),
+    "large": _shape(24, 1024, 16),
+}
+
+
+@dataclass
+class DataConfig:
+    """Where training sequences come from and how they are masked."""
+
+    input: str = ""  # text file or directory; "" = the built-in corpus
+    vocab: str = ""  # WordPiece vocab.txt; "" = train one on the corpus
+    vocab_size: int = 8192  # size of a vocab trained here
+    lowercase: bool = True
+    seq_len: int = 128
+    max_predictions: int = 20
+    masked_lm_prob: float = 0.15
+    short_seq_prob: float = 0.1
+    dupe_factor: int = 5
+    eval_fraction: float = 0.05  # share of documents held out for evaluation
+    synthetic: bool = False  # random tokens, for benchmarking without a corpus
+    seed: int = 12345
+    num_workers: int = 0
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation. global_batch_size = micro_batch_size × accumulation × world size."""
+
+    optimizer: str = "lamb"  # lamb | adamw
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-6
+    bias_correction: bool = True
+    max_trust_ratio: float = 10.0  # LAMB trust-ratio clamp; 0 = no clamp
+    micro_batch_size: int = 32
+    global_batch_size: int = 32
+    steps: int = 1000
+    epochs: int = 0  # > 0: stop after this many passes over the data instead
+    warmup_steps: int = 0
+    warmup_proportion: float = 0.0  # used when warmup_steps is 0
+    schedule: str = "poly"  # poly | exp | table | constant
+    decay_power: float = 1.0  # poly: 1.0 is linear decay
+    end_lr: float = 0.0  # poly: lr reached at the last step
+    exp_decay_rate: float = 0.5  # exp: lr × exp(-rate × step / exp_decay_steps)
+    exp_decay_steps: int = 1000
+    lr_table: dict[int, float] = field(default_factory=dict)  # table: step → lr from that step
+    grad_clip: float = 1.0  # global-norm clip; 0 = off
+    eval_every: int = 0  # steps between evaluations; 0 = only at the end
+    eval_batches: int = 0  # 0 = the whole eval set
+    seed: int = 42
+
+
+@dataclass
+class ExecutionConfig:
+    """Where and how the model runs."""
+
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    precision: str = "fp32"  # fp32 | bf16 | fp16 (fp16 only on GPU)
+    parallel: str = "none"
+    recompute: str = "none"
+    compile: bool = False
+    threads: int = 0  # CPU threads for torch; 0 = torch's default
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 0  # steps between checkpoints; 0 = only at the end
+    keep: int = 3  # newest step directories kept; 0 = keep all
+    resume: str = ""  # a run or checkpoint directory to continue
+    init: str = ""  # start from these weights (our checkpoint or a Hugging Face dir)
+
+
+@dataclass
+class LogConfig:
+    run_dir: str = "runs"
+    name: str = ""  # "" = a timestamp
+    every: int = 10
+    progress: bool = True
+    tensorboard: bool = True  # when the tensorboard package is installed
+    wandb: bool = False
+    wandb_project: str = "bertforge"
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    execution: ExecutionConfig = field(default_factory=ExecutionConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    @property
+    def accumulation_steps(self) -> int:
+        return accumulation_steps(self.train, world_size=1)
+
+
+CHOICES = {
+    "train.optimizer": ("lamb", "adamw"),
+    "train.schedule": ("poly", "exp", "table", "constant"),
+    "execution.precision": ("fp32", "bf16", "fp16"),
+    "execution.parallel": ("none",),
+    "execution.recompute": ("none",),
+    "model.hidden_act": ("gelu", "relu", "gelu_new"),
+}
+
+
+def accumulation_steps(train: TrainConfig, world_size: int) -> int:
+    per_step = train.micro_batch_size * world_size
+    if train.global_batch_size % per_step:
+        raise ConfigError(
+            f"train.global_batch_size={train.global_batch_size} is not a multiple of "
+            f"train.micro_batch_size × world size = {per_step}")
+    return train.global_batch_size // per_step
+
+
+# ---------------------------------------------------------------- coercion
+
+def _coerce(key: str, value: Any, typ: Any) -> Any:
+    """Check (YAML) or convert (command-line strings) one value to a field's type."""
+    origin = typing.get_origin(typ)
+    if origin is dict:
+        if isinstance(value, str):
+            value = yaml.safe_load(value) or {}
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        ktyp, vtyp = typing.get_args(typ)
+        return {_coerce(f"{key}[{k}]", k, ktyp): _coerce(f"{key}[{k}]", v, vtyp)
+                for k, v in value.items()}
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(typ) if a is not type(None)]
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            return None
+        return _coerce(key, value, args[0])
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on"):
+            return True
+        if isinstance(value, str) and value.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    if typ is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, str):
+            try:
+                return int(value.replace("_", ""))
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if typ is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if typ is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    raise TypeError(f"unsupported config type {typ} for {key}")
+
+
+def _section_types(section: Any) -> dict[str, Any]:
+    hints = typing.get_type_hints(type(section))
+    return {f.name: hints[f.name] for f in dataclasses.fields(section)}
+
+
+def set_value(cfg: Config, dotted: str, value: Any) -> None:
+    """Set ``section.field`` on cfg, converting and checking the value."""
+    section_name, _, name = dotted.partition(".")
+    sections = {f.name for f in dataclasses.fields(Config)}
+    if section_name not in sections:
+        raise ConfigError(f"unknown config section {section_name!r} in {dotted!r} "
+                          f"(sections: {', '.join(sorted(sections))})")
+    section = getattr(cfg, section_name)
+    if section_name == "model" and name in ("", "preset"):
+        apply_model_preset(cfg, value)
+        return
+    fields = _section_types(section)
+    if name not in fields:
+        raise ConfigError(f"unknown config key {dotted!r} "
+                          f"(keys of {section_name}: {', '.join(fields)})")
+    value = _coerce(dotted, value, fields[name])
+    choices = CHOICES.get(dotted)
+    if choices and value not in choices:
+        raise ConfigError(f"{dotted}: {value!r} is not one of {', '.join(choices)}")
+    setattr(section, name, value)
+
+
+def apply_model_preset(cfg: Config, preset: Any) -> None:
+    if preset not in MODEL_PRESETS:
+        raise ConfigError(f"model: unknown preset {preset!r} "
+                          f"(presets: {', '.join(MODEL_PRESETS)})")
+    for key, value in MODEL_PRESETS[preset].items():
+        setattr(cfg.model, key, value)
+
+
+def apply_dict(cfg: Config, data: dict[str, Any], source: str = "") -> None:
+    """Apply a nested mapping (a parsed YAML file) to cfg."""
+    where = f" in {source}" if source else ""
+    if not isinstance(data, dict):
+        raise ConfigError(f"config{where}: expected a mapping of sections, got {data!r}")
+    for section_name, body in data.items():
+        if section_name == "model" and isinstance(body, str):
+            apply_model_preset(cfg, body)
+            continue
+        if not isinstance(body, dict):
+            raise ConfigError(f"{section_name}{where}: expected a mapping, got {body!r}")
+        body = dict(body)
+        if section_name == "model" and "preset" in body:  # the preset first, fields on top
+            apply_model_preset(cfg, body.pop("preset"))
+        for name, value in body.items():
+            try:
+                set_value(cfg, f"{section_name}.{name}", value)
+            except ConfigError as err:
+                raise ConfigError(f"{err}{where}") from None
+
+
+def resolve_config_path(name: str) -> Path | None:
+    """A YAML path, or the name of a shipped config; None for a bare model preset."""
+    path = Path(name)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {name}")
+        return path
+    shipped = CONFIG_DIR / f"{name}.yaml"
+    if shipped.is_file():
+        return shipped
+    if name in MODEL_PRESETS:
+        return None
+    known = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")) + list(MODEL_PRESETS)
+    raise ConfigError(f"unknown config {name!r} (a YAML path, or one of: {', '.join(known)})")
+
+
+def load_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({err})") from None
+    return data or {}
+
+
+def parse_overrides(args: list[str]) -> list[tuple[str, str]]:
+    """``["--train.lr", "1e-4", "--data.synthetic"]`` → pairs. A flag with no value is true."""
+    pairs: list[tuple[str, str]] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--") or "." not in arg:
+            raise ConfigError(f"unexpected argument {arg!r} (overrides look like --train.lr 1e-4)")
+        key = arg[2:]
+        if "=" in key:
+            key, value = key.split("=", 1)
+            i += 1
+        elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+            value = args[i + 1]
+            i += 2
+        else:
+            value = "true"
+            i += 1
+        pairs.append((key, value))
+    return pairs
+
+
+def load_config(name: str | None = None, overrides: list[tuple[str, Any]] | None = None) -> Config:
+    """Defaults, then the named YAML config or model preset, then dotted overrides."""
+    cfg = Config()
+    if name:
+        path = resolve_config_path(name)
+        if path is None:
+            apply_model_preset(cfg, name)
+        else:
+            apply_dict(cfg, load_yaml(path), source=str(path))
+    for key, value in overrides or []:
+        set_value(cfg, key, value)
+    validate(cfg)
+    return cfg
+
+
+def config_from_dict(data: dict[str, Any]) -> Config:
+    cfg = Config()
+    apply_dict(cfg, data)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    """Cross-field checks, each naming the fields involved."""
+    m = cfg.model
+    if m.hidden_size % m.num_attention_heads:
+        raise ConfigError(f"model.hidden_size={m.hidden_size} is not divisible by "
+                          f"model.num_attention_heads={m.num_attention_heads}")
+    if cfg.data.seq_len > m.max_position_embeddings:
+        raise ConfigError(f"data.seq_len={cfg.data.seq_len} exceeds "
+                          f"model.max_position_embeddings={m.max_position_embeddings}")
+    if not 0 < cfg.data.max_predictions <= cfg.data.seq_len:
+        raise ConfigError(f"data.max_predictions={cfg.data.max_predictions} must be in "
+                          f"1..data.seq_len={cfg.data.seq_len}")
+    for key in ("train.micro_batch_size", "train.global_batch_size"):
+        section, name = key.split(".")
+        if getattr(getattr(cfg, section), name) <= 0:
+            raise ConfigError(f"{key} must be positive")
+    if cfg.train.steps <= 0 and cfg.train.epochs <= 0:
+        raise ConfigError("train.steps or train.epochs must be positive")
+    accumulation_steps(cfg.train, world_size=1)

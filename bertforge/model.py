@@ -1,0 +1,287 @@
+"""The whole BERT: embeddings, encoder, pooler and the task heads.
+
+Parameter names follow Hugging Face's ``modeling_bert.py`` (``bert.embeddings.
+word_embeddings``, ``attention.self.query``, ``cls.predictions…``) so that
+importing and exporting weights is a near-identity key map (see convert.py).
+The model is single-device and knows nothing of processes or files.
+
+Shapes: B batch, T sequence length, H hidden size, P masked positions per
+sequence, V vocab size.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+
+ACTIVATIONS = {
+    "gelu": F.gelu,
+    "relu": F.relu,
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+}
+
+
+class BertEmbeddings(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size, padding_idx=cfg.pad_token_id)
+        self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
+        self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
+        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+        T = input_ids.shape[1]
+        positions = self.position_embeddings.weight[:T]  # (T, H), broadcast over B
+        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids) + positions
+        return self.dropout(self.LayerNorm(x))  # (B, T, H)
+
+
+class BertSelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.num_heads = cfg.num_attention_heads
+        self.query = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.key = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.dropout_p = cfg.attention_probs_dropout_prob
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        B, T, H = x.shape
+
+        def heads(t: torch.Tensor) -> torch.Tensor:  # (B, T, H) -> (B, heads, T, H/heads)
+            return t.view(B, T, self.num_heads, H // self.num_heads).transpose(1, 2)
+
+        out = F.scaled_dot_product_attention(
+            heads(self.query(x)), heads(self.key(x)), heads(self.value(x)),
+            attn_mask=mask, dropout_p=self.dropout_p if self.training else 0.0)
+        return out.transpose(1, 2).reshape(B, T, H)
+
+
+class BertSelfOutput(nn.Module):
+    """Projection, dropout, residual and LayerNorm after attention (HF: attention.output)."""
+
+    def __init__(self, cfg: ModelConfig, in_features: int):
+        super().__init__()
+        self.dense = nn.Linear(in_features, cfg.hidden_size)
+        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dropout(self.dense(x)) + residual)
+
+
+class BertAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self = BertSelfAttention(cfg)
+        self.output = BertSelfOutput(cfg, cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        return self.output(self.self(x, mask), x)
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+        self.act = ACTIVATIONS[cfg.hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.dense(x))
+
+
+class BertLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attention = BertAttention(cfg)
+        self.intermediate = BertIntermediate(cfg)
+        self.output = BertSelfOutput(cfg, cfg.intermediate_size)  # HF: layer.N.output
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        x = self.attention(x, mask)
+        return self.output(self.intermediate(x), x)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_hidden_layers))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None,
+                all_hidden_states: list[torch.Tensor] | None = None) -> torch.Tensor:
+        for layer in self.layer:
+            if all_hidden_states is not None:
+                all_hidden_states.append(x)
+            x = layer(x, mask)
+        if all_hidden_states is not None:
+            all_hidden_states.append(x)
+        return x
+
+
+class BertPooler(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(x[:, 0]))  # (B, H) from the [CLS] position
+
+
+def attention_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """(B, T) of 1 = token, 0 = padding → additive (B, 1, 1, T) bias for SDPA."""
+    if attention_mask is None:
+        return None
+    bias = torch.zeros(attention_mask.shape, dtype=dtype, device=attention_mask.device)
+    bias.masked_fill_(attention_mask == 0, torch.finfo(dtype).min)
+    return bias[:, None, None, :]
+
+
+class BertModel(nn.Module):
+    """The encoder: token ids in, hidden states (and pooled [CLS]) out."""
+
+    def __init__(self, cfg: ModelConfig, add_pooler: bool = True):
+        super().__init__()
+        self.config = cfg
+        self.embeddings = BertEmbeddings(cfg)
+        self.encoder = BertEncoder(cfg)
+        self.pooler = BertPooler(cfg) if add_pooler else None
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None,
+                all_hidden_states: list[torch.Tensor] | None = None,
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        B, T = input_ids.shape
+        if T > self.config.max_position_embeddings:
+            raise ValueError(f"sequence length {T} exceeds "
+                             f"max_position_embeddings={self.config.max_position_embeddings}")
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        x = self.embeddings(input_ids, token_type_ids)
+        # Under autocast SDPA runs in the autocast dtype; the bias must match it.
+        dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+        x = self.encoder(x, attention_bias(attention_mask, dtype), all_hidden_states)
+        pooled = self.pooler(x) if self.pooler is not None else None
+        return x, pooled  # (B, T, H), (B, H)
+
+
+class BertPredictionHeadTransform(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.act = ACTIVATIONS[cfg.hidden_act]
+        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.act(self.dense(x)))
+
+
+class BertLMPredictionHead(nn.Module):
+    """Transform, then project onto the vocab with the (tied) word embeddings."""
+
+    def __init__(self, cfg: ModelConfig, word_embeddings: nn.Embedding):
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(cfg)
+        self.word_embeddings = [word_embeddings]  # a list, so the tied weight is not registered twice
+        self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.transform(x), self.word_embeddings[0].weight, self.bias)
+
+
+class BertPreTrainingHeads(nn.Module):
+    def __init__(self, cfg: ModelConfig, word_embeddings: nn.Embedding):
+        super().__init__()
+        self.predictions = BertLMPredictionHead(cfg, word_embeddings)
+        self.seq_relationship = nn.Linear(cfg.hidden_size, 2)
+
+
+def init_weights(model: nn.Module, std: float) -> None:
+    """BERT initialisation: normal(0, std) weights, zero biases, unit LayerNorm."""
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=std)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+
+
+class BertForPreTraining(nn.Module):
+    """Masked LM + next-sentence prediction.
+
+    With ``masked_lm_positions`` (B, P) only those positions are gathered and
+    projected onto the vocab: (B, P, V) logits instead of (B, T, V). With 20 of
+    128 positions masked this skips ~84% of the largest matmul of the model.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.bert = BertModel(cfg)
+        self.cls = BertPreTrainingHeads(cfg, self.bert.embeddings.word_embeddings)
+        init_weights(self, cfg.initializer_range)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None,
+                masked_lm_positions: torch.Tensor | None = None,
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        x, pooled = self.bert(input_ids, token_type_ids, attention_mask)
+        if masked_lm_positions is not None:
+            H = x.shape[-1]
+            x = torch.gather(x, 1, masked_lm_positions.unsqueeze(-1).expand(-1, -1, H))  # (B, P, H)
+        mlm_logits = self.cls.predictions(x)  # (B, P, V), or (B, T, V) without positions
+        nsp_logits = self.cls.seq_relationship(pooled)  # (B, 2)
+        return mlm_logits, nsp_logits
+
+
+class BertForQuestionAnswering(nn.Module):
+    """SQuAD span head: a start and an end logit per token."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.bert = BertModel(cfg, add_pooler=False)
+        self.qa_outputs = nn.Linear(cfg.hidden_size, 2)
+        init_weights(self, cfg.initializer_range)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        x, _ = self.bert(input_ids, token_type_ids, attention_mask)
+        start, end = self.qa_outputs(x).unbind(-1)
+        return start, end  # (B, T) each
+
+
+def pretraining_loss(mlm_logits: torch.Tensor, nsp_logits: torch.Tensor,
+                     batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """MLM cross-entropy averaged over real (weight 1) predictions, plus NSP cross-entropy.
+
+    Also returns the counts of correct predictions, for accuracy without a second pass.
+    """
+    weights = batch["masked_lm_weights"].float()  # (B, P); 0 marks padding predictions
+    token_loss = F.cross_entropy(mlm_logits.float().flatten(0, 1), batch["masked_lm_ids"].flatten(),
+                                 reduction="none")
+    n_pred = weights.sum()
+    mlm_loss = (token_loss * weights.flatten()).sum() / n_pred.clamp(min=1.0)
+    nsp_labels = batch["next_sentence_labels"].flatten()
+    nsp_loss = F.cross_entropy(nsp_logits.float(), nsp_labels)
+    with torch.no_grad():
+        mlm_correct = ((mlm_logits.argmax(-1) == batch["masked_lm_ids"]).float() * weights).sum()
+        nsp_correct = (nsp_logits.argmax(-1) == nsp_labels).float().sum()
+    return {
+        "loss": mlm_loss + nsp_loss,
+        "mlm_loss": mlm_loss,
+        "nsp_loss": nsp_loss,
+        "mlm_correct": mlm_correct,
+        "mlm_count": n_pred,
+        "nsp_correct": nsp_correct,
+        "nsp_count": torch.tensor(float(nsp_labels.numel()), device=nsp_logits.device),
+    }
+
+
+def num_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
