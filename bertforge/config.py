@@ -79,7 +79,7 @@ class DataConfig:
     masked_lm_prob: float = 0.15
     short_seq_prob: float = 0.1
     dupe_factor: int = 5
-    eval_fraction: float = 0.05  # share of documents held out for evaluation
+    eval_fraction: float = 0.1  # share of documents held out for evaluation
     synthetic: bool = False  # random tokens, for benchmarking without a corpus
     seed: int = 12345
     num_workers: int = 0

@@ -149,6 +149,7 @@ class BertModel(nn.Module):
         self.embeddings = BertEmbeddings(cfg)
         self.encoder = BertEncoder(cfg)
         self.pooler = BertPooler(cfg) if add_pooler else None
+        init_weights(self, cfg.initializer_range)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None,
@@ -206,6 +207,8 @@ def init_weights(model: nn.Module, std: float) -> None:
             nn.init.normal_(module.weight, std=std)
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
+            if isinstance(module, nn.Embedding) and module.padding_idx is not None:
+                nn.init.zeros_(module.weight[module.padding_idx])
         elif isinstance(module, nn.LayerNorm):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
@@ -224,7 +227,7 @@ class BertForPreTraining(nn.Module):
         self.config = cfg
         self.bert = BertModel(cfg)
         self.cls = BertPreTrainingHeads(cfg, self.bert.embeddings.word_embeddings)
-        init_weights(self, cfg.initializer_range)
+        init_weights(self.cls, cfg.initializer_range)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None,
@@ -247,7 +250,7 @@ class BertForQuestionAnswering(nn.Module):
         self.config = cfg
         self.bert = BertModel(cfg, add_pooler=False)
         self.qa_outputs = nn.Linear(cfg.hidden_size, 2)
-        init_weights(self, cfg.initializer_range)
+        init_weights(self.qa_outputs, cfg.initializer_range)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,99 @@
+"""Training-step throughput and peak memory on synthetic data.
+
+    bertforge bench pretrain --config tiny --batch-size 16 --seq-len 128 --steps 20 --json
+
+Times whole optimizer steps (forward, backward, clip, optimizer) after a few
+warm-up steps. Peak memory is the device's peak allocation on CUDA, and on the
+CPU the growth of the process's peak resident set over what it held before
+the model was built.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from typing import Any
+
+import torch
+
+from .config import Config
+from .data import SyntheticDataset
+from .model import BertForPreTraining, num_parameters
+from .optim import build_optimizer, build_scheduler
+from .train import StepContext, resolve_device, to_device, train_step
+
+
+def current_rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[1])
+    return pages * resource.getpagesize() / 2**20
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+class PeakMemory:
+    """Peak memory in MiB of what runs after construction."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+            self.base = torch.cuda.memory_allocated(device) / 2**20
+        else:
+            self.base = current_rss_mb()
+
+    def peak_mb(self) -> float:
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) / 2**20 - self.base
+        return peak_rss_mb() - self.base
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def bench_pretrain(cfg: Config, batch_size: int, seq_len: int, steps: int,
+                   warmup: int = 3) -> dict[str, Any]:
+    """Sequences and tokens per second of our pre-training step on synthetic batches."""
+    if cfg.execution.threads > 0:
+        torch.set_num_threads(cfg.execution.threads)
+    device = resolve_device(cfg.execution.device)
+    cfg.train.micro_batch_size = cfg.train.global_batch_size = batch_size
+    cfg.data.seq_len = seq_len
+    cfg.train.schedule, cfg.train.warmup_steps = "constant", 0
+    data = SyntheticDataset(size=batch_size, vocab_size=cfg.model.vocab_size, seq_len=seq_len,
+                            max_predictions=cfg.data.max_predictions, seed=cfg.data.seed)
+    batch = to_device(data.batch(list(range(batch_size))), device)
+    memory = PeakMemory(device)
+    torch.manual_seed(cfg.train.seed)
+    model = BertForPreTraining(cfg.model).to(device).train()
+    optimizer = build_optimizer(model, cfg.train)
+    ctx = StepContext(model, optimizer, build_scheduler(optimizer, cfg.train, steps + warmup),
+                      device, cfg.execution.precision, cfg.train.grad_clip,
+                      torch.amp.GradScaler(device.type) if cfg.execution.precision == "fp16" else None)
+    for _ in range(warmup):
+        train_step(ctx, [batch])
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        out = train_step(ctx, [batch])
+    loss = out["loss"].item()  # also waits for the device
+    elapsed = time.perf_counter() - start
+    seq_per_s = steps * batch_size / elapsed
+    return {
+        "model": "bertforge",
+        "layers": cfg.model.num_hidden_layers, "hidden": cfg.model.hidden_size,
+        "params_m": round(num_parameters(model) / 1e6, 2),
+        "device": str(device), "precision": cfg.execution.precision,
+        "threads": torch.get_num_threads(),
+        "batch_size": batch_size, "seq_len": seq_len, "max_predictions": cfg.data.max_predictions,
+        "optimizer": cfg.train.optimizer, "steps": steps,
+        "step_ms": round(1000 * elapsed / steps, 2),
+        "seq_per_s": round(seq_per_s, 2),
+        "tokens_per_s": round(seq_per_s * seq_len, 1),
+        "peak_mem_mb": round(memory.peak_mb(), 1),
+        "final_loss": round(loss, 4),
+    }

@@ -1,0 +1,169 @@
+"""The ``bertforge`` command: one subcommand per job.
+
+    bertforge pretrain [--config NAME] [--steps N] [--resume RUN] [--section.key VALUE ...]
+    bertforge bench pretrain --config tiny --batch-size 16 --seq-len 128 --steps 20 --json
+    bertforge export CHECKPOINT OUT_DIR        # to a Hugging Face BERT directory
+    bertforge config [--config NAME] [--section.key VALUE ...]   # print the resolved config
+
+Mistakes a user can make end with a one-line ``error: …`` and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from . import __version__
+from .config import MODEL_PRESETS, Config, ConfigError, load_config, parse_overrides
+
+OVERRIDES_HELP = ("Any config field can be set with a dotted flag, e.g. --train.lr 1e-4 "
+                  "--data.input corpus.txt --execution.precision bf16 (see `bertforge config`).")
+
+
+def _config_from_args(args: argparse.Namespace, extra: list[str], default: str | None) -> Config:
+    overrides = parse_overrides(extra)
+    for flag, key in (("steps", "train.steps"), ("epochs", "train.epochs"),
+                      ("resume", "checkpoint.resume"), ("init", "checkpoint.init"),
+                      ("run_dir", "log.run_dir"), ("name", "log.name")):
+        value = getattr(args, flag, None)
+        if value is not None:
+            overrides.append((key, value))
+    if getattr(args, "wandb", False):
+        overrides.append(("log.wandb", True))
+    if getattr(args, "no_progress", False):
+        overrides.append(("log.progress", False))
+    name = args.config
+    resume = getattr(args, "resume", None)
+    if name is None and resume:
+        # A resumed run continues with the config it was saved with, plus the overrides.
+        from .checkpoint import find_checkpoint
+        name = str(find_checkpoint(resume) / "config.yaml")
+    return load_config(name or default, overrides)
+
+
+def cmd_pretrain(args: argparse.Namespace, extra: list[str]) -> int:
+    from .train import pretrain
+
+    cfg = _config_from_args(args, extra, default="pretrain_tiny")
+    summary = pretrain(cfg)
+    if summary["first_eval"] and summary["last_eval"]:
+        print(f"held-out masked-LM accuracy {summary['first_eval']['mlm_accuracy']:.4f} → "
+              f"{summary['last_eval']['mlm_accuracy']:.4f}, NSP accuracy "
+              f"{summary['first_eval']['nsp_accuracy']:.4f} → {summary['last_eval']['nsp_accuracy']:.4f}")
+    print(f"run directory: {summary['run_dir']}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace, extra: list[str]) -> int:
+    from .bench import bench_pretrain
+
+    cfg = _config_from_args(args, extra, default="tiny")
+    if args.max_predictions is not None:
+        cfg.data.max_predictions = args.max_predictions
+    for flag, section, key in (("precision", "execution", "precision"), ("device", "execution", "device")):
+        if getattr(args, flag) is not None:
+            setattr(getattr(cfg, section), key, getattr(args, flag))
+    result = bench_pretrain(cfg, args.batch_size, args.seq_len, args.steps, warmup=args.warmup)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for key, value in result.items():
+            print(f"{key:>16}: {value}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
+    from .checkpoint import find_checkpoint, load_model
+    from .convert import export_hf
+
+    if extra:
+        raise ConfigError(f"unexpected arguments: {' '.join(extra)}")
+    checkpoint = find_checkpoint(args.checkpoint)
+    model = load_model(checkpoint, head=args.head)
+    vocab = checkpoint / "vocab.txt"
+    export_hf(model, args.out, vocab_path=vocab if vocab.is_file() else None)
+    print(f"exported {checkpoint} to {args.out}")
+    return 0
+
+
+def cmd_config(args: argparse.Namespace, extra: list[str]) -> int:
+    cfg = _config_from_args(args, extra, default=None)
+    print(cfg.to_yaml(), end="")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bertforge", description="BERT pre-training and fine-tuning.",
+                                     epilog=OVERRIDES_HELP, allow_abbrev=False)
+    parser.add_argument("--version", action="version", version=f"bertforge {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    config_help = (f"a config shipped in bertforge/configs (e.g. pretrain_base_128), a YAML path, "
+                   f"or a model preset ({', '.join(MODEL_PRESETS)})")
+    p = sub.add_parser("pretrain", help="pre-train BERT (MLM + NSP)", epilog=OVERRIDES_HELP,
+                       description="Pre-train BERT. With no arguments: the tiny preset on the built-in "
+                                   "corpus, offline, in a few minutes on a laptop CPU.")
+    p.add_argument("--config", help=config_help + " (default: pretrain_tiny)")
+    p.add_argument("--steps", type=int, help="optimizer steps (train.steps)")
+    p.add_argument("--epochs", type=int, help="passes over the data instead of --steps (train.epochs)")
+    p.add_argument("--resume", help="run or checkpoint directory to continue exactly")
+    p.add_argument("--init", help="start from these weights: our checkpoint (checkpoint.init)")
+    p.add_argument("--run-dir", help="parent directory of run directories (log.run_dir)")
+    p.add_argument("--name", help="run directory name (log.name)")
+    p.add_argument("--wandb", action="store_true", help="log to Weights & Biases (log.wandb)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (log.progress)")
+    p.set_defaults(func=cmd_pretrain)
+
+    bench = sub.add_parser("bench", help="benchmarks on synthetic data")
+    bench_sub = bench.add_subparsers(dest="bench", required=True)
+    p = bench_sub.add_parser("pretrain", help="pre-training step throughput and peak memory",
+                             epilog=OVERRIDES_HELP)
+    p.add_argument("--config", help=config_help + " (default: tiny)")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--max-predictions", type=int, help="masked positions per sequence (default 20)")
+    p.add_argument("--steps", type=int, default=20, help="timed steps")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"))
+    p.add_argument("--device", help="auto, cpu, cuda, cuda:N")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("export", help="export a checkpoint to a Hugging Face BERT directory")
+    p.add_argument("checkpoint", help="run or step directory")
+    p.add_argument("out", type=Path, help="output directory (must not exist)")
+    p.add_argument("--head", choices=("pretraining", "qa", "encoder"), default="pretraining")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("config", help="print a resolved config as YAML", epilog=OVERRIDES_HELP)
+    p.add_argument("--config", help=config_help + " (default: the built-in defaults)")
+    p.set_defaults(func=cmd_config)
+    return parser
+
+
+def user_errors() -> tuple[type[Exception], ...]:
+    """Exceptions that carry a message for the user rather than a bug."""
+    from .checkpoint import CheckpointError
+    from .convert import ConversionError
+    from .data import DataError
+
+    return (ConfigError, CheckpointError, ConversionError, DataError, FileNotFoundError)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    try:
+        return args.func(args, extra)
+    except user_errors() as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

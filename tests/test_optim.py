@@ -1,0 +1,553 @@
+"""Tests of bertforge.optim against numbers computed by hand or by small
+independent numpy re-implementations of the published update rules."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from bertforge.config import ConfigError, ModelConfig, TrainConfig
+from bertforge.model import BertForPreTraining
+from bertforge.optim import (AdamWNoBiasCorrection, Lamb, build_optimizer, build_scheduler, lr_at,
+                             param_groups)
+
+SQRT_0_001 = math.sqrt(0.001)  # sqrt(1 - beta2) for beta2 = 0.999
+
+
+def one_step(opt_cls, w, g, **kwargs) -> list[float]:
+    """Apply one step of opt_cls to a parameter w with gradient g."""
+    p = nn.Parameter(torch.tensor(w, dtype=torch.float32))
+    opt = opt_cls([p], **kwargs)
+    p.grad = torch.tensor(g, dtype=torch.float32)
+    opt.step()
+    return p.detach().tolist()
+
+
+def run_steps(opt_cls, w, grads, **kwargs) -> np.ndarray:
+    p = nn.Parameter(torch.tensor(w, dtype=torch.float32))
+    opt = opt_cls([p], **kwargs)
+    for g in grads:
+        p.grad = torch.tensor(g, dtype=torch.float32)
+        opt.step()
+    return p.detach().double().numpy()
+
+
+# ------------------------------------------------ numpy references (float64)
+
+def lamb_reference(w, grads, lr, b1, b2, eps, wd, bias_correction, max_trust_ratio):
+    """You et al. 2019, Algorithm 2, one tensor, with the trust-ratio clamp."""
+    w = np.array(w, dtype=np.float32).astype(np.float64)
+    m = np.zeros_like(w)
+    v = np.zeros_like(w)
+    for t, g in enumerate(grads, start=1):
+        g = np.array(g, dtype=np.float32).astype(np.float64)
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        if bias_correction:
+            m_hat, v_hat = m / (1 - b1 ** t), v / (1 - b2 ** t)
+        else:
+            m_hat, v_hat = m, v
+        u = m_hat / (np.sqrt(v_hat) + eps) + wd * w
+        w_norm, u_norm = np.linalg.norm(w), np.linalg.norm(u)
+        r = w_norm / u_norm if w_norm > 0 and u_norm > 0 else 1.0
+        if max_trust_ratio > 0:
+            r = min(r, max_trust_ratio)
+        w = w - lr * r * u
+    return w
+
+
+def adamw_reference(w, grads, lr, b1, b2, eps, wd):
+    """Loshchilov & Hutter's AdamW with bias correction (torch.optim.AdamW's update)."""
+    w = np.array(w, dtype=np.float32).astype(np.float64)
+    m = np.zeros_like(w)
+    v = np.zeros_like(w)
+    for t, g in enumerate(grads, start=1):
+        g = np.array(g, dtype=np.float32).astype(np.float64)
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g ** 2
+        w = w - lr * (m / (1 - b1 ** t) / (np.sqrt(v / (1 - b2 ** t)) + eps) + wd * w)
+    return w
+
+
+def google_adam_weight_decay(param, grads, learning_rate, beta_1, beta_2, epsilon,
+                             weight_decay_rate, use_weight_decay=True):
+    """google-research/bert AdamWeightDecayOptimizer.apply_gradients, line by line."""
+    param = np.array(param, dtype=np.float32).astype(np.float64)
+    m = np.zeros_like(param)
+    v = np.zeros_like(param)
+    for grad in grads:
+        grad = np.array(grad, dtype=np.float32).astype(np.float64)
+        next_m = beta_1 * m + (1.0 - beta_1) * grad
+        next_v = beta_2 * v + (1.0 - beta_2) * np.square(grad)
+        update = next_m / (np.sqrt(next_v) + epsilon)
+        if use_weight_decay:
+            update += weight_decay_rate * param
+        update_with_lr = learning_rate * update
+        param = param - update_with_lr
+        m, v = next_m, next_v
+    return param
+
+
+W0 = [0.5, -1.5, 2.0, 0.25, -0.75]
+G1 = [0.1, 0.4, -0.3, 0.05, -0.2]
+G2 = [-0.2, 0.1, 0.3, -0.4, 0.02]
+
+
+# ------------------------------------------------------------------ LAMB
+
+@pytest.mark.parametrize("bias_correction", [True, False])
+def test_lamb_first_step_by_hand(bias_correction):
+    # Without weight decay the trust ratio cancels Adam's scale: the step has
+    # norm lr·||w|| along sign(g) (first step), with or without bias correction.
+    # ||w|| = 5, ||sign(g)|| = sqrt(2): w -= 0.1 · 5/sqrt(2) · sign(g).
+    got = one_step(Lamb, [3.0, 4.0], [0.5, -2.0], lr=0.1, eps=1e-10,
+                   bias_correction=bias_correction)
+    assert got == pytest.approx([2.6464466094, 4.3535533906], rel=1e-6)
+
+
+def test_lamb_weight_decay_by_hand():
+    # u = sign(g) + 0.1·w = [1.3, -0.6]; r = 5/sqrt(2.05) = 3.4921514788
+    got = one_step(Lamb, [3.0, 4.0], [0.5, -2.0], lr=0.1, eps=1e-10, weight_decay=0.1)
+    assert got == pytest.approx([2.5460203077, 4.2095290887], rel=1e-6)
+    # Without bias correction Adam's first step is sign(g)·0.1/sqrt(0.001):
+    # u = [3.16227766 + 0.3, -3.16227766 + 0.4]; r = 5/||u|| = 1.1288797469
+    got = one_step(Lamb, [3.0, 4.0], [0.5, -2.0], lr=0.1, eps=1e-10, weight_decay=0.1,
+                   bias_correction=False)
+    assert got == pytest.approx([2.6091504871, 4.3118279306], rel=1e-6)
+
+
+def test_lamb_trust_ratio_clamp_by_hand():
+    # ||w|| = 50, ||u|| = sqrt(2): r = 35.36, clamped to 10.
+    got = one_step(Lamb, [30.0, 40.0], [0.5, -2.0], lr=0.1, eps=1e-10, max_trust_ratio=10.0)
+    assert got == pytest.approx([29.0, 41.0], rel=1e-6)
+    # max_trust_ratio = 0: no clamp, r = 50/sqrt(2) = 35.3553390593
+    got = one_step(Lamb, [30.0, 40.0], [0.5, -2.0], lr=0.1, eps=1e-10, max_trust_ratio=0.0)
+    assert got == pytest.approx([26.4644660941, 43.5355339059], rel=1e-6)
+    # No bias correction: u = 3.16227766·sign(g), r = 11.18 → 10; w -= 0.1·10·u
+    got = one_step(Lamb, [30.0, 40.0], [0.5, -2.0], lr=0.1, eps=1e-10, max_trust_ratio=10.0,
+                   bias_correction=False)
+    assert got == pytest.approx([26.8377223398, 43.1622776602], rel=1e-6)
+
+
+def test_lamb_zero_weight_uses_ratio_one():
+    # ||w|| = 0 → r = 1: w = 0 - 0.1 · sign(g)
+    got = one_step(Lamb, [0.0, 0.0], [0.5, -2.0], lr=0.1, eps=1e-10, weight_decay=0.01)
+    assert got == pytest.approx([-0.1, 0.1], rel=1e-6)
+
+
+def test_lamb_zero_update_leaves_weight():
+    # g = 0 and no weight decay → u = 0 → r = 1 and w unchanged.
+    got = one_step(Lamb, [3.0, 4.0], [0.0, 0.0], lr=0.1)
+    assert got == [3.0, 4.0]
+
+
+@pytest.mark.parametrize("bias_correction", [True, False])
+@pytest.mark.parametrize("weight_decay", [0.0, 0.01, 0.3])
+@pytest.mark.parametrize("max_trust_ratio, scale", [(10.0, 1.0), (0.0, 1.0), (10.0, 100.0), (0.5, 1.0)])
+def test_lamb_two_steps_match_numpy(bias_correction, weight_decay, max_trust_ratio, scale):
+    w = [x * scale for x in W0]  # scale 100: ratios above 10, the clamp acts
+    kwargs = dict(lr=0.02, betas=(0.8, 0.95), eps=1e-6, weight_decay=weight_decay,
+                  bias_correction=bias_correction, max_trust_ratio=max_trust_ratio)
+    got = run_steps(Lamb, w, [G1, G2], **kwargs)
+    want = lamb_reference(w, [G1, G2], lr=0.02, b1=0.8, b2=0.95, eps=1e-6, wd=weight_decay,
+                          bias_correction=bias_correction, max_trust_ratio=max_trust_ratio)
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7)
+    assert not np.allclose(got, np.array(w, dtype=np.float32), atol=1e-4)  # it did move
+
+
+def test_lamb_bias_correction_matters_with_weight_decay():
+    common = dict(lr=0.02, weight_decay=0.3, eps=1e-6)
+    on = run_steps(Lamb, W0, [G1, G2], bias_correction=True, **common)
+    off = run_steps(Lamb, W0, [G1, G2], bias_correction=False, **common)
+    assert np.abs(on - off).max() > 1e-3
+
+
+def test_lamb_per_tensor_ratio_and_state():
+    # Two tensors in one group each get their own trust ratio and step count;
+    # a parameter without a gradient is left alone and gets no state.
+    a = nn.Parameter(torch.tensor([3.0, 4.0]))
+    b = nn.Parameter(torch.tensor([30.0, 40.0]))
+    c = nn.Parameter(torch.tensor([1.0, 1.0]))
+    opt = Lamb([a, b, c], lr=0.1, eps=1e-10)
+    a.grad = torch.tensor([0.5, -2.0])
+    b.grad = torch.tensor([0.5, -2.0])
+    opt.step()
+    assert a.tolist() == pytest.approx([2.6464466094, 4.3535533906], rel=1e-6)
+    assert b.tolist() == pytest.approx([29.0, 41.0], rel=1e-6)
+    assert c.tolist() == [1.0, 1.0]
+    assert c not in opt.state
+    assert opt.state[a]["step"] == 1
+    assert opt.state[a]["exp_avg"].tolist() == pytest.approx([0.05, -0.2], rel=1e-6)
+    assert opt.state[a]["exp_avg_sq"].tolist() == pytest.approx([0.00025, 0.004], rel=1e-5)
+
+
+def test_lamb_trust_ratio_hook_can_be_overridden():
+    class NoTrust(Lamb):
+        def _trust_ratio(self, w, update):
+            return torch.ones((), device=w.device)
+
+    # r = 1 → plain Adam-direction step: w -= 0.1 · sign(g)
+    got = one_step(NoTrust, [3.0, 4.0], [0.5, -2.0], lr=0.1, eps=1e-10)
+    assert got == pytest.approx([2.9, 4.1], rel=1e-6)
+
+
+def test_lamb_rejects_bad_arguments():
+    p = [nn.Parameter(torch.zeros(2))]
+    with pytest.raises(ValueError, match="max_trust_ratio"):
+        Lamb(p, max_trust_ratio=-1.0)
+    with pytest.raises(ValueError, match="betas"):
+        Lamb(p, betas=(1.0, 0.999))
+
+
+# ------------------------------------------------------------------ AdamW
+
+def test_adamw_first_step_by_hand():
+    # Bias-corrected first step: w -= lr · (sign(g) + wd · w)
+    got = one_step(torch.optim.AdamW, [1.0, -2.0], [0.5, -0.25], lr=0.1, eps=1e-10,
+                   weight_decay=0.01, foreach=True)
+    assert got == pytest.approx([0.899, -1.898], rel=1e-6)
+    # No bias correction: Adam direction sign(g) · 0.1 / sqrt(0.001) = 3.16227766 · sign(g)
+    got = one_step(AdamWNoBiasCorrection, [1.0, -2.0], [0.5, -0.25], lr=0.1, eps=1e-10,
+                   weight_decay=0.01)
+    assert got == pytest.approx([1 - 0.1 * (0.1 / SQRT_0_001 + 0.01),
+                                 -2 + 0.1 * (0.1 / SQRT_0_001 + 0.02)], rel=1e-6)
+    assert got == pytest.approx([0.6827722340, -1.6817722340], rel=1e-6)
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.01, 0.5])
+def test_adamw_no_bias_correction_matches_google_bert(weight_decay):
+    grads = [G1, G2, [0.3, -0.1, 0.2, 0.0, 0.6]]
+    got = run_steps(AdamWNoBiasCorrection, W0, grads, lr=0.01, betas=(0.9, 0.999), eps=1e-6,
+                    weight_decay=weight_decay)
+    want = google_adam_weight_decay(W0, grads, learning_rate=0.01, beta_1=0.9, beta_2=0.999,
+                                    epsilon=1e-6, weight_decay_rate=weight_decay)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    # and it differs from the bias-corrected AdamW
+    corrected = adamw_reference(W0, grads, lr=0.01, b1=0.9, b2=0.999, eps=1e-6, wd=weight_decay)
+    assert np.abs(got - corrected).max() > 1e-3
+
+
+@pytest.mark.parametrize("bias_correction", [True, False])
+def test_built_adamw_matches_numpy(bias_correction):
+    train = TrainConfig(optimizer="adamw", lr=0.01, beta1=0.85, beta2=0.99, eps=1e-6,
+                        weight_decay=0.1, bias_correction=bias_correction)
+    model = nn.Linear(5, 1, bias=False)  # one parameter: "weight", decayed
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([W0]))
+    opt = build_optimizer(model, train)
+    for g in (G1, G2):
+        model.weight.grad = torch.tensor([g])
+        opt.step()
+    got = model.weight.detach().double().numpy()[0]
+    if bias_correction:
+        want = adamw_reference(W0, [G1, G2], lr=0.01, b1=0.85, b2=0.99, eps=1e-6, wd=0.1)
+    else:
+        want = google_adam_weight_decay(W0, [G1, G2], learning_rate=0.01, beta_1=0.85, beta_2=0.99,
+                                        epsilon=1e-6, weight_decay_rate=0.1)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+# ------------------------------------------------- groups and the builder
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.dense = nn.Linear(3, 2)
+        self.LayerNorm = nn.LayerNorm(2)
+        self.frozen = nn.Linear(2, 2)
+        self.frozen.requires_grad_(False)
+
+    def forward(self, x):
+        return self.frozen(self.LayerNorm(self.dense(x)))
+
+
+def test_param_groups_split_by_name():
+    model = Tiny()
+    decay, no_decay = param_groups(model, 0.25)
+    assert decay["weight_decay"] == 0.25 and no_decay["weight_decay"] == 0.0
+    assert set(decay) == {"params", "weight_decay"} == set(no_decay)
+    assert [id(p) for p in decay["params"]] == [id(model.dense.weight)]
+    assert [id(p) for p in no_decay["params"]] == [
+        id(model.dense.bias), id(model.LayerNorm.weight), id(model.LayerNorm.bias)]
+
+
+def test_param_groups_on_bert():
+    cfg = ModelConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                      intermediate_size=32, max_position_embeddings=16)
+    model = BertForPreTraining(cfg)
+    decay, no_decay = param_groups(model, 0.01)
+    names = {id(p): n for n, p in model.named_parameters()}
+    decay_names = {names[id(p)] for p in decay["params"]}
+    no_decay_names = {names[id(p)] for p in no_decay["params"]}
+    assert "bert.embeddings.word_embeddings.weight" in decay_names  # tied, listed once
+    assert "bert.encoder.layer.0.attention.self.query.weight" in decay_names
+    assert "cls.predictions.bias" in no_decay_names
+    assert "bert.embeddings.LayerNorm.weight" in no_decay_names
+    assert "bert.encoder.layer.0.output.LayerNorm.bias" in no_decay_names
+    assert all(not n.endswith("bias") and "LayerNorm" not in n for n in decay_names)
+    assert all(n.endswith("bias") or "LayerNorm" in n for n in no_decay_names)
+    n_params = sum(p.numel() for p in model.parameters())
+    assert sum(p.numel() for p in decay["params"] + no_decay["params"]) == n_params
+    # 1 layer: 3 embeddings + q, k, v, attention out, intermediate, out, pooler,
+    # head transform, NSP = 12 decayed matrices
+    assert len(decay_names) == 12
+
+
+@pytest.mark.parametrize("optimizer, bias_correction, factor", [
+    ("lamb", True, 0.9),    # g = 0: u = wd·w, r = 1/wd = 2, w -= lr·2·wd·w = 0.1·w
+    ("lamb", False, 0.9),
+    ("adamw", True, 0.95),  # g = 0: w -= lr·wd·w = 0.05·w
+    ("adamw", False, 0.95),
+])
+def test_built_optimizer_excludes_bias_and_layernorm_from_decay(optimizer, bias_correction, factor):
+    torch.manual_seed(0)
+    model = Tiny()
+    with torch.no_grad():
+        model.dense.bias.fill_(0.7)
+        model.LayerNorm.weight.fill_(1.3)
+        model.LayerNorm.bias.fill_(-0.4)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    train = TrainConfig(optimizer=optimizer, lr=0.1, weight_decay=0.5, bias_correction=bias_correction)
+    opt = build_optimizer(model, train)
+    for p in model.parameters():
+        if p.requires_grad:
+            p.grad = torch.zeros_like(p)
+    opt.step()
+    torch.testing.assert_close(model.dense.weight, factor * before["dense.weight"], rtol=1e-6, atol=0)
+    for name in ("dense.bias", "LayerNorm.weight", "LayerNorm.bias", "frozen.weight", "frozen.bias"):
+        assert torch.equal(dict(model.named_parameters())[name], before[name]), name
+
+
+def test_build_optimizer_types_and_settings():
+    model = Tiny()
+    opt = build_optimizer(model, TrainConfig(optimizer="lamb", lr=2e-3, beta1=0.8, beta2=0.98, eps=1e-8,
+                                             weight_decay=0.05, bias_correction=False,
+                                             max_trust_ratio=3.0))
+    assert type(opt) is Lamb
+    g = opt.param_groups[0]
+    assert (g["lr"], g["betas"], g["eps"], g["weight_decay"], g["bias_correction"],
+            g["max_trust_ratio"]) == (2e-3, (0.8, 0.98), 1e-8, 0.05, False, 3.0)
+    assert opt.param_groups[1]["weight_decay"] == 0.0
+    assert type(build_optimizer(model, TrainConfig(optimizer="adamw"))) is torch.optim.AdamW
+    assert type(build_optimizer(model, TrainConfig(optimizer="adamw", bias_correction=False))) \
+        is AdamWNoBiasCorrection
+
+
+@pytest.mark.parametrize("change, key", [
+    (dict(optimizer="sgd"), "train.optimizer"),
+    (dict(beta1=1.0), "train.beta1"),
+    (dict(beta2=-0.1), "train.beta2"),
+    (dict(lr=-1.0), "train.lr"),
+    (dict(eps=-1e-6), "train.eps"),
+    (dict(weight_decay=-0.01), "train.weight_decay"),
+    (dict(max_trust_ratio=-1.0), "train.max_trust_ratio"),
+])
+def test_build_optimizer_config_errors(change, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        build_optimizer(Tiny(), TrainConfig(**change))
+
+
+# ------------------------------------------------------------- schedules
+
+def test_poly_schedule_by_hand():
+    train = TrainConfig(lr=1e-3, warmup_steps=10, schedule="poly", decay_power=1.0, end_lr=0.0)
+    expected = {0: 1e-4, 4: 5e-4, 9: 1e-3, 10: 1e-3, 35: 7.5e-4, 60: 5e-4, 109: 1e-5, 110: 0.0, 500: 0.0}
+    for step, lr in expected.items():
+        assert lr_at(step, train, 110) == pytest.approx(lr, rel=1e-12, abs=1e-18), step
+
+
+def test_poly_schedule_power_and_end_lr():
+    # (1e-3 - 1e-4) · (1 - 0.5)² + 1e-4 = 3.25e-4
+    train = TrainConfig(lr=1e-3, warmup_steps=10, schedule="poly", decay_power=2.0, end_lr=1e-4)
+    assert lr_at(60, train, 110) == pytest.approx(3.25e-4, rel=1e-12)
+    assert lr_at(110, train, 110) == pytest.approx(1e-4, rel=1e-12)
+    assert lr_at(1000, train, 110) == pytest.approx(1e-4, rel=1e-12)
+
+
+def test_warmup_proportion():
+    # round(0.1 · 110) = 11 warm-up steps
+    train = TrainConfig(lr=1e-3, warmup_proportion=0.1, schedule="poly")
+    assert lr_at(0, train, 110) == pytest.approx(1e-3 / 11, rel=1e-12)
+    assert lr_at(10, train, 110) == pytest.approx(1e-3, rel=1e-12)
+    assert lr_at(60, train, 110) == pytest.approx(1e-3 * (1 - 49 / 99), rel=1e-12)
+    # warmup_steps wins over warmup_proportion
+    train.warmup_steps = 4
+    assert lr_at(0, train, 110) == pytest.approx(2.5e-4, rel=1e-12)
+
+
+def test_poly_warmup_longer_than_run():
+    train = TrainConfig(lr=1e-3, warmup_steps=20, schedule="poly")
+    assert lr_at(9, train, 10) == pytest.approx(5e-4, rel=1e-12)
+    assert lr_at(20, train, 10) == 0.0
+
+
+def test_exp_schedule_by_hand():
+    train = TrainConfig(lr=1e-3, schedule="exp", exp_decay_rate=0.5, exp_decay_steps=100)
+    assert lr_at(0, train, 1000) == pytest.approx(1e-3, rel=1e-12)
+    assert lr_at(200, train, 1000) == pytest.approx(3.6787944117e-4, rel=1e-10)  # e^-1
+    train.warmup_steps = 10
+    assert lr_at(0, train, 1000) == pytest.approx(1e-4, rel=1e-12)
+    assert lr_at(10, train, 1000) == pytest.approx(1e-3, rel=1e-12)
+    assert lr_at(210, train, 1000) == pytest.approx(3.6787944117e-4, rel=1e-10)
+    assert lr_at(110, train, 1000) == pytest.approx(6.0653065971e-4, rel=1e-10)  # e^-0.5
+
+
+def test_table_schedule_by_hand():
+    train = TrainConfig(lr=1e-3, schedule="table", warmup_steps=50,  # table ignores warm-up
+                        lr_table={300: 1e-4, 0: 1e-3, 100: 5e-4})
+    expected = {0: 1e-3, 1: 1e-3, 99: 1e-3, 100: 5e-4, 299: 5e-4, 300: 1e-4, 10_000: 1e-4}
+    for step, lr in expected.items():
+        assert lr_at(step, train, 1000) == lr, step
+
+
+def test_constant_schedule_by_hand():
+    train = TrainConfig(lr=1e-3, schedule="constant", warmup_steps=4)
+    got = [lr_at(s, train, 100) for s in range(7)]
+    assert got == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3, 1e-3], rel=1e-12)
+    train.warmup_steps = 0
+    assert lr_at(0, train, 100) == 1e-3
+
+
+@pytest.mark.parametrize("change, key", [
+    (dict(schedule="cosine"), "train.schedule"),
+    (dict(schedule="table", lr_table={}), "train.lr_table"),
+    (dict(schedule="table", lr_table={5: 1e-3}), "train.lr_table"),
+    (dict(schedule="table", lr_table={0: 1e-3, 5: -1e-3}), "train.lr_table"),
+    (dict(warmup_steps=-1), "train.warmup_steps"),
+    (dict(warmup_proportion=1.5), "train.warmup_proportion"),
+    (dict(warmup_proportion=-0.1), "train.warmup_proportion"),
+    (dict(lr=-1e-3), "train.lr"),
+    (dict(schedule="poly", decay_power=-1.0), "train.decay_power"),
+    (dict(schedule="poly", end_lr=-1e-5), "train.end_lr"),
+    (dict(schedule="exp", exp_decay_steps=0), "train.exp_decay_steps"),
+    (dict(schedule="exp", exp_decay_rate=-0.5), "train.exp_decay_rate"),
+])
+def test_schedule_config_errors(change, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        lr_at(0, TrainConfig(**change), 100)
+
+
+def test_schedule_rejects_bad_steps():
+    with pytest.raises(ConfigError, match="total_steps"):
+        lr_at(0, TrainConfig(), 0)
+    with pytest.raises(ValueError, match="step"):
+        lr_at(-1, TrainConfig(), 100)
+    with pytest.raises(ConfigError, match=r"train\.lr"):
+        build_scheduler(Lamb([nn.Parameter(torch.zeros(1))], lr=0.0), TrainConfig(lr=0.0), 100)
+
+
+# ------------------------------------- optimizer + scheduler integration
+
+def record_lrs(opt) -> list[float]:
+    """The lr of group 0 at the moment each optimizer.step() runs."""
+    lrs: list[float] = []
+    opt.register_step_pre_hook(lambda o, args, kwargs: lrs.append(o.param_groups[0]["lr"]))
+    return lrs
+
+
+def make_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1000 + step)
+    return torch.randn(8, 3, generator=gen), torch.randn(8, 2, generator=gen)
+
+
+def train_steps(model, opt, sched, steps) -> None:
+    for step in steps:
+        x, y = make_batch(step)
+        opt.zero_grad()
+        ((model(x) - y) ** 2).mean().backward()
+        opt.step()
+        sched.step()
+
+
+@pytest.mark.parametrize("schedule", ["poly", "exp", "table", "constant"])
+def test_scheduler_gives_lr_at_each_step(schedule):
+    train = TrainConfig(lr=1e-3, warmup_steps=5, schedule=schedule, exp_decay_steps=10,
+                        lr_table={0: 1e-3, 7: 4e-4, 12: 2e-4})
+    torch.manual_seed(0)
+    model = Tiny()
+    opt = build_optimizer(model, train)
+    sched = build_scheduler(opt, train, total_steps=20)
+    lrs = record_lrs(opt)
+    train_steps(model, opt, sched, range(20))
+    want = [lr_at(k, train, 20) for k in range(20)]
+    assert lrs == pytest.approx(want, rel=1e-12, abs=1e-20)
+    assert [g["lr"] for g in opt.param_groups][1] == opt.param_groups[0]["lr"]  # both groups follow
+    if schedule == "poly":  # spot checks by hand: warm-up 5, linear decay over 15 steps
+        assert lrs[0] == pytest.approx(2e-4, rel=1e-12)
+        assert lrs[4] == pytest.approx(1e-3, rel=1e-12)
+        assert lrs[8] == pytest.approx(8e-4, rel=1e-12)
+        assert lrs[19] == pytest.approx(1e-3 / 15, rel=1e-12)
+    if schedule == "table":
+        assert lrs[6:8] == pytest.approx([1e-3, 4e-4], rel=1e-12)
+
+
+def test_scheduler_ignores_later_config_edits():
+    train = TrainConfig(lr=1e-3, schedule="constant")
+    opt = Lamb([nn.Parameter(torch.zeros(1))], lr=1e-3)
+    sched = build_scheduler(opt, train, 10)
+    train.lr = 5.0
+    opt.step()
+    sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(1e-3, rel=1e-12)
+
+
+@pytest.mark.parametrize("optimizer, bias_correction", [
+    ("lamb", True), ("lamb", False), ("adamw", True), ("adamw", False)])
+def test_resume_is_bit_identical(tmp_path, optimizer, bias_correction):
+    train = TrainConfig(optimizer=optimizer, bias_correction=bias_correction, lr=1e-2,
+                        weight_decay=0.01, warmup_steps=3, schedule="poly")
+    total, cut = 12, 5
+
+    def fresh(seed):
+        torch.manual_seed(seed)
+        model = Tiny()
+        opt = build_optimizer(model, train)
+        return model, opt, build_scheduler(opt, train, total)
+
+    # Uninterrupted run.
+    model, opt, sched = fresh(0)
+    lrs_full = record_lrs(opt)
+    train_steps(model, opt, sched, range(total))
+
+    # The same run, saved after `cut` steps and continued in fresh objects.
+    model1, opt1, sched1 = fresh(0)
+    lrs_resumed = record_lrs(opt1)
+    train_steps(model1, opt1, sched1, range(cut))
+    path = tmp_path / "ckpt.pt"
+    torch.save({"model": model1.state_dict(), "optimizer": opt1.state_dict(),
+                "scheduler": sched1.state_dict()}, path)
+    del model1, opt1, sched1
+
+    ckpt = torch.load(path, weights_only=True)
+    model2, opt2, sched2 = fresh(1)  # different init: everything must come from the file
+    model2.load_state_dict(ckpt["model"])
+    opt2.load_state_dict(ckpt["optimizer"])
+    sched2.load_state_dict(ckpt["scheduler"])
+    lrs_after = record_lrs(opt2)
+    train_steps(model2, opt2, sched2, range(cut, total))
+
+    assert len(lrs_resumed) == cut
+    assert lrs_resumed + lrs_after == lrs_full  # exact floats
+    assert lrs_full == pytest.approx([lr_at(k, train, total) for k in range(total)], rel=1e-12)
+    for (name, a), b in zip(model.named_parameters(), model2.parameters()):
+        assert torch.equal(a, b), name
+    steps = [int(s["step"]) for s in opt2.state_dict()["state"].values()]
+    assert steps == [total] * 4  # the trainable dense and LayerNorm tensors
+
+
+def test_lamb_mixed_dtypes_in_one_group():
+    # float32 and float64 tensors go to separate _foreach calls; each still
+    # gets the hand-computed first step w -= 0.1 · 5/sqrt(2) · sign(g).
+    a = nn.Parameter(torch.tensor([3.0, 4.0]))
+    b = nn.Parameter(torch.tensor([3.0, 4.0], dtype=torch.float64))
+    opt = Lamb([a, b], lr=0.1, eps=1e-10)
+    a.grad = torch.tensor([0.5, -2.0])
+    b.grad = torch.tensor([0.5, -2.0], dtype=torch.float64)
+    opt.step()
+    assert a.dtype == torch.float32 and b.dtype == torch.float64
+    assert a.tolist() == pytest.approx([2.6464466094, 4.3535533906], rel=1e-6)
+    assert b.tolist() == pytest.approx([2.6464466094, 4.3535533906], rel=1e-9)

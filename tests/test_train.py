@@ -1,0 +1,142 @@
+"""The training loop: loss falls, checkpoints are atomic, resume is bit-exact."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from bertforge.checkpoint import CheckpointError, find_checkpoint, load_model
+from bertforge.config import load_config
+from bertforge.train import BatchStream, pretrain
+
+
+def small_config(tmp_path: Path, name: str, **overrides):
+    """Tiny BERT on a slice of the built-in corpus; every step logged."""
+    pairs = {
+        "data.vocab_size": 2000, "data.dupe_factor": 1, "data.seq_len": 64, "data.max_predictions": 10,
+        "train.micro_batch_size": 8, "train.global_batch_size": 16, "train.steps": 6,
+        "train.warmup_steps": 2, "train.lr": 1e-3,
+        "checkpoint.every": 3, "checkpoint.keep": 0, "execution.threads": 2,
+        "log.every": 1, "log.progress": False, "log.tensorboard": False,
+        "log.run_dir": str(tmp_path), "log.name": name,
+    }
+    pairs.update(overrides)
+    return load_config("pretrain_tiny", list(pairs.items()))
+
+
+def read_metrics(run_dir: Path):
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if r.get("split") != "eval"], [r for r in rows if r.get("split") == "eval"]
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("runs")
+    summary = pretrain(small_config(tmp, "full"))
+    return tmp, Path(summary["run_dir"]), summary
+
+
+def test_run_directory_holds_config_metrics_and_checkpoints(full_run):
+    _, run_dir, summary = full_run
+    assert (run_dir / "config.yaml").is_file() and (run_dir / "vocab.txt").is_file()
+    steps = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert steps == ["step_00000003", "step_00000006"]
+    train_rows, eval_rows = read_metrics(run_dir)
+    assert [r["step"] for r in train_rows] == [1, 2, 3, 4, 5, 6]
+    for key in ("loss", "mlm_loss", "nsp_loss", "lr", "seq_per_s", "grad_norm"):
+        assert all(isinstance(r[key], float) for r in train_rows), key
+    assert train_rows[0]["loss"] == pytest.approx(train_rows[0]["mlm_loss"] + train_rows[0]["nsp_loss"], abs=1e-5)
+    # warm-up over 2 steps, then linear decay to 0 at step 6: lr used at steps 0..5
+    assert [r["lr"] for r in train_rows] == pytest.approx([5e-4, 1e-3, 1e-3, 7.5e-4, 5e-4, 2.5e-4])
+    assert [r["step"] for r in eval_rows] == [0, 6]
+    assert all(0.0 <= r["mlm_accuracy"] <= 1.0 and 0.0 <= r["nsp_accuracy"] <= 1.0 for r in eval_rows)
+    assert summary["steps"] == 6
+
+
+def test_resume_is_bit_identical(full_run, tmp_path):
+    _, run_dir, _ = full_run
+    # The same run interrupted after step 3: a copy holding only what existed then.
+    copy = tmp_path / "interrupted"
+    shutil.copytree(run_dir, copy)
+    shutil.rmtree(copy / "checkpoints" / "step_00000006")
+    train_rows, _ = read_metrics(run_dir)
+    with open(copy / "metrics.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in train_rows[:3])
+    cfg = small_config(tmp_path, "unused", **{"checkpoint.resume": str(copy)})
+    summary = pretrain(cfg)
+    assert Path(summary["run_dir"]) == copy
+    resumed_rows, _ = read_metrics(copy)
+    assert [r["loss"] for r in resumed_rows] == [r["loss"] for r in train_rows]
+    assert [r["lr"] for r in resumed_rows] == [r["lr"] for r in train_rows]
+    a = load_file(str(run_dir / "checkpoints/step_00000006/model.safetensors"))
+    b = load_file(str(copy / "checkpoints/step_00000006/model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    oa = torch.load(run_dir / "checkpoints/step_00000006/optimizer.pt", weights_only=True)
+    ob = torch.load(copy / "checkpoints/step_00000006/optimizer.pt", weights_only=True)
+    for k, state in oa["state"].items():
+        for name, value in state.items():
+            assert torch.equal(torch.as_tensor(value), torch.as_tensor(ob["state"][k][name])), (k, name)
+
+
+def test_incomplete_checkpoints_are_never_resumed(full_run, tmp_path):
+    _, run_dir, _ = full_run
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    ckpts = copy / "checkpoints"
+    # A save that crashed before its rename, and a step directory missing a file.
+    shutil.copytree(ckpts / "step_00000006", ckpts / ".step_00000009.tmp-4242")
+    shutil.copytree(ckpts / "step_00000006", ckpts / "step_00000012")
+    (ckpts / "step_00000012" / "optimizer.pt").unlink()
+    assert find_checkpoint(copy).name == "step_00000006"
+    with pytest.raises(CheckpointError, match=r"incomplete checkpoint .*step_00000012: missing optimizer.pt"):
+        find_checkpoint(ckpts / "step_00000012")
+    with pytest.raises(CheckpointError, match="no complete checkpoint"):
+        find_checkpoint(tmp_path)
+
+
+def test_shape_mismatch_names_the_field(full_run, tmp_path):
+    _, run_dir, _ = full_run
+    cfg = small_config(tmp_path, "wide", **{"model.hidden_size": 256, "model.intermediate_size": 1024,
+                                             "checkpoint.init": str(run_dir)})
+    with pytest.raises(CheckpointError, match=r"model.hidden_size=128 but the config asks for model.hidden_size=256"):
+        pretrain(cfg)
+
+
+def test_loaded_model_reproduces_the_checkpoint_weights(full_run):
+    _, run_dir, _ = full_run
+    model = load_model(run_dir)
+    saved = load_file(str(run_dir / "checkpoints/step_00000006/model.safetensors"))
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in saved.items())
+    encoder = load_model(run_dir, head="encoder")
+    assert torch.equal(encoder.embeddings.word_embeddings.weight, saved["bert.embeddings.word_embeddings.weight"])
+    qa = load_model(run_dir, head="qa")
+    assert torch.equal(qa.bert.encoder.layer[1].output.dense.weight,
+                       saved["bert.encoder.layer.1.output.dense.weight"])
+
+
+def test_batch_stream_position_is_the_whole_state():
+    from bertforge.data import SyntheticDataset
+
+    data = SyntheticDataset(size=10, vocab_size=50, seq_len=16, max_predictions=3, seed=1)
+    stream = BatchStream(data, batch_size=3, seed=7)
+    seen = [stream.next()["input_ids"] for _ in range(5)]  # 3 per epoch: crosses into epoch 1
+    assert stream.state() == {"epoch": 1, "index": 2}
+    again = BatchStream(data, batch_size=3, seed=7, epoch=1, index=0)
+    assert torch.equal(again.next()["input_ids"], seen[3]) and torch.equal(again.next()["input_ids"], seen[4])
+    # within one epoch every sequence appears at most once
+    first_epoch = torch.cat(seen[:3])
+    assert len({tuple(row.tolist()) for row in first_epoch}) == 9
+
+
+def test_loss_falls_and_accuracy_rises_on_the_builtin_corpus(tmp_path):
+    cfg = small_config(tmp_path, "learn", **{
+        "train.steps": 80, "train.lr": 2e-2, "train.warmup_steps": 5, "train.micro_batch_size": 32,
+        "train.global_batch_size": 32, "checkpoint.every": 0, "log.every": 10, "data.dupe_factor": 2})
+    summary = pretrain(cfg)
+    # Measured: training loss 8.34 -> 6.66, held-out MLM accuracy 0.001 -> 0.048, in ~11 s.
+    assert summary["last_loss"] < summary["first_loss"] - 1.0
+    assert summary["last_eval"]["loss"] < summary["first_eval"]["loss"] - 1.0
+    assert summary["last_eval"]["mlm_accuracy"] > summary["first_eval"]["mlm_accuracy"] + 0.03
