@@ -26,7 +26,7 @@ from torch import nn
 
 from . import checkpoint as ckpt
 from .config import Config, ConfigError, accumulation_steps
-from .data import PretrainingDataset, SyntheticDataset, build_datasets, vocab_size_of
+from .data import PretrainingDataset, SyntheticDataset, build_datasets, decode_sample, vocab_size_of
 from .log import MetricsLogger, ProgressBar, Throughput, console
 from .model import BertForPreTraining, num_parameters, pretraining_loss
 from .optim import build_optimizer, build_scheduler
@@ -270,6 +270,8 @@ def pretrain(cfg: Config) -> dict[str, Any]:
               f"{cfg.model.num_hidden_layers} layers, hidden {cfg.model.hidden_size}; "
               f"{len(train_set)} training sequences of {cfg.data.seq_len}; "
               f"global batch {cfg.train.global_batch_size} = {cfg.train.micro_batch_size} × {accumulation}")
+    if not cfg.data.synthetic:  # what the model is fed, for a person to check
+        bar.print(f"sample: {decode_sample(train_set, 0, cfg.data.vocab)[:400]}")
 
     def run_eval() -> dict[str, float] | None:
         if eval_set is None:

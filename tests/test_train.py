@@ -20,7 +20,7 @@ def small_config(tmp_path: Path, name: str, **overrides):
         "train.micro_batch_size": 8, "train.global_batch_size": 16, "train.steps": 6,
         "train.warmup_steps": 2, "train.lr": 1e-3,
         "checkpoint.every": 3, "checkpoint.keep": 0, "execution.threads": 2,
-        "log.every": 1, "log.progress": False, "log.tensorboard": False,
+        "log.every": 1, "log.progress": False,
         "log.run_dir": str(tmp_path), "log.name": name,
     }
     pairs.update(overrides)
@@ -140,3 +140,69 @@ def test_loss_falls_and_accuracy_rises_on_the_builtin_corpus(tmp_path):
     assert summary["last_loss"] < summary["first_loss"] - 1.0
     assert summary["last_eval"]["loss"] < summary["first_eval"]["loss"] - 1.0
     assert summary["last_eval"]["mlm_accuracy"] > summary["first_eval"]["mlm_accuracy"] + 0.03
+
+
+def test_export_cli_gives_a_directory_transformers_loads(full_run, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from bertforge.cli import main
+
+    _, run_dir, _ = full_run
+    out = tmp_path / "hf"
+    assert main(["export", str(run_dir), str(out)]) == 0
+    assert (out / "vocab.txt").read_text() == (run_dir / "vocab.txt").read_text()
+    theirs = transformers.BertForPreTraining.from_pretrained(out).eval()
+    ours = load_model(run_dir)
+    ids = torch.randint(5, 100, (2, 16))
+    types = torch.cat([torch.zeros(2, 8), torch.ones(2, 8)], 1).long()
+    mask = torch.ones(2, 16, dtype=torch.long)
+    mask[1, 12:] = 0
+    with torch.no_grad():
+        mlm, nsp = ours(ids, types, mask)
+        ref = theirs(input_ids=ids, token_type_ids=types, attention_mask=mask)
+    assert torch.allclose(mlm, ref.prediction_logits, atol=1e-5)
+    assert torch.allclose(nsp, ref.seq_relationship_logits, atol=1e-5)
+
+
+def test_synthetic_data_trains_without_a_corpus(tmp_path):
+    from bertforge.cli import main
+
+    assert main(["pretrain", "--config", "tiny", "--data.synthetic", "--steps", "2", "--no-progress",
+                 "--run-dir", str(tmp_path), "--name", "synth", "--data.seq_len", "32",
+                 "--train.micro_batch_size", "4", "--train.global_batch_size", "8",
+                 "--log.every", "1", "--log.tensorboard", "false"]) == 0
+    train_rows, eval_rows = read_metrics(tmp_path / "synth")
+    assert [r["step"] for r in train_rows] == [1, 2] and eval_rows == []
+    assert not (tmp_path / "synth" / "vocab.txt").exists()
+
+
+def test_epochs_set_the_number_of_steps():
+    from bertforge.train import total_steps
+
+    cfg = load_config("tiny", [("train.epochs", 3), ("train.micro_batch_size", 8), ("train.global_batch_size", 32)])
+    assert total_steps(cfg, batches_per_epoch=100, accumulation=4) == 75
+    cfg = load_config("tiny", [("train.steps", 7)])
+    assert total_steps(cfg, batches_per_epoch=100, accumulation=4) == 7
+
+
+def test_bf16_autocast_on_cpu_matches_fp32_closely():
+    from bertforge.data import SyntheticDataset
+    from bertforge.model import BertForPreTraining
+    from bertforge.train import autocast, forward_loss
+
+    cfg = load_config("tiny")
+    torch.manual_seed(0)
+    model = BertForPreTraining(cfg.model).eval()
+    batch = SyntheticDataset(size=4, vocab_size=cfg.model.vocab_size, seq_len=64, max_predictions=10).batch([0, 1, 2, 3])
+    fp32 = forward_loss(model, batch)["loss"].item()
+    with autocast(torch.device("cpu"), "bf16"):
+        bf16 = forward_loss(model, batch)["loss"].item()
+    assert bf16 == pytest.approx(fp32, rel=2e-2) and bf16 != fp32
+    from bertforge.config import ConfigError
+    with pytest.raises(ConfigError, match="execution.precision=fp16 needs a CUDA device"):
+        autocast(torch.device("cpu"), "fp16")
+
+
+def test_tensorboard_gets_the_scalars(full_run):
+    pytest.importorskip("tensorboard")
+    _, run_dir, _ = full_run
+    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))

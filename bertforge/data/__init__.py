@@ -8,9 +8,9 @@ Modules, in pipeline order:
 * ``dataset``    -- the datasets the trainer reads, and ``build_datasets``
 """
 
-from .dataset import PretrainingDataset, SyntheticDataset, build_datasets
+from .dataset import PretrainingDataset, SyntheticDataset, build_datasets, decode_sample
 from .errors import DataError
 from .tokenizer import vocab_size_of
 
-__all__ = ["DataError", "PretrainingDataset", "SyntheticDataset", "build_datasets",
+__all__ = ["DataError", "PretrainingDataset", "SyntheticDataset", "build_datasets", "decode_sample",
            "vocab_size_of"]

@@ -21,7 +21,7 @@ from ..config import DataConfig
 from .corpus import builtin_corpus, read_text_corpus
 from .errors import DataError
 from .instances import PretrainingArrays, create_instances, to_arrays
-from .tokenizer import (load_tokenizer, special_ids, tokenize_documents, train_wordpiece,
+from .tokenizer import (load_tokenizer, read_vocab, special_ids, tokenize_documents, train_wordpiece,
                         vocab_size_of)
 
 log = logging.getLogger(__name__)
@@ -162,3 +162,11 @@ def build_datasets(data: DataConfig, work_dir: Path) -> tuple[PretrainingDataset
              len(train_docs), len(eval_docs), len(train), len(held_out), vocab_path,
              options["vocab_size"], time.perf_counter() - start)
     return train, held_out, vocab_path
+
+
+def decode_sample(dataset: PretrainingDataset, index: int, vocab_path: str | Path) -> str:
+    """One training sequence as the model sees it (masks included), for a person to read."""
+    vocab = read_vocab(vocab_path)
+    row = dataset.batch([index])
+    ids = row["input_ids"][0][row["attention_mask"][0].bool()]
+    return " ".join(vocab[i] for i in ids.tolist())
