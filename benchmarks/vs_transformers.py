@@ -34,7 +34,7 @@ def make_batch(vocab_size: int, batch_size: int, seq_len: int, predictions: int,
 def worker(args: argparse.Namespace) -> dict:
     from bertforge.bench import PeakMemory
     from bertforge.config import load_config
-    from bertforge.model import BertForPreTraining
+    from bertforge.model import BertForPreTraining, pretraining_loss
     from bertforge.optim import build_optimizer
 
     torch.set_num_threads(args.threads)
@@ -65,7 +65,6 @@ def worker(args: argparse.Namespace) -> dict:
         def step_loss():
             mlm, nsp = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
                              batch["masked_lm_positions"])
-            from bertforge.model import pretraining_loss
             return pretraining_loss(mlm, nsp, batch)["loss"]
     model.eval()  # without dropout both sides must give the same loss: same weights, same batch
     with torch.no_grad():
