@@ -20,8 +20,6 @@ looks complete. Everything is read back with safetensors or
 
 from __future__ import annotations
 
-import dataclasses
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -31,6 +29,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .config import Config, ConfigError, ModelConfig, config_from_dict, load_yaml
+from .fileio import atomic_directory
 
 CHECKPOINTS = "checkpoints"
 STEP_PREFIX = "step_"
@@ -42,20 +41,6 @@ class CheckpointError(ValueError):
     """A missing, incomplete or incompatible checkpoint; the message names it."""
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_files(directory: Path) -> None:
-    for file in directory.iterdir():
-        with open(file, "rb") as f:
-            os.fsync(f.fileno())
-
-
 def save_weights(model: nn.Module, path: Path) -> None:
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(path), metadata={"format": "pt"})
@@ -64,26 +49,15 @@ def save_weights(model: nn.Module, path: Path) -> None:
 def save_checkpoint(run_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
                     trainer_state: dict[str, Any], cfg: Config, keep: int = 0) -> Path:
     """Write ``run_dir/checkpoints/step_N`` atomically; keep only the newest ``keep`` (0 = all)."""
-    root = run_dir / CHECKPOINTS
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"{STEP_PREFIX}{step:08d}"
-    tmp = root / f".{final.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    save_weights(model, tmp / "model.safetensors")
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    torch.save(trainer_state, tmp / "trainer.pt")
-    (tmp / "config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
-    vocab = Path(cfg.data.vocab) if cfg.data.vocab else None
-    if vocab is not None and vocab.is_file():
-        shutil.copyfile(vocab, tmp / "vocab.txt")
-    _fsync_files(tmp)
-    if final.exists():  # saving the same step again: move the old one out of the way first
-        stale = root / f".{final.name}.old-{os.getpid()}"
-        os.replace(final, stale)
-        shutil.rmtree(stale)
-    os.replace(tmp, final)
-    _fsync_dir(root)
+    final = run_dir / CHECKPOINTS / f"{STEP_PREFIX}{step:08d}"
+    with atomic_directory(final) as tmp:
+        save_weights(model, tmp / "model.safetensors")
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(trainer_state, tmp / "trainer.pt")
+        (tmp / "config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
+        vocab = Path(cfg.data.vocab) if cfg.data.vocab else None
+        if vocab is not None and vocab.is_file():
+            shutil.copyfile(vocab, tmp / "vocab.txt")
     if keep > 0:
         for old in complete_checkpoints(run_dir)[:-keep]:
             shutil.rmtree(old)

@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
-import tempfile
 import typing
 import warnings
 from pathlib import Path
@@ -35,6 +33,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .config import ModelConfig
+from .fileio import atomic_directory
 from .model import ACTIVATIONS, BertForPreTraining, BertForQuestionAnswering, BertModel, init_weights
 
 HEADS = ("pretraining", "qa", "encoder")
@@ -260,14 +259,6 @@ def _architecture(model: nn.Module) -> str:
                           "BertForQuestionAnswering or BertModel")
 
 
-def _fsync(file: Path) -> None:
-    fd = os.open(file, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def export_hf(model: nn.Module, out_dir: Path | str, vocab_path: Path | str | None = None,
               overwrite: bool = False) -> Path:
     """Write ``model`` as a Hugging Face directory: config.json, model.safetensors
@@ -289,23 +280,9 @@ def export_hf(model: nn.Module, out_dir: Path | str, vocab_path: Path | str | No
     # transformers reads the weights' dtype from here (it otherwise logs a notice and guesses).
     config["dtype"] = str(next(iter(state.values())).dtype).removeprefix("torch.")
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    try:
+    with atomic_directory(out_dir) as tmp:
         save_file(state, tmp / SAFETENSORS, metadata={"format": "pt"})  # transformers checks "format"
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         if vocab_path is not None:
             shutil.copyfile(vocab_path, tmp / "vocab.txt")
-        for file in tmp.iterdir():
-            _fsync(file)
-        if out_dir.exists():  # overwrite: move the old one aside, delete it once the new one is in place
-            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
-            os.replace(out_dir, old / "x")
-            os.replace(tmp, out_dir)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out_dir

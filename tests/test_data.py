@@ -198,7 +198,7 @@ def test_instance_layout(real_instances):
     _, instances, arrays = real_instances
     n = len(instances)
     assert n > 2500
-    cls, sep, mask = 2, 3, 4
+    cls, sep = 2, 3
     assert arrays.input_ids.shape == (n, 128) and arrays.input_ids.dtype == np.int32
     assert arrays.masked_lm_positions.shape == (n, 20)
     assert arrays.next_sentence_labels.dtype == np.int64
