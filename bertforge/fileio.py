@@ -48,3 +48,25 @@ def atomic_directory(final: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+@contextlib.contextmanager
+def atomic_file(final: Path) -> Iterator[Path]:
+    """Yield a temporary path that becomes ``final`` when the block succeeds.
+
+    Write the file at the yielded path; on an error it is removed and ``final``
+    is left as it was.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{final.name}.tmp-", dir=final.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        fsync(tmp)
+        os.replace(tmp, final)
+        fsync(final.parent)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
