@@ -70,7 +70,8 @@ MODEL_PRESETS: dict[str, dict[str, int]] = {
 class DataConfig:
     """Where training sequences come from and how they are masked."""
 
-    input: str = ""  # text file or directory; "" = the built-in corpus
+    input: str = ""  # text file or directory, or record shards (dir or glob); "" = the built-in corpus
+    eval_input: str = ""  # records of the eval set, when input is records
     vocab: str = ""  # WordPiece vocab.txt; "" = train one on the corpus
     vocab_size: int = 8192  # size of a vocab trained here
     lowercase: bool = True
@@ -82,7 +83,9 @@ class DataConfig:
     eval_fraction: float = 0.1  # share of documents held out for evaluation
     synthetic: bool = False  # random tokens, for benchmarking without a corpus
     seed: int = 12345
-    num_workers: int = 0
+    shuffle_buffer: int = 10000  # records: each window of this many records is shuffled
+    dynamic_masking: bool = False  # records: mask anew every epoch instead of the stored masks
+    prefetch: int = 2  # records: batches read ahead in a background thread; 0 = none
 
 
 @dataclass

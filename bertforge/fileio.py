@@ -35,6 +35,7 @@ def atomic_directory(final: Path) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
         yield tmp
+        tmp.chmod(0o755)  # mkdtemp makes it private; outputs are shared data
         for file in tmp.iterdir():
             fsync(file)
         if final.exists():  # move the old one aside, delete it once the new one is in place
@@ -64,6 +65,7 @@ def atomic_file(final: Path) -> Iterator[Path]:
     tmp = Path(name)
     try:
         yield tmp
+        tmp.chmod(0o644)  # mkstemp makes it private; outputs are shared data
         fsync(tmp)
         os.replace(tmp, final)
         fsync(final.parent)

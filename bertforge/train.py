@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -27,6 +27,8 @@ from torch import nn
 from . import checkpoint as ckpt
 from .config import Config, ConfigError, accumulation_steps
 from .data import PretrainingDataset, SyntheticDataset, build_datasets, decode_sample, vocab_size_of
+from .data.loader import Prefetcher, RecordStream, is_records, masking_spec, record_files
+from .data.records import read_records
 from .log import MetricsLogger, ProgressBar, Throughput, console
 from .model import BertForPreTraining, num_parameters, pretraining_loss
 from .optim import build_optimizer, build_scheduler
@@ -64,6 +66,7 @@ class BatchStream:
                               f"train.micro_batch_size={batch_size}")
         self.dataset, self.batch_size, self.seed = dataset, batch_size, seed
         self.batches_per_epoch = len(dataset) // batch_size
+        self.num_sequences = len(dataset)
         self.epoch, self.index = epoch, index
         self._order = self._permutation(epoch)
 
@@ -81,6 +84,9 @@ class BatchStream:
 
     def state(self) -> dict[str, int]:
         return {"epoch": self.epoch, "index": self.index}
+
+    def close(self) -> None:
+        pass
 
 
 def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
@@ -199,18 +205,41 @@ def make_run_dir(cfg: Config) -> Path:
     return run_dir
 
 
-def load_data(cfg: Config, run_dir: Path) -> tuple[Any, PretrainingDataset | None]:
-    """Training and eval sets; fixes ``data.vocab`` and ``model.vocab_size`` in cfg."""
-    if cfg.data.synthetic:
+def load_data(cfg: Config, run_dir: Path) -> tuple[Callable[[dict], Any], PretrainingDataset | None]:
+    """(a function making the training stream from a data position, the eval set).
+
+    Training data is synthetic, a corpus of text (built here, see data/), or a
+    directory or glob of record shards (streamed). Fixes ``data.vocab`` and
+    ``model.vocab_size`` in cfg where the data decides them.
+    """
+    d, batch_size, seed = cfg.data, cfg.train.micro_batch_size, cfg.train.seed
+    if d.synthetic:
         train = SyntheticDataset(size=max(cfg.train.global_batch_size * 64, 1024),
-                                 vocab_size=cfg.model.vocab_size, seq_len=cfg.data.seq_len,
-                                 max_predictions=cfg.data.max_predictions, seed=cfg.data.seed)
-        return train, None
-    train, eval_set, vocab = build_datasets(cfg.data, run_dir)
-    # The saved config names the vocab actually used, so a resume rebuilds the same data.
-    cfg.data.vocab = str(Path(vocab).resolve())
-    cfg.model.vocab_size = vocab_size_of(vocab)
-    return train, eval_set
+                                 vocab_size=cfg.model.vocab_size, seq_len=d.seq_len,
+                                 max_predictions=d.max_predictions, seed=d.seed)
+        return lambda position: BatchStream(train, batch_size, seed, **position), None
+    files = record_files(d.input) if d.input and is_records(d.input) else None
+    if files is None:
+        train, eval_set, vocab = build_datasets(d, run_dir)
+        # The saved config names the vocab actually used, so a resume rebuilds the same data.
+        d.vocab = str(Path(vocab).resolve())
+        cfg.model.vocab_size = vocab_size_of(vocab)
+        return lambda position: BatchStream(train, batch_size, seed, **position), eval_set
+
+    masking = None
+    if d.vocab:
+        cfg.model.vocab_size = vocab_size_of(d.vocab)
+        if d.dynamic_masking:
+            masking = masking_spec(d.vocab, d.masked_lm_prob)
+    elif d.dynamic_masking:
+        raise ConfigError("data.dynamic_masking needs data.vocab (for the [CLS], [SEP] and [MASK] ids)")
+    eval_set = PretrainingDataset(read_records(d.eval_input, vocab_size=cfg.model.vocab_size)) if d.eval_input else None
+
+    def make_stream(position: dict) -> RecordStream | Prefetcher:
+        stream = RecordStream(files, batch_size, seed, shuffle_buffer=d.shuffle_buffer, masking=masking,
+                              vocab_size=cfg.model.vocab_size, **position)
+        return Prefetcher(stream, d.prefetch) if d.prefetch > 0 else stream
+    return make_stream, eval_set
 
 
 def total_steps(cfg: Config, batches_per_epoch: int, accumulation: int) -> int:
@@ -228,7 +257,7 @@ def pretrain(cfg: Config) -> dict[str, Any]:
     resume_from = ckpt.find_checkpoint(cfg.checkpoint.resume) if cfg.checkpoint.resume else None
     run_dir = resume_from.parent.parent if resume_from else make_run_dir(cfg)
 
-    train_set, eval_set = load_data(cfg, run_dir)
+    make_stream, eval_set = load_data(cfg, run_dir)
     if resume_from is not None:
         ckpt.check_model_config(ckpt.read_config(resume_from).model, cfg.model, resume_from)
     (run_dir / "config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
@@ -243,7 +272,8 @@ def pretrain(cfg: Config) -> dict[str, Any]:
     model.to(device).train()
 
     accumulation = accumulation_steps(cfg.train, world_size=1)
-    stream = BatchStream(train_set, cfg.train.micro_batch_size, cfg.train.seed)
+    optimizer_state, resumed = ckpt.load_trainer_state(resume_from) if resume_from else (None, None)
+    stream = make_stream(resumed["data"] if resumed else {})
     steps = total_steps(cfg, stream.batches_per_epoch, accumulation)
     optimizer = build_optimizer(model, cfg.train)
     scheduler = build_scheduler(optimizer, cfg.train, steps)
@@ -253,25 +283,21 @@ def pretrain(cfg: Config) -> dict[str, Any]:
 
     step = 0
     if resume_from is not None:
-        optimizer_state, state = ckpt.load_trainer_state(resume_from)
         ckpt.load_weights(model, resume_from)
         optimizer.load_state_dict(optimizer_state)
-        scheduler.load_state_dict(state["scheduler"])
-        if scaler is not None and "scaler" in state:
-            scaler.load_state_dict(state["scaler"])
-        stream = BatchStream(train_set, cfg.train.micro_batch_size, cfg.train.seed, **state["data"])
-        set_rng_state(state["rng"], device)
-        step = state["step"]
+        scheduler.load_state_dict(resumed["scheduler"])
+        if scaler is not None and "scaler" in resumed:
+            scaler.load_state_dict(resumed["scaler"])
+        set_rng_state(resumed["rng"], device)
+        step = resumed["step"]
 
     logger = MetricsLogger(run_dir, cfg)
     bar = ProgressBar(steps, step, enabled=cfg.log.progress)
     bar.print(f"run directory: {run_dir}")
     bar.print(f"model: {num_parameters(model) / 1e6:.2f}M parameters, "
               f"{cfg.model.num_hidden_layers} layers, hidden {cfg.model.hidden_size}; "
-              f"{len(train_set)} training sequences of {cfg.data.seq_len}; "
+              f"{stream.num_sequences} training sequences of {cfg.data.seq_len}; "
               f"global batch {cfg.train.global_batch_size} = {cfg.train.micro_batch_size} × {accumulation}")
-    if not cfg.data.synthetic:  # what the model is fed, for a person to check
-        bar.print(f"sample: {decode_sample(train_set, 0, cfg.data.vocab)[:400]}")
 
     def run_eval() -> dict[str, float] | None:
         if eval_set is None:
@@ -296,7 +322,10 @@ def pretrain(cfg: Config) -> dict[str, Any]:
     last_eval = first_eval
     while step < steps:
         lr = scheduler.get_last_lr()[0]
-        micro_batches = [to_device(stream.next(), device) for _ in range(accumulation)]
+        micro_batches = [stream.next() for _ in range(accumulation)]
+        if step == 0 and cfg.data.vocab and not cfg.data.synthetic:  # what the model is fed, for a person
+            bar.print(f"sample: {decode_sample(micro_batches[0], cfg.data.vocab)[:400]}")
+        micro_batches = [to_device(b, device) for b in micro_batches]
         out = train_step(ctx, micro_batches)
         step += 1
         throughput.add(cfg.train.global_batch_size)
@@ -320,6 +349,7 @@ def pretrain(cfg: Config) -> dict[str, Any]:
             save()
     final_checkpoint = save()
     last_eval = run_eval() or last_eval
+    stream.close()
     bar.close()
     logger.close()
     summary = {

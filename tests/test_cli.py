@@ -59,4 +59,4 @@ def test_bench_pretrain_json(capsys):
     result = json.loads(capsys.readouterr().out)
     assert (result["batch_size"], result["seq_len"], result["max_predictions"], result["layers"]) == (4, 32, 20, 2)
     assert result["seq_per_s"] > 0 and result["peak_mem_mb"] >= 0
-    assert result["tokens_per_s"] == pytest.approx(result["seq_per_s"] * 32, rel=1e-3)
+    assert result["tokens_per_s"] == pytest.approx(result["seq_per_s"] * 32, rel=1e-2)

@@ -4,6 +4,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -206,3 +207,39 @@ def test_tensorboard_gets_the_scalars(full_run):
     pytest.importorskip("tensorboard")
     _, run_dir, _ = full_run
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+
+
+@pytest.mark.parametrize("fmt", ["native", "tfrecord"])
+def test_pretrain_from_record_shards_resumes_exactly(fmt, full_run, tmp_path):
+    from bertforge.config import DataConfig
+    from bertforge.data import build_datasets
+    from bertforge.data.records import write_records
+
+    _, run_dir, _ = full_run
+    data = DataConfig(vocab=str(run_dir / "vocab.txt"), seq_len=64, max_predictions=10, dupe_factor=1)
+    train, held_out, _ = build_datasets(data, tmp_path)
+    half = len(train) // 2
+    shards = tmp_path / "shards"
+    for i, rows in enumerate((np.arange(half), np.arange(half, len(train)))):
+        write_records(shards / f"train{i}.{fmt}", take(train.arrays, rows), fmt=fmt)
+    write_records(tmp_path / f"eval.{fmt}", held_out.arrays, fmt=fmt)
+    overrides = {"data.input": str(shards), "data.eval_input": str(tmp_path / f"eval.{fmt}"),
+                 "data.vocab": str(run_dir / "vocab.txt"), "data.dynamic_masking": True,
+                 "data.shuffle_buffer": 100}
+    summary = pretrain(small_config(tmp_path, "records", **overrides))
+    assert summary["steps"] == 6 and summary["last_eval"]["sequences"] == len(held_out)
+    interrupted = tmp_path / "interrupted"
+    shutil.copytree(summary["run_dir"], interrupted)
+    shutil.rmtree(interrupted / "checkpoints" / "step_00000006")
+    rows, _ = read_metrics(Path(summary["run_dir"]))
+    with open(interrupted / "metrics.jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows[:3])
+    pretrain(small_config(tmp_path, "unused", **{**overrides, "checkpoint.resume": str(interrupted)}))
+    resumed, _ = read_metrics(interrupted)
+    assert [r["loss"] for r in resumed] == [r["loss"] for r in rows]
+
+
+def take(arrays, rows):
+    import dataclasses
+
+    return type(arrays)(**{f.name: getattr(arrays, f.name)[rows] for f in dataclasses.fields(arrays)})

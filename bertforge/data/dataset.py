@@ -164,9 +164,8 @@ def build_datasets(data: DataConfig, work_dir: Path) -> tuple[PretrainingDataset
     return train, held_out, vocab_path
 
 
-def decode_sample(dataset: PretrainingDataset, index: int, vocab_path: str | Path) -> str:
-    """One training sequence as the model sees it (masks included), for a person to read."""
+def decode_sample(batch: dict[str, torch.Tensor], vocab_path: str | Path, row: int = 0) -> str:
+    """One sequence of a batch as the model sees it (masks included), for a person to read."""
     vocab = read_vocab(vocab_path)
-    row = dataset.batch([index])
-    ids = row["input_ids"][0][row["attention_mask"][0].bool()]
+    ids = batch["input_ids"][row][batch["attention_mask"][row].bool()]
     return " ".join(vocab[i] for i in ids.tolist())

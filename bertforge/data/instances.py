@@ -200,3 +200,184 @@ def to_arrays(instances: list[Instance], seq_len: int, max_predictions: int) -> 
         arrays.masked_lm_weights[row, :k] = 1.0
         arrays.next_sentence_labels[row] = int(instance.is_random_next)
     return arrays
+
+
+# ---------------------------------------------------------------- fast, vectorised generation
+
+def create_arrays_fast(tokens: np.ndarray, sentence_offsets: np.ndarray,
+                       document_offsets: np.ndarray, *, seq_len: int, max_predictions: int,
+                       masked_lm_prob: float, short_seq_prob: float, dupe_factor: int,
+                       vocab_size: int, specials: SpecialIds,
+                       rng: np.random.Generator) -> PretrainingArrays:
+    """BERT's instances for a block of documents, drawn with numpy, already padded and shuffled.
+
+    The documents are given flat: ``tokens`` holds every token id; sentence s is
+    ``tokens[sentence_offsets[s]:sentence_offsets[s + 1]]`` and document d is
+    sentences ``document_offsets[d]`` to ``document_offsets[d + 1]`` (no empty
+    sentence or document). The algorithm is :func:`create_instances`' with the
+    same distributions, not the same draws:
+
+    * per document and pass, the target length is ``seq_len - 3``, or with
+      probability ``short_seq_prob`` uniform in ``2..seq_len - 3``;
+    * sentences are gathered until the target is reached or the document ends;
+      A is the first 1..n-1 of them (uniform), B the rest, or with probability
+      1/2 (always when n == 1) whole sentences of another document from a
+      uniform random start, and then the unused sentences start the next pair;
+    * the longer side is trimmed, a token at a time from a random end; the
+      lengths this ends at are computed in closed form and the number trimmed
+      from the front is Binomial(trimmed, 1/2), which is the same law;
+    * ``min(max_predictions, max(1, round(len * masked_lm_prob)))`` distinct
+      positions (never [CLS] or [SEP]), uniform; 80% [MASK], 10% kept, 10% a
+      uniform random id of the vocab.
+
+    The one difference: a random B comes from another document of this block,
+    and the reference's 10 tries to avoid the same document become one exact
+    draw among the others (a single document is its own random next, as there).
+    The instances of all passes are shuffled together.
+    """
+    max_num_tokens = seq_len - 3
+    a_start, a_len, b_start, b_len, random_next = _pair_spans(
+        np.asarray(sentence_offsets, np.int64), np.asarray(document_offsets, np.int64),
+        max_num_tokens, short_seq_prob, dupe_factor, rng)
+    a_keep, b_keep = truncated_lengths(a_len, b_len, max_num_tokens)
+    # Tokens trimmed from the front: each trimmed token was a fair coin flip.
+    a_start = a_start + rng.binomial(a_len - a_keep, 0.5)
+    b_start = b_start + rng.binomial(b_len - b_keep, 0.5)
+    order = rng.permutation(len(a_start))
+    arrays = _pack(np.asarray(tokens), a_start[order], a_keep[order], b_start[order],
+                   b_keep[order], random_next[order], seq_len, max_predictions, specials)
+    _mask_arrays(arrays, a_keep[order], masked_lm_prob, vocab_size, specials.mask, rng)
+    return arrays
+
+
+def truncated_lengths(a_len: np.ndarray, b_len: np.ndarray,
+                      max_num_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """The lengths :func:`_truncate_pair` ends at, for arrays of pairs.
+
+    Trimming always shortens the longer side (B on a tie), so the longer one
+    comes down to the other's length and then they alternate: A keeps
+    ``max(ceil(max/2), max - len_b)`` tokens at most, B the rest.
+    """
+    a_keep = np.minimum(a_len, np.maximum((max_num_tokens + 1) // 2, max_num_tokens - b_len))
+    b_keep = np.minimum(b_len, max_num_tokens - a_keep)
+    return a_keep, b_keep
+
+
+def _pair_spans(cum: np.ndarray, doc_offsets: np.ndarray, max_num_tokens: int,
+                short_seq_prob: float, dupe_factor: int, rng: np.random.Generator):
+    """Token spans of A and B for every pair of every pass over every document.
+
+    Each (pass, document) is a stream that walks its document pair by pair;
+    all streams take a step together, so the Python loop runs as many times as
+    the longest document has pairs, not once per pair. Uniform integers are
+    drawn as floor(u * n) from 53-bit floats (one call per step).
+    """
+    first, end = doc_offsets[:-1], doc_offsets[1:]
+    num_docs = len(first)
+    doc = np.tile(np.arange(num_docs), dupe_factor)
+    target = np.full(len(doc), max_num_tokens, np.int64)
+    short = rng.random(len(doc)) < short_seq_prob
+    target[short] = rng.integers(2, max_num_tokens + 1, int(short.sum()))
+    current = first[doc]
+    spans: list[tuple[np.ndarray, ...]] = []
+    while len(doc):
+        stop = end[doc]
+        # The chunk: sentences current..last, until the target length or the document's end.
+        last = np.minimum(np.searchsorted(cum, cum[current] + target, "left") - 1, stop - 1)
+        n = last - current + 1
+        u = rng.random((4, len(doc)))
+        a_end = 1 + (u[0] * np.maximum(n - 1, 1)).astype(np.int64)  # sentences to A: 1..n-1
+        random_next = (n == 1) | (u[1] < 0.5)
+        a_start, a_stop = cum[current], cum[current + a_end]
+        # A random B: whole sentences of another document (uniform), from a uniform start.
+        if num_docs > 1:
+            other = (u[2] * (num_docs - 1)).astype(np.int64)
+            other += other >= doc
+        else:
+            other = doc
+        start = first[other] + (u[3] * (end[other] - first[other])).astype(np.int64)
+        wanted = cum[start] + target - (a_stop - a_start)
+        stop_b = np.clip(np.searchsorted(cum, wanted, "left") - 1, start, end[other] - 1)
+        b_start = np.where(random_next, cum[start], a_stop)
+        b_stop = np.where(random_next, cum[stop_b + 1], cum[last + 1])
+        spans.append((a_start, a_stop - a_start, b_start, b_stop - b_start, random_next))
+        # A random B leaves the chunk's unused sentences for the next pair.
+        current = np.where(random_next, current + a_end, last + 1)
+        alive = current < stop
+        if not alive.all():
+            doc, current, target = doc[alive], current[alive], target[alive]
+    if not spans:
+        empty = np.zeros(0, np.int64)
+        return empty, empty, empty, empty, np.zeros(0, bool)
+    return tuple(np.concatenate(column) for column in zip(*spans))
+
+
+def _pack(tokens: np.ndarray, a_start: np.ndarray, a_len: np.ndarray, b_start: np.ndarray,
+          b_len: np.ndarray, random_next: np.ndarray, seq_len: int, max_predictions: int,
+          specials: SpecialIds) -> PretrainingArrays:
+    """[CLS] A [SEP] B [SEP] rows, zero-padded, without masks yet."""
+    n = len(a_start)
+    # Zeros around the tokens, so that every column reads inside the array.
+    pad = seq_len + 2
+    padded = np.zeros(len(tokens) + 2 * pad, np.int32)
+    padded[pad:pad + len(tokens)] = tokens
+    col = np.arange(seq_len, dtype=np.int32)[None, :]
+    a_len_ = a_len.astype(np.int32)[:, None]
+    length = (a_len + b_len + 3).astype(np.int32)[:, None]
+    # Column c shows tokens[a_start + c - 1] in A, tokens[b_start + c - a_len - 2] in B.
+    source = col + np.where(col <= a_len_, (a_start + pad - 1).astype(np.int32)[:, None],
+                            (b_start + pad - a_len - 2).astype(np.int32)[:, None])
+    input_mask = col < length
+    input_ids = np.where(input_mask, padded[source], 0)
+    rows = np.arange(n)
+    input_ids[:, 0] = specials.cls
+    input_ids[rows, a_len + 1] = specials.sep
+    input_ids[rows, a_len + b_len + 2] = specials.sep
+    return PretrainingArrays(
+        input_ids=input_ids,
+        segment_ids=((col > a_len_ + 1) & input_mask).view(np.int8),
+        input_mask=input_mask.view(np.int8),
+        masked_lm_positions=np.zeros((n, max_predictions), np.int32),
+        masked_lm_ids=np.zeros((n, max_predictions), np.int32),
+        masked_lm_weights=np.zeros((n, max_predictions), np.float32),
+        next_sentence_labels=random_next.astype(np.int64),
+    )
+
+
+def _mask_arrays(arrays: PretrainingArrays, a_len: np.ndarray, masked_lm_prob: float,
+                 vocab_size: int, mask_id: int, rng: np.random.Generator) -> None:
+    """Choose and apply the masked-LM predictions of every row, in place."""
+    n, _ = arrays.input_ids.shape
+    max_predictions = arrays.masked_lm_positions.shape[1]
+    if n == 0:
+        return
+    length = arrays.input_mask.sum(axis=1, dtype=np.int64)
+    candidates = length - 3  # every position but [CLS] and the two [SEP]s
+    # np.round rounds half to even, like Python's round() in the reference.
+    count = np.minimum(max_predictions, np.maximum(1, np.round(length * masked_lm_prob)))
+    count = np.minimum(count, candidates).astype(np.int64)
+    # A uniform random count-subset of 0..candidates-1 per row, by Floyd's algorithm,
+    # all rows at once: for j = c-k .. c-1, draw t in 0..j and take t, or j if t is taken.
+    # (Kept as predictions × rows, so that each step compares contiguous rows.)
+    none = np.iinfo(np.int32).max
+    chosen = np.full((max_predictions, n), none, np.int32)
+    top = (candidates - count).astype(np.int32)
+    draws = rng.random((max_predictions, n))
+    for i in range(max_predictions):
+        pick = (draws[i] * (top + 1)).astype(np.int32)
+        taken = (chosen[:i] == pick).any(axis=0)
+        chosen[i] = np.where(i < count, np.where(taken, top, pick), none)
+        top += 1
+    chosen = np.sort(chosen.T, axis=1)
+    used = np.arange(max_predictions) < count[:, None]
+    # Candidate v is column v + 1 in A, v + 2 in B (past the middle [SEP]).
+    positions = np.where(used, chosen + 1 + (chosen >= a_len[:, None]), 0).astype(np.int32)
+    original = np.take_along_axis(arrays.input_ids, positions, axis=1)
+    draw = rng.random((n, max_predictions))
+    random_ids = rng.integers(0, vocab_size, (n, max_predictions))
+    shown = np.where(draw < 0.8, mask_id, np.where(draw < 0.9, original, random_ids))
+    # Unused slots write column 0 with what it holds ([CLS]).
+    np.put_along_axis(arrays.input_ids, positions, np.where(used, shown, original), axis=1)
+    arrays.masked_lm_positions[:] = positions
+    arrays.masked_lm_ids[:] = np.where(used, original, 0)
+    arrays.masked_lm_weights[:] = used

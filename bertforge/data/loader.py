@@ -1,0 +1,301 @@
+"""Streaming batches from many record shards, split across ranks, exactly resumable.
+
+The order of one epoch ``e`` is a pure function of (seed, e, rank):
+
+1. the shards are put in a seeded random order;
+2. rank ``r`` of ``W`` takes every W-th record of the concatenated shards
+   (records ``r, r + W, r + 2W, …``), so every rank gets the same number of
+   records, give or take one, and ranks never hang waiting for each other;
+3. the rank's records are shuffled by a seeded buffer: each window of
+   ``shuffle_buffer`` consecutive records is permuted;
+4. they are cut into batches of ``batch_size``; every rank yields the same
+   number of batches per epoch (the tail is dropped).
+
+So the position in the data is two integers, (epoch, batch), and resuming
+mid-epoch reads exactly the batches the uninterrupted run would have read
+next, without reading what was consumed. Records are read by random access
+(memory-mapped native shards, or TFRecords through their offsets), so memory
+holds one window of indices and one batch, whatever the corpus size.
+
+With ``dynamic_masking`` the static masks in the records are undone and each
+sequence is masked anew (80/10/10) from a seed that depends on the epoch and
+the batch, so every epoch sees different masks and resuming stays exact.
+"""
+
+from __future__ import annotations
+
+import glob
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .errors import DataError
+from .instances import PretrainingArrays
+from .records import RecordFile, detect_format, open_records
+from .tokenizer import read_vocab
+
+
+@dataclass(frozen=True)
+class MaskingSpec:
+    """What dynamic masking needs to know about the vocab."""
+
+    vocab_size: int
+    cls_id: int
+    sep_id: int
+    mask_id: int
+    masked_lm_prob: float = 0.15
+
+
+def arrays_to_batch(a: PretrainingArrays) -> dict[str, torch.Tensor]:
+    """PretrainingArrays → the model's batch dict (int64 ids, float32 weights)."""
+    def as_long(x: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(x, dtype=np.int64))
+
+    return {
+        "input_ids": as_long(a.input_ids),
+        "token_type_ids": as_long(a.segment_ids),
+        "attention_mask": as_long(a.input_mask),
+        "masked_lm_positions": as_long(a.masked_lm_positions),
+        "masked_lm_ids": as_long(a.masked_lm_ids),
+        "masked_lm_weights": torch.from_numpy(np.ascontiguousarray(a.masked_lm_weights, dtype=np.float32)),
+        "next_sentence_labels": as_long(a.next_sentence_labels),
+    }
+
+
+def remask(a: PretrainingArrays, spec: MaskingSpec, rng: np.random.Generator) -> PretrainingArrays:
+    """Undo the records' masks and mask every sequence anew, as the reference would.
+
+    Per sequence: n = min(P, max(1, round(len(tokens) × prob))) positions drawn
+    uniformly among the non-special tokens; of those 80% become [MASK], 10% a
+    random token, 10% stay.
+    """
+    ids = a.input_ids.astype(np.int64)  # a copy
+    N, T = ids.shape
+    P = a.masked_lm_positions.shape[1]
+    rows = np.arange(N)[:, None]
+    real = a.masked_lm_weights > 0
+    # Restore the original tokens under the old masks.
+    ids[np.broadcast_to(rows, real.shape)[real], a.masked_lm_positions[real]] = a.masked_lm_ids[real]
+
+    tokens = a.input_mask.astype(bool)
+    candidate = tokens & (ids != spec.cls_id) & (ids != spec.sep_id)
+    n_tokens = tokens.sum(1)
+    # Python's round() (half to even), as in the reference; np.round matches it.
+    n_predict = np.minimum(P, np.maximum(1, np.round(n_tokens * spec.masked_lm_prob).astype(np.int64)))
+    n_predict = np.minimum(n_predict, candidate.sum(1))
+    # A random key per candidate; the n smallest keys of each row are its picks.
+    keys = np.where(candidate, rng.random((N, T)), np.inf)
+    order = np.argsort(keys, axis=1)[:, :P]  # (N, P) candidate positions in random order
+    keep = np.arange(P)[None, :] < n_predict[:, None]  # (N, P)
+    positions = np.where(keep, order, T)  # T sorts after every real position
+    positions.sort(axis=1)
+    keep = positions < T
+    positions = np.where(keep, positions, 0)
+    originals = np.where(keep, ids[rows, positions], 0)
+
+    draw = rng.random((N, P))
+    replacement = np.where(draw < 0.8, spec.mask_id,
+                           np.where(draw < 0.9, originals, rng.integers(0, spec.vocab_size, (N, P))))
+    masked = ids.copy()
+    masked[np.broadcast_to(rows, keep.shape)[keep], positions[keep]] = replacement[keep]
+    return PretrainingArrays(
+        input_ids=masked.astype(a.input_ids.dtype), segment_ids=a.segment_ids, input_mask=a.input_mask,
+        masked_lm_positions=positions.astype(a.masked_lm_positions.dtype),
+        masked_lm_ids=originals.astype(a.masked_lm_ids.dtype),
+        masked_lm_weights=keep.astype(np.float32), next_sentence_labels=a.next_sentence_labels)
+
+
+class RecordStream:
+    """Batches of ``batch_size`` from record shards; see the module docstring for the order."""
+
+    def __init__(self, files: list[Path], batch_size: int, seed: int, *, rank: int = 0, world_size: int = 1,
+                 shuffle_buffer: int = 10000, masking: MaskingSpec | None = None, verify: bool = True,
+                 vocab_size: int | None = None, epoch: int = 0, index: int = 0):
+        if not files:
+            raise DataError("no record files to read")
+        self.files = [Path(f) for f in files]
+        self.readers: list[RecordFile] = [open_records(f, verify=verify, vocab_size=vocab_size) for f in self.files]
+        self.sizes = np.array([len(r) for r in self.readers], dtype=np.int64)
+        total = int(self.sizes.sum())
+        self.batch_size, self.seed, self.rank, self.world_size = batch_size, seed, rank, world_size
+        self.shuffle_buffer = max(1, shuffle_buffer)
+        self.masking = masking
+        self.num_sequences = total
+        self.records_per_rank = total // world_size  # the same for every rank
+        self.batches_per_epoch = self.records_per_rank // batch_size
+        if self.batches_per_epoch == 0:
+            raise DataError(f"{total} records in {len(files)} file(s) make no batch of {batch_size} "
+                            f"on each of {world_size} rank(s)")
+        self.epoch, self.index = epoch, index
+        self._plan_epoch(epoch)
+
+    def __len__(self) -> int:
+        return self.batches_per_epoch
+
+    def _rng(self, *key: int) -> np.random.Generator:
+        return np.random.default_rng([self.seed, *key])
+
+    def _plan_epoch(self, epoch: int) -> None:
+        shard_order = self._rng(epoch, 0).permutation(len(self.files))
+        self._shard_order = shard_order
+        self._starts = np.concatenate([[0], np.cumsum(self.sizes[shard_order])])  # in epoch order
+        self._window = (-1, None)
+
+    def _global_to_file(self, sequence_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Positions in this epoch's concatenation → (file index, record index in file)."""
+        slot = np.searchsorted(self._starts, sequence_ids, side="right") - 1
+        return self._shard_order[slot], sequence_ids - self._starts[slot]
+
+    def _rank_records(self, start: int, stop: int) -> np.ndarray:
+        """This rank's records number start..stop-1, as positions in the epoch's concatenation."""
+        return np.arange(start, stop, dtype=np.int64) * self.world_size + self.rank
+
+    def _window_permutation(self, window: int) -> np.ndarray:
+        if self._window[0] != window:
+            start = window * self.shuffle_buffer
+            stop = min(start + self.shuffle_buffer, self.records_per_rank)
+            perm = self._rng(self.epoch, 1, self.rank, window).permutation(stop - start)
+            self._window = (window, self._rank_records(start, stop)[perm])
+        return self._window[1]
+
+    def _batch_records(self, index: int) -> np.ndarray:
+        """This epoch's batch ``index`` as positions in the concatenation (may span two windows)."""
+        out = []
+        first = index * self.batch_size
+        window, offset = divmod(first, self.shuffle_buffer)
+        needed = self.batch_size
+        while needed:
+            perm = self._window_permutation(window)
+            part = perm[offset:offset + needed]
+            out.append(part)
+            needed -= len(part)
+            window, offset = window + 1, 0
+        return np.concatenate(out)
+
+    def read(self, sequence_ids: np.ndarray) -> PretrainingArrays:
+        """Records by their positions in the epoch's concatenation, in the given order."""
+        files, local = self._global_to_file(sequence_ids)
+        parts: list[tuple[np.ndarray, PretrainingArrays]] = []
+        for f in np.unique(files):
+            where = np.nonzero(files == f)[0]
+            parts.append((where, self.readers[f].take(local[where])))
+        fields = PretrainingArrays.__dataclass_fields__
+        merged = {}
+        for name in fields:
+            first = getattr(parts[0][1], name)
+            out = np.empty((len(sequence_ids),) + first.shape[1:], dtype=first.dtype)
+            for where, arrays in parts:
+                out[where] = getattr(arrays, name)
+            merged[name] = out
+        return PretrainingArrays(**merged)
+
+    def next(self) -> dict[str, torch.Tensor]:
+        if self.index == self.batches_per_epoch:
+            self.epoch, self.index = self.epoch + 1, 0
+            self._plan_epoch(self.epoch)
+        arrays = self.read(self._batch_records(self.index))
+        if self.masking is not None:
+            arrays = remask(arrays, self.masking, self._rng(self.epoch, 2, self.rank, self.index))
+        self.index += 1
+        return arrays_to_batch(arrays)
+
+    def state(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "index": self.index}
+
+    def close(self) -> None:
+        for reader in self.readers:
+            reader.close()
+
+
+def record_files(pattern: str) -> list[Path]:
+    """A directory (its record files, sorted), a glob, or one file."""
+    path = Path(pattern)
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix != ".index"
+                       and not p.name.startswith("."))
+    elif any(c in pattern for c in "*?["):
+        files = sorted(Path(p) for p in glob.glob(pattern))
+    else:
+        files = [path] if path.is_file() else []
+    if not files:
+        raise DataError(f"no record files found at {pattern}")
+    return files
+
+
+
+def is_records(pattern: str) -> bool:
+    """Whether ``data.input`` names record shards rather than text."""
+    try:
+        files = record_files(pattern)
+    except DataError:
+        return False
+    try:
+        detect_format(files[0])
+    except DataError:
+        return False
+    return True
+
+
+def masking_spec(vocab_path: str | Path, masked_lm_prob: float) -> MaskingSpec:
+    vocab = read_vocab(vocab_path)
+    index = {token: i for i, token in enumerate(vocab)}
+    missing = [t for t in ("[CLS]", "[SEP]", "[MASK]") if t not in index]
+    if missing:
+        raise DataError(f"{vocab_path}: no {', '.join(missing)} token")
+    return MaskingSpec(len(vocab), index["[CLS]"], index["[SEP]"], index["[MASK]"], masked_lm_prob)
+
+
+class Prefetcher:
+    """Reads the next batches of a stream in a background thread while the model trains.
+
+    The stream's reading (file access, numpy) overlaps with the training step
+    (torch releases the GIL). ``state()`` is the position after the last batch
+    handed out, not after the last one read ahead, so checkpoints stay exact.
+    """
+
+    def __init__(self, stream: RecordStream, depth: int = 2):
+        import queue
+        import threading
+
+        self.stream = stream
+        self.batches_per_epoch = stream.batches_per_epoch
+        self.num_sequences = stream.num_sequences
+        self._state = stream.state()
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._fill, daemon=True, name="bertforge-prefetch")
+        self._thread.start()
+
+    def _fill(self) -> None:
+        try:
+            while not self._stop.is_set():
+                batch = self.stream.next()
+                self._queue.put((batch, self.stream.state()))
+        except BaseException as err:  # handed to the consumer, which raises it
+            self._queue.put((err, None))
+
+    def next(self) -> dict[str, torch.Tensor]:
+        batch, state = self._queue.get()
+        if state is None:
+            raise batch
+        self._state = state
+        return batch
+
+    def state(self) -> dict[str, int]:
+        return dict(self._state)
+
+    @property
+    def epoch(self) -> int:
+        return self._state["epoch"]
+
+    def close(self) -> None:
+        self._stop.set()
+        while self._thread.is_alive():  # unblock a put() waiting on a full queue
+            try:
+                self._queue.get_nowait()
+            except Exception:
+                pass
+            self._thread.join(timeout=0.05)
+        self.stream.close()

@@ -1,0 +1,705 @@
+"""Pre-training record files, in two formats behind one API.
+
+* ``tfrecord`` -- google-research/bert's: TFRecord frames of ``tf.train.Example``
+  with exactly the reference features (all int64 lists but the float
+  ``masked_lm_weights``), readable by TensorFlow, the ``tfrecord`` package,
+  DALI and Graphcore's loaders, and able to read theirs (:mod:`.tfrecord`).
+* ``native`` -- ours: fixed-size rows in narrow dtypes behind a JSON header,
+  memory-mapped, for O(1) opening and fancy-index random access (:mod:`.native`).
+
+Writing (:class:`RecordWriter`, :func:`write_records`) validates every row and
+streams to a hidden temporary file that is renamed into place only when
+complete. Reading (:func:`open_records`) gives a :class:`RecordFile` with
+random access (``take``) to either format. For TFRecords, opening with
+``verify=True`` (the default) reads the whole file once: both checksums of
+every record and every feature are checked, and bad records are an error
+naming the file and byte offset, or, with ``max_bad`` > 0, skipped and counted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import sys
+from array import array
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+from ..fileio import atomic_file
+from . import native
+from .errors import DataError
+from .instances import PretrainingArrays
+from .tfrecord import (BYTES, FLOAT, HEADER_BYTES, INT64, ChecksumError, FormatError,
+                       LengthError, TruncatedError, decode_float_rows, decode_varint_rows, encode_records,
+                       example_features, example_spans, masked_crc, read_frame)
+
+FORMATS = ("tfrecord", "native")
+FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
+            "masked_lm_weights", "next_sentence_labels")
+SUFFIXES = {"tfrecord": ".tfrecord", "native": ".bfrec"}  # what our commands name files
+
+_KINDS = {name: FLOAT if name == "masked_lm_weights" else INT64 for name in FEATURES}
+_ONEOF_FIELD = {BYTES: 1, FLOAT: 2, INT64: 3}  # Feature's oneof field numbers
+_ONEOF_NAME = {number: kind for kind, number in _ONEOF_FIELD.items()}
+_SEQUENCE_FEATURES = ("input_ids", "input_mask", "segment_ids")  # seq_len values each
+_TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords")
+_CHUNK_ROWS = 4096  # rows encoded, decoded or validated in one numpy batch: bounds memory
+_MIN_ENCODE_ROWS = 256  # a writer gathers smaller writes up to this many rows before encoding
+_ID_LIMIT = 1 << 31  # token ids are held as int32
+
+
+# ---------------------------------------------------------------- validation
+
+def _width(name: str, seq_len: int, max_predictions: int) -> int:
+    if name == "next_sentence_labels":
+        return 1
+    return seq_len if name in _SEQUENCE_FEATURES else max_predictions
+
+
+def _shape_problem(arrays: PretrainingArrays, seq_len: int, max_predictions: int) -> str | None:
+    n = len(arrays.input_ids)
+    for name in FEATURES:
+        values = np.asarray(getattr(arrays, name))
+        expected = (n,) if name == "next_sentence_labels" else (n, _width(name, seq_len, max_predictions))
+        if values.shape != expected:
+            return f"{name} has shape {values.shape}, expected {expected}"
+        numeric = np.issubdtype(values.dtype, np.number) or values.dtype == bool
+        if not numeric or (name != "masked_lm_weights" and np.issubdtype(values.dtype, np.floating)):
+            return f"{name} has dtype {values.dtype}, expected integers"
+    return None
+
+
+def row_problems(arrays: PretrainingArrays, seq_len: int, vocab_size: int | None) -> dict[int, str]:
+    """For each row with a value out of range, a message naming the first such field and value.
+
+    Token ids must be in [0, vocab_size) (or fit int32 when no vocab size is
+    given), positions in [0, seq_len), masks, segments and labels 0 or 1,
+    weights finite. Rows are checked all at once; only bad rows cost Python work.
+    """
+    id_limit = _ID_LIMIT if vocab_size is None else vocab_size
+    id_rule = f"a token id in [0, {vocab_size}) (vocab_size)" if vocab_size else "a token id in [0, 2**31)"
+    checks = [("input_ids", id_limit, id_rule), ("masked_lm_ids", id_limit, id_rule),
+              ("input_mask", 2, "0 or 1"), ("segment_ids", 2, "0 or 1"),
+              ("masked_lm_positions", seq_len, f"a position in [0, {seq_len}) (seq_len)"),
+              ("next_sentence_labels", 2, "0 or 1")]
+    problems: dict[int, str] = {}
+
+    def report(name: str, values: np.ndarray, bad: np.ndarray, rule: str) -> None:
+        for row in np.flatnonzero(bad.any(axis=1)).tolist():
+            if row not in problems:
+                column = int(np.argmax(bad[row]))
+                problems[row] = f"{name}[{column}] = {values[row, column]} is not {rule}"
+
+    for name, limit, rule in checks:
+        values = np.asarray(getattr(arrays, name))
+        values = values.reshape(len(values), int(np.prod(values.shape[1:])))  # labels: (N, 1)
+        report(name, values, (values < 0) | (values >= limit), rule)
+    weights = np.asarray(arrays.masked_lm_weights)
+    report("masked_lm_weights", weights, ~np.isfinite(weights), "finite")
+    return dict(sorted(problems.items()))
+
+
+def _canonical(columns: dict[str, np.ndarray]) -> PretrainingArrays:
+    """Arrays in PretrainingArrays' dtypes (int32 ids, int8 masks, float32 weights, int64 labels)."""
+    return PretrainingArrays(
+        input_ids=columns["input_ids"].astype(np.int32, copy=False),
+        segment_ids=columns["segment_ids"].astype(np.int8, copy=False),
+        input_mask=columns["input_mask"].astype(np.int8, copy=False),
+        masked_lm_positions=columns["masked_lm_positions"].astype(np.int32, copy=False),
+        masked_lm_ids=columns["masked_lm_ids"].astype(np.int32, copy=False),
+        masked_lm_weights=columns["masked_lm_weights"].astype(np.float32, copy=False),
+        next_sentence_labels=columns["next_sentence_labels"].reshape(-1).astype(np.int64, copy=False),
+    )
+
+
+def _rows(arrays: PretrainingArrays, start: int, stop: int) -> PretrainingArrays:
+    return PretrainingArrays(**{name: np.asarray(getattr(arrays, name))[start:stop] for name in FEATURES})
+
+
+def concat_arrays(parts: Iterable[PretrainingArrays]) -> PretrainingArrays:
+    """Rows of several PretrainingArrays, one after the other."""
+    parts = list(parts)
+    return PretrainingArrays(**{name: np.concatenate([getattr(p, name) for p in parts])
+                                for name in FEATURES})
+
+
+# ---------------------------------------------------------------- writing
+
+class _Abort(Exception):
+    """Thrown into the atomic file to make it clean up."""
+
+
+class RecordWriter:
+    """Write records to ``path`` in ``fmt``, streaming: memory does not grow with the row count.
+
+    Use as a context manager. Leaving the block normally completes the file
+    and renames it into place; leaving it with an exception (or calling
+    :meth:`abort`) removes the temporary and leaves nothing under ``path``.
+    Every ``write`` is validated first (shapes, ids < ``vocab_size`` when
+    given, positions < ``seq_len``, 0/1 masks, segments and labels); a bad
+    write raises DataError and writes none of its rows. Writes of fewer than
+    256 rows are gathered before encoding, so memory holds at most that many
+    rows, or one write's rows, in 4096-row chunks.
+
+    For the native format ``vocab_size`` (or ``id_bound``, a bound on the ids
+    known in advance) also picks the id dtype: uint16 up to 65536, else int32.
+    """
+
+    def __init__(self, path: str | Path, fmt: str, seq_len: int, max_predictions: int,
+                 vocab_size: int | None = None, *, id_bound: int | None = None):
+        if fmt not in FORMATS:
+            raise DataError(f"unknown record format {fmt!r} (formats: {', '.join(FORMATS)})")
+        if seq_len < 1 or not 1 <= max_predictions <= seq_len:
+            raise ValueError(f"need 1 <= max_predictions ({max_predictions}) <= seq_len ({seq_len})")
+        self.path = Path(path)
+        self.format = fmt
+        self.seq_len, self.max_predictions, self.vocab_size = seq_len, max_predictions, vocab_size
+        self.count = 0
+        self._pending: list[PretrainingArrays] = []  # validated rows not yet encoded
+        self._pending_rows = 0
+        with contextlib.ExitStack() as stack:
+            tmp = stack.enter_context(atomic_file(self.path))
+            self._file = stack.enter_context(open(tmp, "wb"))
+            self._native = None
+            if fmt == "native":
+                id_dtype = native.id_dtype_for(vocab_size if vocab_size is not None else id_bound)
+                self._native = native.NativeWriter(self._file, seq_len, max_predictions, id_dtype,
+                                                   vocab_size)
+            self._stack = stack.pop_all()
+        self._open = True
+
+    def write(self, arrays: PretrainingArrays) -> None:
+        """Append the rows of ``arrays`` (any integer dtypes; weights any float dtype)."""
+        if not self._open:
+            raise ValueError(f"{self.path}: the writer is closed")
+        problem = _shape_problem(arrays, self.seq_len, self.max_predictions)
+        if problem:
+            raise DataError(f"{self.path}: write() of rows {self.count}..: {problem}")
+        n = len(arrays.input_ids)
+        for start in range(0, n, _CHUNK_ROWS):  # validate all before writing any
+            problems = row_problems(_rows(arrays, start, start + _CHUNK_ROWS), self.seq_len,
+                                    self.vocab_size)
+            if problems:
+                row, message = next(iter(problems.items()))
+                raise DataError(f"{self.path}: record {self.count + start + row} "
+                                f"(row {start + row} of this write): {message}")
+        self.count += n
+        if n >= _MIN_ENCODE_ROWS:
+            self._flush()
+            self._encode(arrays)
+        elif n:  # small writes are gathered (copied: the caller may reuse its arrays); encoding has a fixed cost
+            self._pending.append(PretrainingArrays(**{name: np.array(getattr(arrays, name)) for name in FEATURES}))
+            self._pending_rows += n
+            if self._pending_rows >= _MIN_ENCODE_ROWS:
+                self._flush()
+
+    def _flush(self) -> None:
+        if self._pending:
+            self._encode(concat_arrays(self._pending))
+            self._pending, self._pending_rows = [], 0
+
+    def _encode(self, arrays: PretrainingArrays) -> None:
+        for start in range(0, len(arrays.input_ids), _CHUNK_ROWS):
+            chunk = _rows(arrays, start, start + _CHUNK_ROWS)
+            if self._native is not None:
+                self._native.write(_canonical(vars(chunk)))
+            else:
+                columns = {name: np.asarray(getattr(chunk, name)).reshape(len(chunk.input_ids), -1)
+                           for name in FEATURES}
+                self._file.write(encode_records(columns, _KINDS))
+
+    def close(self) -> Path:
+        """Complete the file and move it into place."""
+        if self._open:
+            self._flush()
+            self._open = False
+            if self._native is not None:
+                self._native.finish()
+            self._stack.close()
+        return self.path
+
+    def abort(self) -> None:
+        """Give up: remove the temporary file; nothing appears under ``path``."""
+        if self._open:
+            self._open = False
+            self._stack.__exit__(_Abort, _Abort(), None)
+
+    def __enter__(self) -> RecordWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        elif self._open:
+            self._open = False
+            self._stack.__exit__(exc_type, exc, tb)
+
+
+def write_records(path: str | Path, arrays: PretrainingArrays, fmt: str = "tfrecord",
+                  vocab_size: int | None = None) -> Path:
+    """Write all of ``arrays`` to one file; returns its path."""
+    seq_len = np.asarray(arrays.input_ids).shape[1]
+    max_predictions = np.asarray(arrays.masked_lm_positions).shape[1]
+    id_bound = None
+    if vocab_size is None and len(arrays):  # the native id dtype can follow the data
+        id_bound = 1 + max(int(np.max(arrays.input_ids)), int(np.max(arrays.masked_lm_ids)))
+    with RecordWriter(path, fmt, seq_len, max_predictions, vocab_size, id_bound=id_bound) as writer:
+        writer.write(arrays)
+    return Path(path)
+
+
+# ---------------------------------------------------------------- reading
+
+def detect_format(path: str | Path) -> str:
+    """``native`` or ``tfrecord``, from the first bytes (an empty ``*.tfrecord`` is a TFRecord)."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as file:
+            head = file.read(HEADER_BYTES)
+    except FileNotFoundError:
+        raise DataError(f"record file not found: {path}") from None
+    except IsADirectoryError:
+        raise DataError(f"{path}: is a directory, not a record file") from None
+    if head[:len(native.MAGIC)] == native.MAGIC:
+        return "native"
+    if len(head) == HEADER_BYTES and masked_crc(head[:8]) == int.from_bytes(head[8:], "little"):
+        return "tfrecord"
+    if not head and path.suffix in _TFRECORD_SUFFIXES:
+        return "tfrecord"
+    raise DataError(f"{path}: neither a TFRecord nor a bertforge native record file "
+                    f"(first bytes: {head[:8].hex(' ') or 'none, the file is empty'})")
+
+
+class RecordFile:
+    """Random access to the records of one file, either format.
+
+    ``take(indices)`` returns those rows, in that order, as PretrainingArrays
+    (repeats allowed). ``skipped`` counts bad records passed over when opened
+    with ``max_bad`` > 0; ``errors`` holds the first few of their messages.
+    """
+
+    path: Path
+    format: str
+    seq_len: int
+    max_predictions: int
+    skipped: int
+    errors: list[str]
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def take(self, indices) -> PretrainingArrays:
+        raise NotImplementedError
+
+    def offset(self, index: int) -> int:
+        """Byte offset of record ``index`` in the file."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def _indices(self, indices) -> np.ndarray:
+        rows = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if rows.size and (rows.min() < 0 or rows.max() >= len(self)):
+            bad = int(rows[(rows < 0) | (rows >= len(self))][0])
+            raise IndexError(f"{self.path}: record index {bad} out of range for {len(self)} records")
+        return rows
+
+    def _check(self, arrays: PretrainingArrays, rows: np.ndarray, vocab_size: int | None) -> None:
+        problems = row_problems(arrays, self.seq_len, vocab_size)
+        if problems:
+            row, message = next(iter(problems.items()))
+            index = int(rows[row])
+            raise DataError(f"{self.path}: record {index} (byte offset {self.offset(index)}): {message}")
+
+    def __enter__(self) -> RecordFile:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict:  # for loader worker processes: the memory map is not pickled
+        return {k: v for k, v in vars(self).items() if k not in self._MAPPED}
+
+    def __setstate__(self, state: dict) -> None:
+        vars(self).update(state)
+        self._map()
+
+    _MAPPED: tuple[str, ...] = ()
+
+    def _map(self) -> None:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return (f"RecordFile({str(self.path)!r}, format={self.format!r}, records={len(self)}, "
+                f"seq_len={self.seq_len}, max_predictions={self.max_predictions})")
+
+
+def _mmap(path: Path) -> mmap.mmap | bytes:
+    if path.stat().st_size == 0:
+        return b""  # mmap cannot map an empty file
+    with open(path, "rb") as file:
+        return mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+
+
+def _unmap(buffer) -> None:
+    if isinstance(buffer, mmap.mmap):
+        try:
+            buffer.close()
+        except BufferError:  # an array still views it; the map goes with the last reference
+            pass
+
+
+_MAX_ERRORS_KEPT = 10
+
+
+class TFRecordFile(RecordFile):
+    """A TFRecord file: the frame offsets are found by one scan when opened."""
+
+    _MAPPED = ("_buffer", "_data")
+
+    def __init__(self, path: Path, *, verify: bool = True, max_bad: int = 0,
+                 vocab_size: int | None = None):
+        self.path, self.format = Path(path), "tfrecord"
+        self.verify, self.max_bad, self.vocab_size = verify, max_bad, vocab_size
+        self.seq_len = self.max_predictions = 0
+        self.skipped, self.errors = 0, []
+        self._map()
+        try:
+            self._scan()
+        except BaseException:
+            self.close()
+            raise
+
+    def _map(self) -> None:
+        self._buffer = _mmap(self.path)
+        self._data = np.frombuffer(self._buffer, np.uint8)
+
+    def __len__(self) -> int:
+        return len(self._starts)
+
+    def offset(self, index: int) -> int:
+        return int(self._starts[index]) - HEADER_BYTES
+
+    def close(self) -> None:
+        self._data = np.zeros(0, np.uint8)
+        _unmap(self._buffer)
+
+    # -- opening
+
+    def _bad(self, number: int, offset: int, message: str) -> None:
+        text = f"{self.path}: record {number} (byte offset {offset}): {message}"
+        self.skipped += 1
+        if len(self.errors) < _MAX_ERRORS_KEPT:
+            self.errors.append(text)
+        if self.skipped > self.max_bad:
+            if self.max_bad:
+                text += f" ({self.skipped} bad records, more than max_bad={self.max_bad})"
+            raise DataError(text)
+
+    def _scan(self) -> None:
+        """Find every record; with ``verify``, check checksums and decode and check every record.
+
+        Records are checked a chunk at a time as the scan goes, so the file is
+        read once and memory holds one chunk besides the offsets.
+        """
+        size = len(self._data)
+        kept: list[np.ndarray] = [np.zeros((0, 3), np.int64)]  # (file order number, offset, data length)
+        pending = array("q")
+        position = number = 0
+        while position < size:
+            try:
+                length, end = read_frame(self._buffer, position, size, self.verify)
+            except LengthError as err:
+                raise DataError(f"{self.path}: record {number} (byte offset {position}): {err}; "
+                                "the records after it cannot be located") from None
+            except TruncatedError as err:
+                self._bad(number, position, str(err))
+                break
+            except ChecksumError as err:
+                self._bad(number, position, str(err))
+                end = err.end
+            else:
+                pending.extend((number, position, length))
+            position, number = end, number + 1
+            if len(pending) == 3 * _CHUNK_ROWS:
+                kept.append(self._checked(np.frombuffer(pending, np.int64).reshape(-1, 3).copy()))
+                pending = array("q")
+        if pending:
+            kept.append(self._checked(np.frombuffer(pending, np.int64).reshape(-1, 3).copy()))
+        frames = np.concatenate(kept)
+        self._numbers, self._starts, self._lengths = frames[:, 0], frames[:, 1] + HEADER_BYTES, frames[:, 2]
+
+    def _checked(self, frames: np.ndarray) -> np.ndarray:
+        """The frames whose records decode and validate (all of them without ``verify``)."""
+        starts, lengths = frames[:, 1] + HEADER_BYTES, frames[:, 2]
+        if self.seq_len == 0:
+            self._infer_shape(starts, lengths)
+        if not self.verify:
+            return frames
+        _, problems = self._decode(starts, lengths)
+        for row, message in problems.items():
+            self._bad(int(frames[row, 0]), int(frames[row, 1]), message)
+        return np.delete(frames, list(problems), axis=0)
+
+    def _unreadable(self, start: int, length: int) -> str:
+        """Why a record gives no seq_len and max_predictions."""
+        try:
+            features = example_features(self._buffer, start, start + length, _KINDS)
+        except (FormatError, IndexError) as err:
+            return f"not a valid tf.train.Example ({err or 'a field runs past its end'})"
+        for name in ("input_ids", "masked_lm_positions"):
+            kind, first, last = features.get(name, (None, 0, 0))
+            if kind != INT64 or first == last:
+                return f"feature {name} is missing or not a non-empty {INT64}"
+        return "the input_ids or masked_lm_positions values are malformed"
+
+    def _infer_shape(self, starts: np.ndarray, lengths: np.ndarray) -> None:
+        """seq_len and max_predictions from the first record that decodes."""
+        for start, length in zip(starts.tolist(), lengths.tolist()):
+            try:
+                features = example_features(self._buffer, start, start + length, _KINDS)
+                spans = [features[name] for name in ("input_ids", "masked_lm_positions")]
+            except (FormatError, IndexError, KeyError):
+                continue
+            counts = [int((self._data[a:b] < 0x80).sum()) for _, a, b in spans]
+            if all(kind == INT64 for kind, _, _ in spans) and min(counts) > 0:
+                self.seq_len, self.max_predictions = counts
+                return
+
+    def _decode(self, starts: np.ndarray, lengths: np.ndarray) -> tuple[PretrainingArrays, dict[int, str]]:
+        """The records at these data offsets decoded, and a message for each that is invalid (zeros there)."""
+        if self.seq_len == 0:  # no record so far had readable input_ids and masked_lm_positions
+            empty = {name: np.zeros((len(starts), 1), np.int64) for name in FEATURES}
+            return _canonical(empty), {i: self._unreadable(start, length) for i, (start, length)
+                                       in enumerate(zip(starts.tolist(), lengths.tolist()))}
+        kinds, first, last, fast = example_spans(self._data, starts, starts + lengths, FEATURES)
+        problems: dict[int, str] = {}
+        for i in np.flatnonzero(~fast).tolist():  # unusual layouts: the general parser
+            start = int(starts[i])
+            try:
+                features = example_features(self._buffer, start, start + int(lengths[i]), _KINDS)
+            except (FormatError, IndexError) as err:
+                problems[i] = f"not a valid tf.train.Example ({err or 'a field runs past its end'})"
+                continue
+            for j, name in enumerate(FEATURES):
+                kind, first[i, j], last[i, j] = features.get(name, (None, 0, 0))
+                kinds[i, j] = _ONEOF_FIELD.get(kind, 0)
+        for j, name in enumerate(FEATURES):
+            expected = _ONEOF_FIELD[_KINDS[name]]
+            for i in np.flatnonzero(kinds[:, j] != expected).tolist():
+                if i not in problems:
+                    problems[i] = (f"feature {name} is missing or holds no list" if kinds[i, j] == 0 else
+                                   f"feature {name} is a {_ONEOF_NAME[kinds[i, j]]}, "
+                                   f"expected {_KINDS[name]}")
+        columns = {}
+        for j, name in enumerate(FEATURES):
+            width = _width(name, self.seq_len, self.max_predictions)
+            decode = decode_float_rows if _KINDS[name] == FLOAT else decode_varint_rows
+            columns[name], counts = decode(self._data, first[:, j], last[:, j] - first[:, j], width)
+            for i in np.flatnonzero(counts != width).tolist():
+                if i not in problems:
+                    problems[i] = (f"feature {name} holds malformed values" if counts[i] < 0 else
+                                   f"feature {name} has {counts[i]} values, expected {width} "
+                                   f"(seq_len {self.seq_len}, max_predictions {self.max_predictions} "
+                                   "as in the file's first record)")
+        raw = PretrainingArrays(**{name: columns[name] for name in FEATURES})
+        raw.next_sentence_labels = raw.next_sentence_labels[:, 0]
+        for i, message in row_problems(raw, self.seq_len, self.vocab_size).items():
+            problems.setdefault(i, message)
+        return _canonical(vars(raw)), dict(sorted(problems.items()))
+
+    # -- reading
+
+    def take(self, indices) -> PretrainingArrays:
+        rows = self._indices(indices)
+        parts = []
+        for start in range(0, max(len(rows), 1), _CHUNK_ROWS):
+            chunk = rows[start:start + _CHUNK_ROWS]
+            arrays, problems = self._decode(self._starts[chunk], self._lengths[chunk])
+            if problems:
+                row, message = next(iter(problems.items()))
+                index = int(chunk[row])
+                raise DataError(f"{self.path}: record {self._numbers[index]} "
+                                f"(byte offset {self.offset(index)}): {message}")
+            parts.append(arrays)
+        return parts[0] if len(parts) == 1 else concat_arrays(parts)
+
+
+class NativeFile(RecordFile):
+    """A native file: header read when opened, rows memory-mapped."""
+
+    _MAPPED = ("_buffer", "_rows")
+
+    def __init__(self, path: Path, *, verify: bool = True, vocab_size: int | None = None):
+        self.path, self.format = Path(path), "native"
+        self.vocab_size = vocab_size
+        self.skipped, self.errors = 0, []
+        size = self.path.stat().st_size
+        with open(self.path, "rb") as file:
+            try:
+                self.header = native.read_header(file, size)
+            except (ValueError, KeyError, TypeError) as err:
+                raise DataError(f"{self.path}: {err}") from None
+        self.seq_len, self.max_predictions = self.header.seq_len, self.header.max_predictions
+        self._map()
+        try:
+            self._check_file(verify)
+        except BaseException:
+            self.close()
+            raise
+
+    def _map(self) -> None:
+        self._buffer = _mmap(self.path)
+        data = np.frombuffer(self._buffer, np.uint8, count=self.header.count * self.header.dtype.itemsize,
+                             offset=native.DATA_OFFSET)
+        self._rows = data.view(self.header.dtype)
+
+    def _check_file(self, verify: bool) -> None:
+        if verify:
+            bad = native.bad_block(self._rows.view(np.uint8), self.header)
+            if bad is not None:
+                raise DataError(f"{self.path}: corrupt data in the block at byte offset "
+                                f"{native.DATA_OFFSET + bad} (its checksum does not match)")
+        if self.vocab_size is not None and self.header.max_id >= self.vocab_size:
+            for start in range(0, len(self), _CHUNK_ROWS):  # find the record to name it
+                rows = np.arange(start, min(start + _CHUNK_ROWS, len(self)))
+                self._check(native.from_rows(self._rows[rows], self.seq_len), rows, self.vocab_size)
+            raise DataError(f"{self.path}: the header says token id {self.header.max_id} occurs, "
+                            f"not below vocab_size {self.vocab_size}")
+
+    def __len__(self) -> int:
+        return self.header.count
+
+    def offset(self, index: int) -> int:
+        return native.DATA_OFFSET + index * self.header.dtype.itemsize
+
+    def close(self) -> None:
+        self._rows = np.zeros(0, self.header.dtype)
+        _unmap(self._buffer)
+
+    def take(self, indices) -> PretrainingArrays:
+        rows = self._indices(indices)
+        arrays = native.from_rows(self._rows[rows], self.seq_len)
+        self._check(arrays, rows, self.vocab_size)  # cheap, and catches damage when not verified
+        return arrays
+
+
+def open_records(path: str | Path, *, verify: bool = True, max_bad: int = 0,
+                 vocab_size: int | None = None) -> RecordFile:
+    """Open a record file of either format for random access.
+
+    ``verify``: TFRecord -- check both checksums and decode and validate every
+    record now (one pass over the file, ~50k records/s on one core); without
+    it only each frame's length and the length's checksum are read, and
+    records are decoded and validated when taken. Native -- check the crc32c
+    of every 16 MiB block of rows (one pass at about the speed of reading the
+    file); without it only the header's own checksum and the sizes. ``take``
+    always validates the values it returns. ``max_bad``: how many bad TFRecord
+    records may be skipped (counted in ``skipped``) before it is an error; a
+    damaged native file is always an error. ``vocab_size``: token ids must be
+    below it.
+    """
+    path = Path(path)
+    fmt = detect_format(path)
+    if fmt == "native":
+        return NativeFile(path, verify=verify, vocab_size=vocab_size)
+    return TFRecordFile(path, verify=verify, max_bad=max_bad, vocab_size=vocab_size)
+
+
+def read_records(path: str | Path, **kwargs) -> PretrainingArrays:
+    """Every record of a file (keyword arguments as :func:`open_records`)."""
+    with open_records(path, **kwargs) as records:
+        return records.take(np.arange(len(records)))
+
+
+# ---------------------------------------------------------------- index and inspection
+
+def index_path_for(tfrecord_path: str | Path) -> Path:
+    """Where a TFRecord's index goes: ``x.tfrecord`` → ``x.index``; other names get ``.index`` added."""
+    path = Path(tfrecord_path)
+    if path.suffix in _TFRECORD_SUFFIXES:
+        return path.with_suffix(".index")
+    return path.with_name(path.name + ".index")
+
+
+def write_index(tfrecord_path: str | Path, index_path: str | Path | None = None) -> Path:
+    """Write the ``tfrecord`` package's index (``tfrecord2idx``): "offset length" per record.
+
+    The length covers the whole frame (header, data, checksum). Lengths and
+    their checksums are checked; the data is not read.
+    """
+    path = Path(tfrecord_path)
+    index = Path(index_path) if index_path is not None else index_path_for(path)
+    if detect_format(path) != "tfrecord":
+        raise DataError(f"{path}: not a TFRecord file, so it has no index")
+    buffer = _mmap(path)
+    lines = []
+    try:
+        position, size = 0, len(buffer)
+        while position < size:
+            try:
+                _, end = read_frame(buffer, position, size, verify=False)
+            except FormatError as err:
+                raise DataError(f"{path}: record {len(lines)} (byte offset {position}): {err}") from None
+            lines.append(f"{position} {end - position}\n")
+            position = end
+    finally:
+        _unmap(buffer)
+    with atomic_file(index) as tmp:
+        tmp.write_text("".join(lines), encoding="ascii")
+    return index
+
+
+def _token(vocab: list[str] | None, token_id: int) -> str:
+    if vocab is None:
+        return str(token_id)
+    return vocab[token_id] if 0 <= token_id < len(vocab) else f"<{token_id}?>"
+
+
+def describe(path: str | Path, num: int = 3, vocab_path: str | Path | None = None) -> str:
+    """What ``bertforge data inspect`` prints: count, validation, and ``num`` records as text.
+
+    Without a vocab the tokens are shown as ids. In each record the masked
+    positions are listed as ``position shown→target``.
+    """
+    from .tokenizer import read_vocab
+
+    vocab = read_vocab(vocab_path) if vocab_path else None
+    vocab_size = len(vocab) if vocab else None
+    with open_records(path, verify=True, max_bad=sys.maxsize, vocab_size=vocab_size) as records:
+        lines = [(f"{path}: {records.format}, {len(records)} records, seq_len {records.seq_len}, "
+                  f"max_predictions {records.max_predictions}")]
+        checked = ("both checksums and every feature of every record" if records.format == "tfrecord"
+                   else "header and data checksums")
+        if vocab_size:
+            checked += f", token ids below vocab_size {vocab_size}"
+        if records.skipped:
+            lines.append(f"validation: FAILED for {records.skipped} record(s), which a reader skips "
+                         f"only with max_bad >= {records.skipped}; first: {records.errors[0]}")
+        else:
+            lines.append(f"validation: OK ({checked})")
+        for index in range(min(num, len(records))):
+            a = records.take([index])
+            length = int(a.input_mask[0].sum())
+            ids = a.input_ids[0, :length].tolist()
+            segment_b = int(np.argmax(a.segment_ids[0, :length])) if a.segment_ids[0].any() else length
+            label = int(a.next_sentence_labels[0])
+            real = a.masked_lm_weights[0] > 0
+            lines.append(f"record {index} (byte offset {records.offset(index)}): next_sentence_label "
+                         f"{label} ({'B is a random span' if label else 'B follows A'}), {length} tokens, "
+                         f"{int(real.sum())} masked")
+            lines.append("  A: " + " ".join(_token(vocab, t) for t in ids[:segment_b]))
+            lines.append("  B: " + " ".join(_token(vocab, t) for t in ids[segment_b:]))
+            targets = [f"{p} {_token(vocab, ids[p] if p < length else 0)}→{_token(vocab, t)}"
+                       for p, t in zip(a.masked_lm_positions[0][real].tolist(),
+                                       a.masked_lm_ids[0][real].tolist())]
+            lines.append("  masked: " + ", ".join(targets))
+    return "\n".join(lines)
+
+
+__all__ = ["FEATURES", "FORMATS", "SUFFIXES", "NativeFile", "RecordFile", "RecordWriter", "TFRecordFile",
+           "concat_arrays", "describe", "detect_format", "index_path_for", "open_records", "read_records",
+           "row_problems", "write_index", "write_records"]

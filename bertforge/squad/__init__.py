@@ -1,0 +1,29 @@
+"""SQuAD v1.1: examples, features, post-processing and the official metric.
+
+Every step reproduces google-research/bert's ``run_squad.py`` and the official
+``evaluate-v1.1.py`` exactly (tested against them), so that a score difference
+can only come from the model::
+
+    from bertforge.data.tokenizer import load_tokenizer
+    from bertforge import squad
+
+    examples, skipped = squad.read_examples("dev-v1.1.json")
+    features = squad.convert_examples_to_features(examples, load_tokenizer("vocab.txt"))
+    # start_logits, end_logits: (len(features), 384) from BertForQuestionAnswering
+    predictions, nbest = squad.postprocess(examples, features, start_logits, end_logits)
+    squad.evaluate(squad.load_json("dev-v1.1.json"), predictions)  # {"exact_match": …, "f1": …}
+"""
+
+from .data import (DOC_STRIDE, MAX_QUERY_LENGTH, MAX_SEQ_LENGTH, SkippedAnswer, SquadError,
+                   SquadExample, SquadFeatures, convert_examples_to_features, example_from_text,
+                   load_json, parse_examples, read_examples)
+from .metric import evaluate, exact_match_score, f1_score, normalize_answer
+from .postprocess import (MAX_ANSWER_LENGTH, N_BEST_SIZE, get_final_text, postprocess,
+                          write_predictions)
+
+__all__ = [
+    "DOC_STRIDE", "MAX_ANSWER_LENGTH", "MAX_QUERY_LENGTH", "MAX_SEQ_LENGTH", "N_BEST_SIZE",
+    "SkippedAnswer", "SquadError", "SquadExample", "SquadFeatures", "convert_examples_to_features",
+    "evaluate", "exact_match_score", "example_from_text", "f1_score", "get_final_text", "load_json",
+    "normalize_answer", "parse_examples", "postprocess", "read_examples", "write_predictions",
+]

@@ -1,0 +1,459 @@
+"""SQuAD v1.1 questions → examples → fixed-length BERT features.
+
+This reproduces google-research/bert's ``run_squad.py`` (``read_squad_examples``
+and ``convert_examples_to_features``) exactly — the same windows, ids, masks,
+max-context flags and answer positions — but tokenizes with the fast
+``tokenizers`` WordPiece of :func:`bertforge.data.tokenizer.load_tokenizer`,
+in batches, instead of word by word in Python.
+
+Examples
+    A context is split into words on the reference's whitespace (space, tab,
+    CR, LF, U+202F). For training each question must have exactly one answer;
+    its character offset becomes a start and end word.
+
+Features
+    ``[CLS] question [SEP] window of the context [SEP]``, zero-padded to
+    ``max_seq_length``. The question keeps its first ``max_query_length``
+    WordPieces (longer ones are truncated, as the reference does, and counted).
+    A context longer than what is left is covered by overlapping windows that
+    advance by ``doc_stride`` tokens; a token seen by several windows is scored
+    only in the one where it has the most context on both sides.
+
+Bad input
+    Missing or mistyped fields, an empty context, duplicate question ids, a
+    training question without exactly one answer, an empty answer or an
+    ``answer_start`` outside its context raise :class:`SquadError` naming the
+    file, question id and field. A training answer whose text is not found in
+    the words at its ``answer_start`` is skipped, as the reference skips it; the
+    skips are returned with their reason, so callers can count and report them.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import json
+import re
+import sys
+import unicodedata
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+from tokenizers import Tokenizer
+
+MAX_SEQ_LENGTH = 384
+DOC_STRIDE = 128
+MAX_QUERY_LENGTH = 64
+
+# The reference's whitespace for splitting a context into words (not Unicode's).
+_WORD = re.compile(r"[^ \t\r\n\u202f]+")
+
+
+class SquadError(ValueError):
+    """A user-facing problem with SQuAD input; the message names the file, question or field."""
+
+
+@dataclass
+class SquadExample:
+    """One question about one context.
+
+    ``doc_tokens`` are the context's whitespace-separated words; examples of
+    the same paragraph share one list. ``answer_text``, ``start_word`` and
+    ``end_word`` are set for training only.
+    """
+
+    qas_id: str
+    question: str
+    doc_tokens: list[str]
+    answer_text: str | None = None
+    start_word: int | None = None
+    end_word: int | None = None
+
+
+@dataclass(frozen=True)
+class SkippedAnswer:
+    """A training question left out because its answer is not in the context where it says."""
+
+    qas_id: str
+    reason: str
+
+
+@dataclass
+class SquadFeatures:
+    """All windows of all examples as numpy arrays, row ``i`` = feature ``i``.
+
+    Rows of one example are consecutive, in window order. The (N, T) arrays are
+    int32; ``torch.from_numpy`` shares them without copying, and the model
+    takes int32 ids, masks and segments (positions need ``.long()`` for a loss).
+    """
+
+    input_ids: np.ndarray             # (N, T) int32, padded with 0 as the reference does
+    input_mask: np.ndarray            # (N, T) int32: 1 real token, 0 padding
+    segment_ids: np.ndarray           # (N, T) int32: 0 question, 1 context window
+    token_to_orig: np.ndarray         # (N, T) int32: word index in doc_tokens, -1 off the context
+    token_is_max_context: np.ndarray  # (N, T) bool: this window scores the token
+    example_index: np.ndarray         # (N,) int64: index into the examples list
+    doc_span_index: np.ndarray        # (N,) int32: window number within its example
+    start_positions: np.ndarray | None  # (N,) int64, training only; 0 when the answer is outside
+    end_positions: np.ndarray | None    # (N,) int64, training only
+    vocab: list[str]                  # id → WordPiece, to show or post-process a window
+    truncated_questions: int = 0      # questions longer than max_query_length WordPieces
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def __repr__(self) -> str:  # not the arrays and the vocab
+        training = self.start_positions is not None
+        return (f"SquadFeatures({len(self)} × {self.input_ids.shape[1]}, "
+                f"examples={len(np.unique(self.example_index))}, training={training}, "
+                f"truncated_questions={self.truncated_questions})")
+
+    def tokens(self, index: int) -> list[str]:
+        """The WordPieces of feature ``index`` without the padding (the reference's ``tokens``)."""
+        length = int(self.input_mask[index].sum())
+        return [self.vocab[i] for i in self.input_ids[index, :length]]
+
+
+# ------------------------------------------------------------------ reading
+
+
+def split_context(context: str) -> tuple[list[str], list[int]]:
+    """The context's words and the character offset where each starts."""
+    matches = list(_WORD.finditer(context))
+    return [m.group() for m in matches], [m.start() for m in matches]
+
+
+def _field(obj: Any, key: str, kind: type, where: str) -> Any:
+    if not isinstance(obj, dict):
+        raise SquadError(f"{where}: expected an object, got {type(obj).__name__}")
+    if key not in obj:
+        raise SquadError(f"{where}: missing field '{key}'")
+    value = obj[key]
+    # bool is an int in Python; an answer_start of true is still a mistake.
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise SquadError(f"{where}: field '{key}' should be {kind.__name__}, "
+                         f"got {type(value).__name__}")
+    return value
+
+
+def _training_answer(qa: dict, context: str, words: list[str], starts: list[int],
+                     where: str) -> tuple[str, int, int] | str:
+    """(text, start word, end word) of a training question, or why it is skipped."""
+    answers = _field(qa, "answers", list, where)
+    if len(answers) != 1:
+        raise SquadError(f"{where}: a training question needs exactly 1 answer, has {len(answers)}")
+    text = _field(answers[0], "text", str, f"{where}, answer")
+    offset = _field(answers[0], "answer_start", int, f"{where}, answer")
+    if not text.strip():
+        raise SquadError(f"{where}: the answer text is empty")
+    if offset < 0 or offset + len(text) > len(context):
+        raise SquadError(f"{where}: answer_start {offset} + {len(text)} characters of answer "
+                         f"is outside the context ({len(context)} characters)")
+    # The words holding the answer's first and last characters; a character in
+    # the whitespace after a word belongs to that word, as in the reference.
+    start_word = bisect.bisect_right(starts, offset) - 1
+    end_word = bisect.bisect_right(starts, offset + len(text) - 1) - 1
+    if start_word < 0:
+        return f"answer_start {offset} is in the whitespace before the first word"
+    # The reference keeps an answer only if its text can be found in those
+    # words (annotations that split a word still match; bad offsets do not).
+    found = " ".join(words[start_word:end_word + 1])
+    wanted = " ".join(text.split())
+    if wanted not in found:
+        return f"answer {wanted!r} not found at answer_start {offset} (words there: {found!r})"
+    return text, start_word, end_word
+
+
+def parse_examples(dataset: Any, is_training: bool = False,
+                   source: str = "<squad>") -> tuple[list[SquadExample], list[SkippedAnswer]]:
+    """Examples from a parsed SQuAD v1.1 JSON object (``{"data": [...]}``).
+
+    Returns the examples in file order and the training answers that were
+    skipped (always empty when not training: answers are not read then).
+    """
+    articles = _field(dataset, "data", list, source)
+    examples: list[SquadExample] = []
+    skipped: list[SkippedAnswer] = []
+    seen: set[str] = set()
+    for a, article in enumerate(articles):
+        paragraphs = _field(article, "paragraphs", list, f"{source}: data[{a}]")
+        for p, paragraph in enumerate(paragraphs):
+            where = f"{source}: data[{a}].paragraphs[{p}]"
+            context = _field(paragraph, "context", str, where)
+            qas = _field(paragraph, "qas", list, where)
+            words, starts = split_context(context)
+            if not words:
+                raise SquadError(f"{where}: the context is empty")
+            for q, qa in enumerate(qas):
+                qas_id = _field(qa, "id", str, f"{where}.qas[{q}]")
+                where_q = f"{source}: question {qas_id}"
+                question = _field(qa, "question", str, where_q)
+                if qas_id in seen:
+                    raise SquadError(f"{where_q}: the question id is used twice")
+                seen.add(qas_id)
+                example = SquadExample(qas_id, question, words)
+                if is_training:
+                    answer = _training_answer(qa, context, words, starts, where_q)
+                    if isinstance(answer, str):
+                        skipped.append(SkippedAnswer(qas_id, answer))
+                        continue
+                    example.answer_text, example.start_word, example.end_word = answer
+                examples.append(example)
+    return examples, skipped
+
+
+def load_json(path: str | Path) -> Any:
+    """A JSON file, with file-naming errors for a missing or malformed file."""
+    path = Path(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise SquadError(f"file not found: {path}") from None
+    except UnicodeDecodeError as err:
+        raise SquadError(f"{path}: not valid UTF-8 at byte offset {err.start}") from None
+    except json.JSONDecodeError as err:
+        raise SquadError(f"{path}: not valid JSON: {err}") from None
+
+
+def read_examples(path: str | Path,
+                  is_training: bool = False) -> tuple[list[SquadExample], list[SkippedAnswer]]:
+    """Examples from a SQuAD v1.1 JSON file; see :func:`parse_examples`."""
+    return parse_examples(load_json(path), is_training, source=str(path))
+
+
+def example_from_text(question: str, context: str, qas_id: str = "q0") -> SquadExample:
+    """An example for a question about free text (no answer)."""
+    words, _ = split_context(context)
+    if not words:
+        raise SquadError("the context is empty")
+    return SquadExample(qas_id, question, words)
+
+
+# ------------------------------------------------------------------ features
+
+
+# An unassigned code point: kept by both tokenizers, it makes its word [UNK].
+_UNKNOWN_CHAR = "\u0378"
+
+
+@functools.cache
+def _clean_table() -> dict[int, str | None]:
+    """str.translate table of the reference's text cleaning: drop control characters,
+    NUL and U+FFFD; turn whitespace into a space. The fast tokenizer also drops
+    private-use characters, which the reference keeps (so their word becomes
+    [UNK]); replacing them by an unassigned character gives the same [UNK]."""
+    table: dict[int, str | None] = {0: None, 0xFFFD: None}
+    for code in range(sys.maxunicode + 1):
+        category = unicodedata.category(chr(code))
+        if code in (9, 10, 13) or category == "Zs":
+            table[code] = " "
+        elif category in ("Cc", "Cf"):
+            table[code] = None
+        elif category == "Co":
+            table[code] = _UNKNOWN_CHAR
+    return table
+
+
+def reference_clean(text: str, lowercase: bool) -> str:
+    """Clean (and lowercase) ``text`` in Python, as the reference does, before the
+    fast tokenizer sees it.
+
+    The fast tokenizer lowercases character by character, so a capital sigma
+    ending a word becomes "σ" where Python's ``str.lower`` (the reference) gives
+    "ς"; cleaning first matters, as a removed control character can decide
+    whether a sigma ends a word. ASCII text is cleaned and lowercased alike by
+    both, so it is returned as it is.
+    """
+    if text.isascii():
+        return text
+    text = text.translate(_clean_table())
+    return text.lower() if lowercase else text
+
+
+def _lowercases(tokenizer: Tokenizer) -> bool:
+    return bool(getattr(tokenizer.normalizer, "lowercase", False))
+
+
+def _token_id(tokenizer: Tokenizer, token: str) -> int:
+    token_id = tokenizer.token_to_id(token)
+    if token_id is None:
+        raise SquadError(f"the vocab has no {token} token")
+    return token_id
+
+
+def _id_to_token(tokenizer: Tokenizer) -> list[str]:
+    vocab = tokenizer.get_vocab()
+    tokens = [""] * (max(vocab.values()) + 1)
+    for token, i in vocab.items():
+        tokens[i] = token
+    return tokens
+
+
+def _doc_spans(num_tokens: int, max_tokens: int, stride: int) -> list[tuple[int, int]]:
+    """(start, length) windows over the context's WordPieces, the reference's way."""
+    spans = []
+    start = 0
+    while start < num_tokens:
+        length = min(num_tokens - start, max_tokens)
+        spans.append((start, length))
+        if start + length == num_tokens:
+            break
+        start += min(length, stride)
+    return spans
+
+
+def _max_context_span(spans: list[tuple[int, int]], num_tokens: int) -> np.ndarray:
+    """For each context token, the window that scores it: the one where the smaller of
+    its left and right context is largest (+0.01 per window token; first wins ties)."""
+    starts = np.array([s for s, _ in spans])[:, None]
+    lengths = np.array([n for _, n in spans])[:, None]
+    position = np.arange(num_tokens)[None, :]
+    left = position - starts
+    right = starts + lengths - 1 - position
+    # Same float64 arithmetic as the reference, so ties break identically.
+    score = np.minimum(left, right) + 0.01 * lengths
+    score = np.where((left >= 0) & (right >= 0), score, -np.inf)
+    return score.argmax(axis=0)
+
+
+def _improve_span(doc_ids: list[int], start: int, end: int,
+                  answer_ids: list[int]) -> tuple[int, int]:
+    """The first sub-span of [start, end] whose WordPieces are exactly the answer's.
+
+    The reference compares space-joined WordPieces; a WordPiece holds no space,
+    so that is list equality, possible only at the answer's length.
+    """
+    length = len(answer_ids)
+    if length:
+        for new_start in range(start, end - length + 2):
+            if doc_ids[new_start:new_start + length] == answer_ids:
+                return new_start, new_start + length - 1
+    return start, end
+
+
+@dataclass
+class _Plan:
+    """One example's tokenization and windows, before the arrays are allocated."""
+
+    query: list[int]
+    doc_ids: np.ndarray
+    tok_to_orig: np.ndarray
+    spans: list[tuple[int, int]]
+    answer: tuple[int, int] | None  # WordPiece start/end of the answer (training)
+
+
+def convert_examples_to_features(examples: Sequence[SquadExample], tokenizer: Tokenizer,
+                                 max_seq_length: int = MAX_SEQ_LENGTH, doc_stride: int = DOC_STRIDE,
+                                 max_query_length: int = MAX_QUERY_LENGTH,
+                                 is_training: bool = False) -> SquadFeatures:
+    """The reference's features for ``examples``, as numpy arrays.
+
+    ``tokenizer`` is :func:`bertforge.data.tokenizer.load_tokenizer`'s; whether
+    it lowercases is read from it. With ``is_training`` the examples need
+    answers (from ``read_examples(..., is_training=True)``) and start/end
+    positions are filled in (0, 0 for a window that does not hold the answer).
+    """
+    if max_query_length < 0 or doc_stride < 1:
+        raise SquadError(f"max_query_length={max_query_length} and doc_stride={doc_stride} "
+                         "must be at least 0 and 1")
+    if max_seq_length < max_query_length + 4:
+        raise SquadError(f"max_seq_length={max_seq_length} leaves no room for the context after "
+                         f"max_query_length={max_query_length} and [CLS] [SEP] [SEP]")
+    cls_id, sep_id = _token_id(tokenizer, "[CLS]"), _token_id(tokenizer, "[SEP]")
+    lowercase = _lowercases(tokenizer)
+
+    def prepare(text: str) -> str:
+        return reference_clean(text, lowercase)
+
+    def encode(texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
+
+    # Tokenize each distinct context once, as one string (its words joined by
+    # spaces, which split WordPieces just as tokenizing word by word does);
+    # each WordPiece's character offset tells which word it came from.
+    # Questions and answers are tokenized as whole strings, as in the reference.
+    doc_keys: dict[int, int] = {}
+    contexts: list[list[str]] = []
+    for example in examples:
+        if id(example.doc_tokens) not in doc_keys:
+            doc_keys[id(example.doc_tokens)] = len(contexts)
+            contexts.append([prepare(word) for word in example.doc_tokens])
+    doc_encodings = tokenizer.encode_batch([" ".join(words) for words in contexts],
+                                           add_special_tokens=False)
+    questions = encode([prepare(x.question) for x in examples])
+    answers: list[list[int]] = []
+    if is_training:
+        missing = [x.qas_id for x in examples if x.answer_text is None or x.start_word is None
+                   or x.end_word is None]
+        if missing:
+            raise SquadError(f"question {missing[0]}: training needs an answer "
+                             "(read the file with is_training=True)")
+        answers = encode([prepare(x.answer_text) for x in examples])
+
+    docs = []
+    for encoding, words in zip(doc_encodings, contexts, strict=True):
+        word_starts = np.cumsum([0] + [len(word) + 1 for word in words[:-1]])
+        token_starts = np.array([start for start, _ in encoding.offsets], dtype=np.int64)
+        tok_to_orig = np.searchsorted(word_starts, token_starts, side="right") - 1
+        # orig_to_tok[w] = index of word w's first WordPiece (of the next word's,
+        # when w has none, as in the reference); one extra entry for the end.
+        counts = np.bincount(tok_to_orig, minlength=len(words))
+        orig_to_tok = np.concatenate([[0], np.cumsum(counts)])
+        docs.append((np.array(encoding.ids, dtype=np.int32), tok_to_orig, orig_to_tok))
+
+    plans: list[_Plan] = []
+    truncated = 0
+    for index, example in enumerate(examples):
+        doc_ids, tok_to_orig, orig_to_tok = docs[doc_keys[id(example.doc_tokens)]]
+        query = questions[index]
+        if len(query) > max_query_length:
+            query = query[:max_query_length]
+            truncated += 1
+        answer = None
+        if is_training:
+            start = int(orig_to_tok[example.start_word])
+            end = int(orig_to_tok[example.end_word + 1]) - 1
+            answer = _improve_span(doc_ids.tolist(), start, end, answers[index])
+        spans = _doc_spans(len(doc_ids), max_seq_length - len(query) - 3, doc_stride)
+        plans.append(_Plan(query, doc_ids, tok_to_orig, spans, answer))
+
+    n = sum(len(plan.spans) for plan in plans)
+    shape = (n, max_seq_length)
+    input_ids = np.zeros(shape, np.int32)
+    input_mask = np.zeros(shape, np.int32)
+    segment_ids = np.zeros(shape, np.int32)
+    token_to_orig = np.full(shape, -1, np.int32)
+    is_max_context = np.zeros(shape, bool)
+    example_index = np.zeros(n, np.int64)
+    doc_span_index = np.zeros(n, np.int32)
+    start_positions = np.zeros(n, np.int64) if is_training else None
+    end_positions = np.zeros(n, np.int64) if is_training else None
+
+    row = 0
+    for index, plan in enumerate(plans):
+        best_span = _max_context_span(plan.spans, len(plan.doc_ids)) if plan.spans else None
+        offset = len(plan.query) + 2  # where the window starts: after [CLS] question [SEP]
+        for k, (start, length) in enumerate(plan.spans):
+            window = slice(offset, offset + length)
+            input_ids[row, 0] = cls_id
+            input_ids[row, 1:offset - 1] = plan.query
+            input_ids[row, offset - 1] = sep_id
+            input_ids[row, window] = plan.doc_ids[start:start + length]
+            input_ids[row, offset + length] = sep_id
+            input_mask[row, :offset + length + 1] = 1
+            segment_ids[row, offset:offset + length + 1] = 1
+            token_to_orig[row, window] = plan.tok_to_orig[start:start + length]
+            is_max_context[row, window] = best_span[start:start + length] == k
+            example_index[row] = index
+            doc_span_index[row] = k
+            if plan.answer is not None and start <= plan.answer[0] and plan.answer[1] < start + length:
+                start_positions[row] = plan.answer[0] - start + offset
+                end_positions[row] = plan.answer[1] - start + offset
+            row += 1
+
+    return SquadFeatures(input_ids, input_mask, segment_ids, token_to_orig, is_max_context,
+                         example_index, doc_span_index, start_positions, end_positions,
+                         _id_to_token(tokenizer), truncated)
