@@ -45,15 +45,15 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("BERTFORGE_TEST_DATA", ROOT.parent / "shared" / "data"))
 DUMP = SHARED / "wiki" / "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 VOCAB = SHARED / "vocab" / "bert-base-uncased-vocab.txt"
-SETTINGS = dict(seq_len=128, max_predictions=20, masked_lm_prob=0.15, short_seq_prob=0.1,
-                dupe_factor=5, seed=12345)
+SETTINGS = {"seq_len": 128, "max_predictions": 20, "masked_lm_prob": 0.15,
+            "short_seq_prob": 0.1, "dupe_factor": 5, "seed": 12345}
 
 
 # ---------------------------------------------------------------- input text
 
 _TEMPLATE = re.compile(r"\{\{[^{}]*\}\}|\{\|[^{}]*?\|\}")  # innermost templates, tables
 _MARKUP = [
-    (re.compile(r"<ref[^>/]*/>|<ref[^>]*>.*?</ref>|<!--.*?-->", re.S), ""),
+    (re.compile(r"<ref[^>/]*/>|<ref[^>]*>.*?</ref>|<!--.*?-->", re.DOTALL), ""),
     (re.compile(r"<[^>]+>"), ""),
     (re.compile(r"\[\[(?:File|Image|Category):[^\[\]]*(?:\[\[[^\]]*\]\][^\[\]]*)*\]\]"), ""),
     (re.compile(r"\[\[(?:[^\]|]*\|)?([^\]]*)\]\]"), r"\1"),  # [[target|label]] -> label
@@ -70,10 +70,11 @@ def wiki_sample_text(dump: Path = DUMP, max_chars: int | None = None) -> str:
     (headings, lists, tables) are dropped. Stops after the article that
     reaches ``max_chars``.
     """
-    xml = bz2.open(dump, "rt", encoding="utf-8").read()
+    with bz2.open(dump, "rt", encoding="utf-8") as file:
+        xml = file.read()
     articles: list[str] = []
     size = 0
-    for body in re.findall(r"<text[^>]*>(.*?)</text>", xml, re.S):
+    for body in re.findall(r"<text[^>]*>(.*?)</text>", xml, re.DOTALL):
         if body.lstrip().upper().startswith("#REDIRECT"):
             continue
         text = html.unescape(body).replace("\r", "")
@@ -131,8 +132,8 @@ def measure(side: str, text: Path, workers: int, fmt: str, out_dir: Path) -> dic
     cpu += children.ru_utime + children.ru_stime
     peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
                resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
-    return dict(instances=count, seconds=seconds, cpu_seconds=cpu, peak_mb=peak,
-                baseline_mb=baseline)
+    return {"instances": count, "seconds": seconds, "cpu_seconds": cpu, "peak_mb": peak,
+            "baseline_mb": baseline}
 
 
 def run_measurement(side: str, text: Path, workers: int, fmt: str, repeat: int) -> dict:

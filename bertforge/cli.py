@@ -4,6 +4,7 @@
     bertforge bench pretrain --config tiny --batch-size 16 --seq-len 128 --steps 20 --json
     bertforge export CHECKPOINT OUT_DIR        # to a Hugging Face BERT directory
     bertforge config [--config NAME] [--section.key VALUE ...]   # print the resolved config
+    bertforge data …                           # Wikipedia / text → records (see data/cli.py)
 
 Mistakes a user can make end with a one-line ``error: …`` and exit status 2.
 """
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from . import __version__
 from .config import MODEL_PRESETS, Config, ConfigError, load_config, parse_overrides
+from .data.cli import add_data_commands
 
 OVERRIDES_HELP = ("Any config field can be set with a dotted flag, e.g. --train.lr 1e-4 "
                   "--data.input corpus.txt --execution.precision bf16 (see `bertforge config`).")
@@ -136,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out", type=Path, help="output directory (must not exist)")
     p.add_argument("--head", choices=("pretraining", "qa", "encoder"), default="pretraining")
     p.set_defaults(func=cmd_export)
+
+    add_data_commands(sub)
 
     p = sub.add_parser("config", help="print a resolved config as YAML", epilog=OVERRIDES_HELP)
     p.add_argument("--config", help=config_help + " (default: the built-in defaults)")

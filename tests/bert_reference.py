@@ -65,13 +65,24 @@ def _standin() -> types.ModuleType:
 
 
 def reference(name: str) -> types.ModuleType:
-    """Import ``bert.<name>`` with the stand-in in place of TensorFlow."""
-    if "tensorflow" not in sys.modules or not hasattr(sys.modules["tensorflow"], "compat"):
-        tf = _standin()
-        sys.modules.update({"tensorflow": tf, "tensorflow.compat": tf.compat,
-                            "tensorflow.compat.v1": tf.compat.v1, "tensorflow.contrib": tf.contrib,
-                            "tensorflow.contrib.layers": tf.contrib.layers})
-    module = importlib.import_module(f"bert.{name}")
+    """Import ``bert.<name>`` with the stand-in in place of TensorFlow.
+
+    The stand-in is in ``sys.modules`` only while the reference imports: other
+    code (tensorboard) looks for a real TensorFlow there and must not find ours.
+    """
+    tf = _standin()
+    names = {"tensorflow": tf, "tensorflow.compat": tf.compat, "tensorflow.compat.v1": tf.compat.v1,
+             "tensorflow.contrib": tf.contrib, "tensorflow.contrib.layers": tf.contrib.layers}
+    saved = {key: sys.modules.get(key) for key in names}
+    sys.modules.update(names)
+    try:
+        module = importlib.import_module(f"bert.{name}")
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                sys.modules.pop(key, None)
+            else:
+                sys.modules[key] = value
     from absl import flags  # tokenization.py reads one real absl flag, at its default
 
     if not flags.FLAGS.is_parsed():

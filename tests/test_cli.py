@@ -1,5 +1,6 @@
 """The ``bertforge`` command: help of every subcommand, config printing, errors, bench."""
 
+import argparse
 import json
 import subprocess
 import sys
@@ -9,15 +10,25 @@ import yaml
 
 from bertforge.cli import build_parser, main
 
-SUBCOMMANDS = [["pretrain"], ["bench"], ["bench", "pretrain"], ["export"], ["config"]]
+SUBCOMMANDS = [["pretrain"], ["bench"], ["bench", "pretrain"], ["export"], ["config"], ["data"],
+               ["data", "wikipedia"], ["data", "wikipedia", "download"], ["data", "wikipedia", "extract"],
+               ["data", "preprocess"], ["data", "vocab"], ["data", "create"], ["data", "pick-eval"],
+               ["data", "index"], ["data", "inspect"]]
+
+
+def all_commands(parser, prefix=()):
+    """Every command path of a parser, found by walking its subparsers."""
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found.append([*prefix, name])
+                found += all_commands(sub, (*prefix, name))
+    return found
 
 
 def test_every_subcommand_is_covered():
-    parser = build_parser()
-    top = next(a for a in parser._actions if a.dest == "command")
-    bench = next(a for a in top.choices["bench"]._actions if a.dest == "bench")
-    found = [[name] for name in top.choices] + [["bench", name] for name in bench.choices]
-    assert sorted(found) == sorted(SUBCOMMANDS)
+    assert sorted(all_commands(build_parser())) == sorted(SUBCOMMANDS)
 
 
 @pytest.mark.parametrize("words", SUBCOMMANDS, ids=" ".join)

@@ -23,6 +23,13 @@ def tokenizer():
     return load_tokenizer(shared_data(VOCAB))
 
 
+@pytest.fixture(scope="module")
+def dev_sample() -> tuple[list, list]:
+    """Every 35th dev question: the reference's examples and ours."""
+    dev = shared_data(DEV)
+    return reference_examples(dev, is_training=False)[::35], read_examples(dev)[0][::35]
+
+
 def random_logits(shape: tuple[int, int], kind: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """float32 logits like a model's. "ties" rounds them to halves so that equal logits and
     equal start+end sums are common; "peaked" raises a start and an end region per window
@@ -42,16 +49,14 @@ def random_logits(shape: tuple[int, int], kind: str, seed: int) -> tuple[np.ndar
 @pytest.mark.parametrize("seq_len, stride, kind, full, placeholders", [
     (384, 128, "plain", 44, 8), (384, 128, "ties", 120, 1), (128, 32, "peaked", 290, 0),
     (128, 32, "ties", 298, 0)])
-def test_predictions_identical_to_reference(tmp_path, tokenizer, seq_len, stride, kind, full,
-                                            placeholders):
+def test_predictions_identical_to_reference(tmp_path, tokenizer, dev_sample, seq_len, stride, kind,
+                                            full, placeholders):
     """300 dev questions (from every 35th): the same predictions and n-best lists.
 
     Window 128 with stride 32 splits every context, so the max-context choice
     across windows decides many answers.
     """
-    dev = shared_data(DEV)
-    theirs = reference_examples(dev, is_training=False)[::35]
-    ours = read_examples(dev)[0][::35]
+    theirs, ours = dev_sample
     assert len(ours) == len(theirs) == 302
     features = convert_examples_to_features(ours, tokenizer, seq_len, stride)
     expected_features = reference_features(theirs, shared_data(VOCAB), seq_len, stride)

@@ -43,22 +43,21 @@ import glob
 import multiprocessing
 import os
 import random
-import re
+import string
 import sys
 import time
 from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
 
 import numpy as np
-from tokenizers import Tokenizer
 
 from .errors import DataError
 from .instances import PretrainingArrays, create_arrays_fast, create_instances, to_arrays
 from .records import FORMATS, RecordWriter
-from .tokenizer import MAX_WORD_CHARS, SpecialIds, load_tokenizer, read_vocab, special_ids
+from .tokenizer import MAX_WORD_CHARS, load_tokenizer, read_vocab, special_ids
 
 MODES = ("reference", "fast")
 CHUNK_CHARS = 1 << 18  # fast mode: characters of text per chunk
@@ -226,8 +225,15 @@ _LOW_BYTES = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [(1 << 64) - 1], 
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 _MIX2 = np.uint64(0xC2B2AE3D27D4EB4F)
 MAX_CACHED_UNITS = 1 << 19
-_WORD = re.compile(r"[A-Za-z0-9]+|[!-/:-@\[-`{-~]")  # one unit of an ASCII piece
-_LOWER_WORD = re.compile(r"[a-z0-9]+|[!-/:-@\[-`{-~]")
+_PUNCTUATION = frozenset(string.punctuation)  # every printable non-alphanumeric ASCII character
+
+
+def _is_word(token: str, lowercase: bool) -> bool:
+    """Whether a vocab token is one whole unit of an ASCII piece (as lower-cased, if so)."""
+    if token in _PUNCTUATION:
+        return True
+    return (len(token) <= 16 and token.isascii() and token.isalnum()
+            and (not lowercase or token.islower() or token.isdigit()))
 
 
 def _mark_unicode_spaces(byte: np.ndarray, classes: np.ndarray) -> None:
@@ -380,8 +386,7 @@ class FastWordPiece:
         self.lowercase = lowercase
         self.max_units = max_units
         # Whole words of the vocab are units with one id each: known without asking WordPiece.
-        simple = _LOWER_WORD if lowercase else _WORD
-        self._seed = [t for t in self.vocab if len(t) <= 16 and simple.fullmatch(t)]
+        self._seed = [t for t in self.vocab if _is_word(t, lowercase)]
         self._clear()
 
     def _clear(self) -> None:
@@ -398,13 +403,17 @@ class FastWordPiece:
             assert len(units.starts) == len(self._seed)
             key1, key2 = units.keys(np.arange(len(self._seed)))
             _, new = self._table.insert(key1, key2, 0)  # entries in the order of `new`
-            self._new_entries([[self.vocab[self._seed[k]]] for k in new.tolist()])
+            ids = np.array([self.vocab[self._seed[k]] for k in new.tolist()], np.int32)
+            self._store(np.ones(len(ids), np.int64), ids)
 
-    def _new_entries(self, ids: list[list[int]]) -> np.ndarray:
-        """Store the ids of new units; return their entry numbers."""
-        first, count = self._entries, len(ids)
-        lengths = np.fromiter(map(len, ids), np.int64, count)
-        flat = np.fromiter((i for unit in ids for i in unit), np.int32, int(lengths.sum()))
+    def _new_entries(self, ids: list[list[int]]) -> None:
+        """Store the ids of new units, as the next entries."""
+        lengths = np.fromiter(map(len, ids), np.int64, len(ids))
+        self._store(lengths, np.fromiter((i for unit in ids for i in unit), np.int32,
+                                         int(lengths.sum())))
+
+    def _store(self, lengths: np.ndarray, flat: np.ndarray) -> None:
+        first, count = self._entries, len(lengths)
         if first + count > len(self._start):
             size = max(first + count, 2 * len(self._start))
             self._start, self._len = np.resize(self._start, size), np.resize(self._len, size)
@@ -415,7 +424,6 @@ class FastWordPiece:
         self._start[first:first + count] = self._used_ids + np.cumsum(lengths) - lengths
         self._len[first:first + count] = lengths
         self._entries, self._used_ids = first + count, end
-        return np.arange(first, first + count)
 
     def _unit_ids(self, texts: list[str], whole: list[bool]) -> list[list[int]]:
         """Ids of new units: words of ASCII pieces, or whole other pieces."""
@@ -461,8 +469,8 @@ class FastWordPiece:
                         if raw not in self._long}
             if new_raws:
                 texts = [raw.decode("utf-8") for raw in new_raws]
-                entries = self._new_entries(self._unit_ids(texts, list(new_raws.values())))
-                self._long.update(zip(new_raws, entries.tolist()))
+                self._long.update(zip(new_raws, range(self._entries, self._entries + len(texts))))
+                self._new_entries(self._unit_ids(texts, list(new_raws.values())))
             entry[long] = [self._long[raw] for raw in raws]
 
         counts, first_id = self._len[entry], self._start[entry]
@@ -472,7 +480,7 @@ class FastWordPiece:
         line_lengths = np.bincount(units.line, weights=counts, minlength=len(lines))
         return ids, line_lengths.astype(np.int64)
 
-    def encode_documents(self, documents: list[list[str]]) -> "TokenizedChunk":
+    def encode_documents(self, documents: list[list[str]]) -> TokenizedChunk:
         """Documents as flat arrays; lines without tokens and documents without lines dropped."""
         lines = [line for document in documents for line in document]
         ids, line_lengths = self.encode_lines(lines)
@@ -598,13 +606,14 @@ class _ChunkMaker:
                            chunk.empty_documents)
 
 
-_WORKER: _ChunkMaker | None = None
+_WORKER: _ChunkMaker | None = None  # the chunk maker of a worker process
 
 
 def _start_worker(vocab: Path, options: CreateOptions) -> None:
     global _WORKER
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process per core already
-    _WORKER = _ChunkMaker(vocab, options)
+    if _WORKER is None or _WORKER.options != options:  # forked workers inherit the parent's
+        _WORKER = _ChunkMaker(vocab, options)
 
 
 def _run_chunk(index: int, documents: list[list[str]]) -> ChunkResult:
@@ -620,25 +629,31 @@ def _default_start_method() -> str:
 def _fast_chunks(chunks: Iterator[list[list[str]]], vocab: Path, options: CreateOptions,
                  workers: int, start_method: str | None) -> Iterator[ChunkResult]:
     """Results in chunk order; with workers > 1, at most 2 × workers chunks in flight."""
+    global _WORKER
     if workers <= 1:
         maker = _ChunkMaker(vocab, options)
         for index, documents in enumerate(chunks):
             yield maker(index, documents)
         return
-    context = multiprocessing.get_context(start_method or _default_start_method())
-    with ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker,
-                             initargs=(vocab, options)) as pool:
-        pending: deque[Future[ChunkResult]] = deque()
-        try:
-            for index, documents in enumerate(chunks):
-                pending.append(pool.submit(_run_chunk, index, documents))
-                if len(pending) >= 2 * workers:
+    method = start_method or _default_start_method()
+    if method == "fork":  # build the tokenizer once, here; the workers get a copy when forked
+        _WORKER = _ChunkMaker(vocab, options)
+    try:
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method),
+                                 initializer=_start_worker, initargs=(vocab, options)) as pool:
+            pending: deque[Future[ChunkResult]] = deque()
+            try:
+                for index, documents in enumerate(chunks):
+                    pending.append(pool.submit(_run_chunk, index, documents))
+                    if len(pending) >= 2 * workers:
+                        yield pending.popleft().result()
+                while pending:
                     yield pending.popleft().result()
-            while pending:
-                yield pending.popleft().result()
-        finally:
-            for future in pending:
-                future.cancel()
+            finally:
+                for future in pending:
+                    future.cancel()
+    finally:
+        _WORKER = None
 
 
 # ---------------------------------------------------------------- writing

@@ -7,6 +7,10 @@ seed give the very same instances (tests/test_data.py checks this against the
 reference). It works on token ids instead of strings. Whole-word masking is
 not implemented.
 
+:func:`create_arrays_fast` is the same algorithm with the same distributions
+drawn differently: with numpy, for many documents at once, straight into
+padded arrays (``bertforge data create --mode fast``).
+
 An instance is ``[CLS] A [SEP] B [SEP]``; B is the text that follows A in the
 same document or, half of the time, a span of another document
 (``is_random_next``; next_sentence_label 1).
@@ -267,49 +271,66 @@ def _pair_spans(cum: np.ndarray, doc_offsets: np.ndarray, max_num_tokens: int,
                 short_seq_prob: float, dupe_factor: int, rng: np.random.Generator):
     """Token spans of A and B for every pair of every pass over every document.
 
-    Each (pass, document) is a stream that walks its document pair by pair;
-    all streams take a step together, so the Python loop runs as many times as
-    the longest document has pairs, not once per pair. Uniform integers are
-    drawn as floor(u * n) from 53-bit floats (one call per step).
+    Each (pass, document) is a stream that walks its document pair by pair:
+    from sentence s it gathers sentences to the target length, splits them
+    into A and B and continues at the next unused sentence. A walk visits each
+    sentence at most once, going forward, so the draws of the step that starts
+    at sentence s can be made in advance for every (stream, s): the steps are
+    then fixed "next" pointers, and the sentences each walk visits are found
+    for all streams at once by binary lifting (doubling the pointers). No
+    Python loop per pair; uniform integers are floor(u * n) from 53-bit floats.
     """
     first, end = doc_offsets[:-1], doc_offsets[1:]
-    num_docs = len(first)
-    doc = np.tile(np.arange(num_docs), dupe_factor)
-    target = np.full(len(doc), max_num_tokens, np.int64)
-    short = rng.random(len(doc)) < short_seq_prob
+    num_docs, sizes = len(first), end - first
+    doc = np.tile(np.arange(num_docs), dupe_factor)  # the document of each stream
+    streams = len(doc)
+    target = np.full(streams, max_num_tokens, np.int64)
+    short = rng.random(streams) < short_seq_prob
     target[short] = rng.integers(2, max_num_tokens + 1, int(short.sum()))
-    current = first[doc]
-    spans: list[tuple[np.ndarray, ...]] = []
-    while len(doc):
-        stop = end[doc]
-        # The chunk: sentences current..last, until the target length or the document's end.
-        last = np.minimum(np.searchsorted(cum, cum[current] + target, "left") - 1, stop - 1)
-        n = last - current + 1
-        u = rng.random((4, len(doc)))
-        a_end = 1 + (u[0] * np.maximum(n - 1, 1)).astype(np.int64)  # sentences to A: 1..n-1
-        random_next = (n == 1) | (u[1] < 0.5)
-        a_start, a_stop = cum[current], cum[current + a_end]
-        # A random B: whole sentences of another document (uniform), from a uniform start.
-        if num_docs > 1:
-            other = (u[2] * (num_docs - 1)).astype(np.int64)
-            other += other >= doc
-        else:
-            other = doc
-        start = first[other] + (u[3] * (end[other] - first[other])).astype(np.int64)
-        wanted = cum[start] + target - (a_stop - a_start)
-        stop_b = np.clip(np.searchsorted(cum, wanted, "left") - 1, start, end[other] - 1)
-        b_start = np.where(random_next, cum[start], a_stop)
-        b_stop = np.where(random_next, cum[stop_b + 1], cum[last + 1])
-        spans.append((a_start, a_stop - a_start, b_start, b_stop - b_start, random_next))
-        # A random B leaves the chunk's unused sentences for the next pair.
-        current = np.where(random_next, current + a_end, last + 1)
-        alive = current < stop
-        if not alive.all():
-            doc, current, target = doc[alive], current[alive], target[alive]
-    if not spans:
-        empty = np.zeros(0, np.int64)
-        return empty, empty, empty, empty, np.zeros(0, bool)
-    return tuple(np.concatenate(column) for column in zip(*spans))
+    # Positions: every (stream, sentence of its document), stream by stream.
+    count = sizes[doc]
+    base = np.cumsum(count) - count  # each stream's first position
+    total = int(count.sum())
+    stream = np.repeat(np.arange(streams), count)
+    position = np.arange(total)
+    sentence = first[doc][stream] + position - base[stream]
+    goal, stop = target[stream], end[doc][stream]
+    # The step from each sentence: the chunk runs to `last` (the target length or
+    # the document's end); A takes its first a_end sentences.
+    last = np.minimum(np.searchsorted(cum, cum[sentence] + goal, "left") - 1, stop - 1)
+    n = last - sentence + 1
+    u = rng.random((4, total))
+    a_end = 1 + (u[0] * np.maximum(n - 1, 1)).astype(np.int64)  # 1..n-1, or 1 when n == 1
+    random_next = (n == 1) | (u[1] < 0.5)
+    # A random B leaves the chunk's unused sentences for the next pair.
+    following = np.where(random_next, sentence + a_end, last + 1)
+    sink = total  # past the end of every walk
+    jump = np.append(np.where(following < stop, position + following - sentence, sink), sink)
+    jumps = [jump]  # jumps[k][p]: the position 2**k steps after p
+    while (1 << len(jumps)) <= int(sizes.max(initial=1)):
+        jumps.append(jumps[-1][jumps[-1]])
+    # Each position's walk from its stream's start, as far as it can go without passing it.
+    reached = base[stream]
+    for jump in reversed(jumps):
+        ahead = jump[reached]
+        reached = np.where(ahead <= position, ahead, reached)
+    visited = np.flatnonzero(reached == position)
+
+    s, a_end, last = sentence[visited], a_end[visited], last[visited]
+    random_next, own = random_next[visited], doc[stream[visited]]
+    a_start, a_stop = cum[s], cum[s + a_end]
+    # A random B: whole sentences of another document (uniform), from a uniform start.
+    if num_docs > 1:
+        other = (u[2, visited] * (num_docs - 1)).astype(np.int64)
+        other += other >= own
+    else:
+        other = own
+    start = first[other] + (u[3, visited] * sizes[other]).astype(np.int64)
+    wanted = cum[start] + goal[visited] - (a_stop - a_start)
+    stop_b = np.clip(np.searchsorted(cum, wanted, "left") - 1, start, end[other] - 1)
+    b_start = np.where(random_next, cum[start], a_stop)
+    b_stop = np.where(random_next, cum[stop_b + 1], cum[last + 1])
+    return a_start, a_stop - a_start, b_start, b_stop - b_start, random_next
 
 
 def _pack(tokens: np.ndarray, a_start: np.ndarray, a_len: np.ndarray, b_start: np.ndarray,

@@ -23,9 +23,9 @@ import argparse
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -33,8 +33,8 @@ from .create import expand_inputs
 from .errors import DataError
 from .records import FORMATS, RecordWriter, open_records
 
-MLPERF_EVAL = dict(seq_len=512, max_predictions=76, masked_lm_prob=0.15, short_seq_prob=0.1,
-                   dupe_factor=10, seed=12345)
+MLPERF_EVAL = {"seq_len": 512, "max_predictions": 76, "masked_lm_prob": 0.15,
+               "short_seq_prob": 0.1, "dupe_factor": 10, "seed": 12345}
 _BATCH = 4096  # records gathered and written at a time
 
 

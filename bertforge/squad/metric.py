@@ -15,8 +15,9 @@ import logging
 import re
 import string
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .data import SquadError, load_json
 

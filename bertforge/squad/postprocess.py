@@ -21,8 +21,9 @@ import json
 import math
 import re
 import string
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 from tokenizers import normalizers, pre_tokenizers

@@ -1,0 +1,89 @@
+"""``bertforge data …``: from a Wikipedia dump (or any text) to pre-training records.
+
+    bertforge data wikipedia download DIR
+    bertforge data wikipedia extract DUMP OUT.jsonl
+    bertforge data preprocess OUT.jsonl TEXT_DIR --shards 64
+    bertforge data vocab TEXT_DIR/train vocab.txt
+    bertforge data create --input 'TEXT_DIR/train/*.txt' --vocab vocab.txt --output records/train.tfrecord \\
+        --mode fast --workers 8 --num-output-files 64
+    bertforge data pick-eval TEXT_DIR/eval/eval.txt records/eval.tfrecord --vocab vocab.txt --num 10000
+    bertforge data index records/*.tfrecord
+    bertforge data inspect records/train-00000-of-00064.tfrecord --vocab vocab.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def cmd_index(args: argparse.Namespace, extra: list[str]) -> int:
+    from .records import write_index
+
+    _no_extra(extra)
+    for path in args.files:
+        print(write_index(path))
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace, extra: list[str]) -> int:
+    from .records import describe
+
+    _no_extra(extra)
+    print(describe(args.file, num=args.num, vocab_path=args.vocab))
+    return 0
+
+
+def _without_extra(run):
+    """A command taking (args, extra) from a function taking args."""
+    def command(args: argparse.Namespace, extra: list[str]) -> int:
+        _no_extra(extra)
+        return run(args)
+    return command
+
+
+def _no_extra(extra: list[str]) -> None:
+    from .errors import DataError
+
+    if extra:
+        raise DataError(f"unrecognized arguments: {' '.join(extra)}")
+
+
+def add_data_commands(sub: argparse._SubParsersAction) -> None:
+    from . import create, pick_eval, preprocess, wikipedia
+
+    data = sub.add_parser("data", help="make pre-training data: Wikipedia, text, records",
+                          description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    data_sub = data.add_subparsers(dest="data_command", required=True)
+
+    wiki = data_sub.add_parser("wikipedia", help="download and extract a Wikipedia dump")
+    wiki_sub = wiki.add_subparsers(dest="wikipedia_command", required=True)
+    p = wiki_sub.add_parser("download", help="fetch a pages-articles dump (resumable, checksum-verified)")
+    wikipedia.add_download_arguments(p)
+    p.set_defaults(func=wikipedia.cmd_download)
+    p = wiki_sub.add_parser("extract", help="dump → cleaned articles, one JSON object per line")
+    wikipedia.add_extract_arguments(p)
+    p.set_defaults(func=wikipedia.cmd_extract)
+
+    p = data_sub.add_parser("preprocess", help="articles or text → one sentence per line, shards + eval")
+    preprocess.add_preprocess_arguments(p)
+    p.set_defaults(func=preprocess.cmd_preprocess)
+    p = data_sub.add_parser("vocab", help="train a WordPiece vocab on text")
+    preprocess.add_vocab_arguments(p)
+    p.set_defaults(func=preprocess.cmd_vocab)
+
+    p = data_sub.add_parser("create", help="text → masked next-sentence records (reference or fast)")
+    create.add_arguments(p)
+    p.set_defaults(func=_without_extra(create.run))
+    p = data_sub.add_parser("pick-eval", help="MLPerf's eval-set picking")
+    pick_eval.add_arguments(p)
+    p.set_defaults(func=_without_extra(pick_eval.run))
+
+    p = data_sub.add_parser("index", help="write .index files (offset and length per record) for TFRecords")
+    p.add_argument("files", nargs="+", type=Path)
+    p.set_defaults(func=cmd_index)
+    p = data_sub.add_parser("inspect", help="count, validate and decode a few records")
+    p.add_argument("file", type=Path)
+    p.add_argument("--num", type=int, default=3, help="records to decode (default 3)")
+    p.add_argument("--vocab", help="vocab.txt, to show tokens instead of ids")
+    p.set_defaults(func=cmd_inspect)
