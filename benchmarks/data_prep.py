@@ -9,15 +9,22 @@ dupe factor 5, seed 12345, with the uncased BERT vocab:
 
 * reference: ``create_training_instances`` of ``create_pretraining_data.py``
   (PyPI ``bert-tensorflow``), in-process, without writing TFRecords;
-* ours: ``bertforge.data.create.create(mode="fast")``, reading, tokenizing and
-  writing the records (TFRecord or native), with 1 or 2 worker processes.
+* ours, fast mode with 1 or 2 worker processes: ``bertforge.data.create.generate``
+  (reading, tokenizing, pairing, masking; nothing written, like the reference
+  here), and ``create(mode="fast")``, which also writes the records (native or
+  TFRecord).
+
+Before and after, the same fixed single-threaded work runs in one process and
+in two at once: on a shared machine the second core is not always free, and
+this says what 2 workers can gain at best at that time.
 
 Every measurement runs in a fresh subprocess (the best wall time of
 ``--repeat`` runs is kept), pinned with ``sched_setaffinity`` to one core, or
 to two for two workers. Peak memory is that subprocess's ``ru_maxrss`` (with
 its children's for workers), next to its resident size after imports (ours
 imports torch through the ``bertforge`` package). The 8× input is the text
-repeated 8 times: the reference holds it all in memory, ours streams it.
+repeated 8 times (and 16 for ours): the reference holds it all in memory,
+ours streams it.
 
 Without ``--text``, the text is a crude extraction from the shared dump (regexes
 on the XML: templates, references, tables and markup dropped, paragraphs split
@@ -64,7 +71,7 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
 
 
 def wiki_sample_text(dump: Path = DUMP, max_chars: int | None = None) -> str:
-    """Crude plain text of a pages-articles dump: one sentence per line, blank line between articles.
+    """Crude plain text of a pages-articles dump: a sentence a line, a blank line between articles.
 
     Redirects and paragraphs under 40 characters or starting with markup
     (headings, lists, tables) are dropped. Stops after the article that
@@ -119,6 +126,13 @@ def measure(side: str, text: Path, workers: int, fmt: str, out_dir: Path) -> dic
             [str(text)], tokenizer, s["seq_len"], s["dupe_factor"], s["short_seq_prob"],
             s["masked_lm_prob"], s["max_predictions"], random.Random(s["seed"]))
         count = len(instances)
+    elif fmt == "-":  # our generator alone, like the reference's: no records written
+        from bertforge.data.create import generate
+
+        baseline = _rss_mb()
+        start, cpu = time.perf_counter(), time.process_time()
+        count = sum(len(arrays) for arrays in generate([text], VOCAB, workers=workers,
+                                                         **SETTINGS))
     else:
         from bertforge.data.create import create
 
@@ -136,8 +150,39 @@ def measure(side: str, text: Path, workers: int, fmt: str, out_dir: Path) -> dic
             "baseline_mb": baseline}
 
 
+def burn() -> float:
+    """Seconds for a fixed amount of single-threaded work (Python and numpy)."""
+    import numpy as np
+
+    start = time.perf_counter()
+    total = 0
+    for i in range(2_000_000):
+        total += i * i
+    values = np.random.default_rng(0).random(2_000_000)
+    for _ in range(20):
+        values = np.sqrt(values + 1.0)
+    return time.perf_counter() - start
+
+
+def machine_scaling() -> float:
+    """Throughput of two concurrent pinned processes over one: what 2 workers can reach here."""
+    def run(cores: list[int]) -> list[float]:
+        processes = [subprocess.Popen([sys.executable, __file__, "--measure", "burn",
+                                       "--core", str(core)], stdout=subprocess.PIPE, text=True)
+                     for core in cores]
+        return [float(p.communicate()[0]) for p in processes]
+
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        return 1.0
+    alone = min(min(run(cores[:1])) for _ in range(3))
+    together = min(max(run(cores[:2])) for _ in range(3))
+    return 2 * alone / together
+
+
 def run_measurement(side: str, text: Path, workers: int, fmt: str, repeat: int) -> dict:
-    """The best of ``repeat`` fresh subprocesses pinned to ``workers`` cores (largest peak kept)."""
+    """Run one measurement ``repeat`` times in fresh subprocesses; ``fmt`` "-" writes nothing."""
+    # The best time is kept (with the largest peak): each run is pinned to `workers` cores.
     results = []
     for _ in range(repeat):
         with tempfile.TemporaryDirectory() as out_dir:
@@ -162,8 +207,13 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--format", default="tfrecord", help=argparse.SUPPRESS)
     parser.add_argument("--out-dir", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--core", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
 
+    if args.measure == "burn":
+        os.sched_setaffinity(0, [args.core])
+        print(burn())
+        return
     if args.measure:  # inside a subprocess: pin, run once, print JSON
         cores = sorted(os.sched_getaffinity(0))[:args.workers]
         os.sched_setaffinity(0, cores)
@@ -176,41 +226,51 @@ def main() -> None:
         if text is None:
             text = Path(tmp) / "wiki.txt"
             text.write_text(wiki_sample_text(), encoding="utf-8")
-        big = Path(tmp) / "wiki_x8.txt"
-        content = text.read_bytes()
-        big.write_bytes(b"\n".join([content.rstrip(b"\n") + b"\n"] * 8))
+        content = text.read_bytes().rstrip(b"\n") + b"\n"
+        big, bigger = Path(tmp) / "wiki_x8.txt", Path(tmp) / "wiki_x16.txt"
+        big.write_bytes(b"\n".join([content] * 8))
+        bigger.write_bytes(b"\n".join([content] * 16))
         size_mb = len(content) / 1e6
         print(f"text: {text} ({size_mb:.2f} MB), 8x: {8 * size_mb:.1f} MB; cores: "
               f"{len(os.sched_getaffinity(0))}; best of {args.repeat}", flush=True)
 
-        plan = [("reference", "reference generator (no writing)", text, "1x", 1, "-"),
-                ("ours", "ours, fast, 1 worker", text, "1x", 1, "tfrecord"),
-                ("ours", "ours, fast, 1 worker", text, "1x", 1, "native"),
-                ("ours", "ours, fast, 2 workers", text, "1x", 2, "tfrecord"),
-                ("ours", "ours, fast, 2 workers", text, "1x", 2, "native"),
-                ("ours", "ours, fast, 1 worker", big, "8x", 1, "tfrecord"),
-                ("ours", "ours, fast, 1 worker", big, "8x", 1, "native")]
+        plan = [("reference", "reference generator", text, "1x", 1, "-")]
+        for fmt in ("-", "native", "tfrecord"):  # "-": our generator, nothing written
+            plan += [("ours", "ours, fast, 1 worker", text, "1x", 1, fmt),
+                     ("ours", "ours, fast, 2 workers", text, "1x", 2, fmt)]
+        plan += [("ours", "ours, fast, 1 worker", big, "8x", 1, "native"),
+                 ("ours", "ours, fast, 2 workers", big, "8x", 2, "native"),
+                 ("ours", "ours, fast, 1 worker", big, "8x", 1, "tfrecord"),
+                 ("ours", "ours, fast, 1 worker", bigger, "16x", 1, "native")]
         if not args.no_reference_8x:
-            plan.append(("reference", "reference generator (no writing)", big, "8x", 1, "-"))
+            plan.append(("reference", "reference generator", big, "8x", 1, "-"))
+        scaling = [machine_scaling()]
         rows = []
         for side, label, path, scale, workers, fmt in plan:
             repeat = 1 if (side == "reference" and scale == "8x") else args.repeat
-            result = run_measurement(side, path, workers, fmt if fmt != "-" else "tfrecord", repeat)
+            result = run_measurement(side, path, workers, fmt, repeat)
             rows.append((label, scale, fmt, result))
             print(f"  {label}, {scale}, {fmt}: {result['seconds']:.2f}s", flush=True)
-
+        scaling.append(machine_scaling())
     reference = {scale: r for label, scale, fmt, r in rows if label.startswith("reference")}
     print()
-    print("| run | input | output | instances | seconds | CPU s | instances/s | speed-up "
-          "| peak MB | MB after imports |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print(f"This machine ran 2 concurrent single-threaded processes at {scaling[0]:.2f}x and "
+          f"{scaling[1]:.2f}x the throughput of one (before and after): the ceiling for 2 "
+          "workers. Output '-': nothing written (both generators alone).")
+    print("| run | input | output | instances | seconds | CPU s | instances/s | vs reference "
+          "| vs 1 worker | peak MB | MB after imports |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    one_worker = {(scale, fmt): r for label, scale, fmt, r in rows if label.endswith("1 worker")}
     for label, scale, fmt, r in rows:
         rate = r["instances"] / r["seconds"]
-        base = reference.get(scale) or reference["1x"]
+        base = reference.get(scale, reference["1x"])
         speedup = rate / (base["instances"] / base["seconds"])
+        single = one_worker.get((scale, fmt))
+        versus = (f"{rate / (single['instances'] / single['seconds']):.2f}×"
+                  if label.endswith("2 workers") and single else "")
         print(f"| {label} | {scale} | {fmt} | {r['instances']:,} | {r['seconds']:.2f} | "
-              f"{r['cpu_seconds']:.2f} | {rate:,.0f} | {speedup:.1f}× | {r['peak_mb']:.0f} | "
-              f"{r['baseline_mb']:.0f} |")
+              f"{r['cpu_seconds']:.2f} | {rate:,.0f} | {speedup:.1f}× | {versus} | "
+              f"{r['peak_mb']:.0f} | {r['baseline_mb']:.0f} |")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
     bertforge export CHECKPOINT OUT_DIR        # to a Hugging Face BERT directory
     bertforge config [--config NAME] [--section.key VALUE ...]   # print the resolved config
     bertforge data …                           # Wikipedia / text → records (see data/cli.py)
+    bertforge squad train|predict|evaluate|ask # SQuAD v1.1 (see squad/cli.py)
 
 Mistakes a user can make end with a one-line ``error: …`` and exit status 2.
 """
@@ -19,6 +20,7 @@ from pathlib import Path
 from . import __version__
 from .config import MODEL_PRESETS, Config, ConfigError, load_config, parse_overrides
 from .data.cli import add_data_commands
+from .squad.cli import add_squad_commands
 
 OVERRIDES_HELP = ("Any config field can be set with a dotted flag, e.g. --train.lr 1e-4 "
                   "--data.input corpus.txt --execution.precision bf16 (see `bertforge config`).")
@@ -140,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_export)
 
     add_data_commands(sub)
+    add_squad_commands(sub)
 
     p = sub.add_parser("config", help="print a resolved config as YAML", epilog=OVERRIDES_HELP)
     p.add_argument("--config", help=config_help + " (default: the built-in defaults)")
@@ -152,8 +155,9 @@ def user_errors() -> tuple[type[Exception], ...]:
     from .checkpoint import CheckpointError
     from .convert import ConversionError
     from .data import DataError
+    from .squad import SquadError
 
-    return (ConfigError, CheckpointError, ConversionError, DataError, FileNotFoundError)
+    return (ConfigError, CheckpointError, ConversionError, DataError, SquadError, FileNotFoundError)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,7 +28,7 @@ from . import checkpoint as ckpt
 from .config import Config, ConfigError, accumulation_steps
 from .data import PretrainingDataset, SyntheticDataset, build_datasets, decode_sample, vocab_size_of
 from .data.loader import Prefetcher, RecordStream, is_records, masking_spec, record_files
-from .data.records import read_records
+from .data.records import open_records, read_records
 from .log import MetricsLogger, ProgressBar, Throughput, console
 from .model import BertForPreTraining, num_parameters, pretraining_loss
 from .optim import build_optimizer, build_scheduler
@@ -226,6 +226,11 @@ def load_data(cfg: Config, run_dir: Path) -> tuple[Callable[[dict], Any], Pretra
         cfg.model.vocab_size = vocab_size_of(vocab)
         return lambda position: BatchStream(train, batch_size, seed, **position), eval_set
 
+    with open_records(files[0], verify=False) as first:  # the records decide the shapes
+        d.seq_len, d.max_predictions = first.seq_len, first.max_predictions
+    if d.seq_len > cfg.model.max_position_embeddings:
+        raise ConfigError(f"{files[0]}: sequences of {d.seq_len} exceed "
+                          f"model.max_position_embeddings={cfg.model.max_position_embeddings}")
     masking = None
     if d.vocab:
         cfg.model.vocab_size = vocab_size_of(d.vocab)

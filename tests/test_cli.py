@@ -13,7 +13,8 @@ from bertforge.cli import build_parser, main
 SUBCOMMANDS = [["pretrain"], ["bench"], ["bench", "pretrain"], ["export"], ["config"], ["data"],
                ["data", "wikipedia"], ["data", "wikipedia", "download"], ["data", "wikipedia", "extract"],
                ["data", "preprocess"], ["data", "vocab"], ["data", "create"], ["data", "pick-eval"],
-               ["data", "index"], ["data", "inspect"]]
+               ["data", "index"], ["data", "inspect"], ["squad"], ["squad", "train"], ["squad", "predict"],
+               ["squad", "evaluate"], ["squad", "ask"]]
 
 
 def all_commands(parser, prefix=()):

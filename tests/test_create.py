@@ -10,6 +10,7 @@ same text, so its quality does not matter.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -21,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
 from data_prep import wiki_sample_text
 
 from bertforge.data import DataError
-from bertforge.data.create import (FastWordPiece, chunk_documents, create, expand_inputs, main,
-                                   read_documents)
+from bertforge.data.create import (CreateStats, FastWordPiece, chunk_documents, create,
+                                   expand_inputs, generate, main, read_documents)
 from bertforge.data.instances import PretrainingArrays, truncated_lengths
 from bertforge.data.pick_eval import make_eval, pick_eval, pick_indices
 from bertforge.data.records import read_records
@@ -104,9 +105,7 @@ EDGE_LINES = [
 
 @pytest.mark.parametrize("lowercase", [True, False])
 def test_fast_wordpiece_equals_the_tokenizer(vocab, wiki_path, lowercase):
-    """Our cached byte-level tokenizer gives tokenize_documents' ids (the reference's, see test_data)."""
-    import json
-
+    """FastWordPiece gives tokenize_documents' ids (the reference's, see test_data)."""
     squad = json.loads(shared_data("squad/dev-v1.1.json").read_text(encoding="utf-8"))
     contexts = [[line.strip() for line in paragraph["context"].split("\n") if line.strip()]
                 for article in squad["data"] for paragraph in article["paragraphs"]]
@@ -236,7 +235,8 @@ def reference_records(monkeypatch, inputs: list[Path], vocab: Path, seq_len: int
     return outputs
 
 
-@pytest.mark.parametrize("corpus, seq_len, max_predictions, dupe_factor, seed, num_files, fmt, least", [
+@pytest.mark.parametrize(("corpus", "seq_len", "max_predictions", "dupe_factor", "seed",
+                          "num_files", "fmt", "least"), [
     ("sample", 128, 20, 10, 12345, 1, "tfrecord", 100),
     ("sample", 512, 76, 5, 7, 2, "native", 30),
     ("wiki", 128, 20, 3, 12345, 3, "tfrecord", 1200),
@@ -461,6 +461,13 @@ def test_output_does_not_depend_on_workers(tmp_path, vocab, regrouped):
         assert a.read_bytes() == b.read_bytes()
     merged = read_all(single.files)
     assert np.array_equal(merged.input_ids, read_records(one.files[0]).input_ids)
+    # generate() hands out what create() writes, chunk by chunk.
+    stats = CreateStats(mode="fast", files=[])
+    options = {k: v for k, v in common.items() if k != "mode"}
+    chunks = list(generate([regrouped], vocab, stats=stats, **options))
+    assert len(chunks) == stats.chunks == one.chunks and stats.instances == one.instances
+    assert np.array_equal(np.concatenate([c.masked_lm_ids for c in chunks]),
+                          merged.masked_lm_ids)
 
 
 # ---------------------------------------------------------------- bad input
@@ -488,7 +495,8 @@ def test_bad_input(tmp_path, vocab):
                             ({"masked_lm_prob": 0.0}, "masked_lm_prob"),
                             ({"dupe_factor": 0}, "dupe"), ({"mode": "slow"}, "mode='slow'"),
                             ({"fmt": "csv"}, "format='csv'"),
-                            ({"mode": "fast", "workers": 0}, "workers=0")):
+                            ({"mode": "fast", "workers": 0}, "workers=0"),
+                            ({"workers": 2}, "reference mode runs in one process")):
         with pytest.raises(DataError, match=message):
             create([text], vocab, out, **option)
     # Empty documents between real ones are counted and skipped.

@@ -13,26 +13,33 @@ Two modes:
   input, vocab, flags and seed: documents shuffled and instances drawn with one
   ``random.Random(seed)`` (:func:`.instances.create_instances`), all instances
   shuffled, then written round-robin over the output files. Like the reference
-  it holds the whole corpus in memory, and is about as slow.
+  it holds the whole corpus in memory, and its pairing and masking are as slow
+  (tokenizing is fast, see below).
 * ``fast`` -- the same distributions (next-sentence pairs, short sequences,
-  80/10/10 masking; see :func:`.instances.create_arrays_fast`), drawn with numpy,
-  streaming: the documents are cut into chunks of about ``chunk_chars``
-  characters (at least ``min_chunk_docs`` documents), each chunk is tokenized,
-  paired, masked and shuffled with its own generator seeded by
-  ``(seed, chunk index)``, and the chunks are written in order. A random next
-  sentence comes from another document of the same chunk. Memory is bounded by
-  a few chunks (and the longest document), whatever the corpus size, and the
-  output bytes do not depend on ``workers``. Shuffling happens within a chunk
-  only: shuffle across chunks when loading.
+  80/10/10 masking; see :func:`.instances.create_arrays_fast`), drawn with
+  numpy, streaming: the documents are cut into chunks of at least
+  ``chunk_chars`` characters and ``MIN_CHUNK_DOCS`` documents, each chunk is
+  tokenized, paired, masked and shuffled with its own generator seeded by
+  ``(seed, chunk index)``, and the chunks are written in order, so the output
+  bytes do not depend on ``workers``. A random next sentence comes from
+  another document of the same chunk; instances are shuffled only within
+  their chunk (the loader shuffles across chunks). Memory is bounded by a few chunks,
+  the tokenizer's cache and the longest document, whatever the corpus size.
 
-Tokenization is the BERT WordPiece tokenizer of :mod:`.tokenizer` behind a
-cache of whitespace-separated pieces (see :class:`FastWordPiece`); the ids are
-the same.
+Tokenization gives the ids of :func:`.tokenizer.load_tokenizer` (the reference
+``FullTokenizer``'s), found with numpy and a cache (:class:`FastWordPiece`).
 
 Output: ``num_output_files`` files in ``fmt`` (``tfrecord`` with the reference
 feature schema, or ``native``), filled round-robin as the reference does. One
 file is ``output`` itself; several are ``NAME-00000-of-00004.EXT`` next to it.
 Every file is written under a temporary name and renamed when complete.
+
+Bad input is a :class:`.errors.DataError` naming the file or value, and no
+output: a missing input or vocab, bytes that are not UTF-8 (with the byte
+offset), a corpus with no token at all, an option out of range. Documents
+whose lines all tokenize to nothing are skipped and counted
+(``CreateStats.empty_documents``); a document of one sentence is kept, as in
+the reference: each of its pairs takes a random next sentence.
 """
 
 from __future__ import annotations
@@ -116,7 +123,8 @@ class CreateStats:
 
 # ---------------------------------------------------------------- reading text
 
-def expand_inputs(inputs: Iterable[str | Path], directory_pattern: str | None = "*.txt") -> list[Path]:
+def expand_inputs(inputs: Iterable[str | Path],
+                  directory_pattern: str | None = "*.txt") -> list[Path]:
     """Files named by paths, globs or directories (their ``directory_pattern`` files), in order.
 
     A glob's matches and a directory's files are sorted. Nothing matched is an error.
@@ -191,7 +199,8 @@ def read_documents(files: Sequence[Path], block_bytes: int = 1 << 22) -> Iterato
 
 def chunk_documents(documents: Iterable[list[str]], chunk_chars: int = CHUNK_CHARS,
                     min_docs: int = MIN_CHUNK_DOCS) -> Iterator[list[list[str]]]:
-    """Consecutive documents in chunks of at least ``chunk_chars`` characters and ``min_docs`` documents.
+    """Consecutive documents in chunks of at least ``chunk_chars`` characters and ``min_docs``
+    documents each.
 
     A short remainder at the end joins the last chunk rather than stand alone, so
     that its documents still have others to draw random next sentences from.
@@ -220,11 +229,12 @@ def chunk_documents(documents: Iterable[list[str]], chunk_chars: int = CHUNK_CHA
 _SPACE, _ALNUM, _PUNCT, _OTHER = 0, 1, 2, 3  # byte classes
 # Python whitespace beyond ASCII that BERT also splits at (category Zs, and the
 # line and paragraph separators, which its str.split() splits at).
-_UNICODE_SPACES = "\u00a0\u1680" + "".join(map(chr, range(0x2000, 0x200b))) + "\u2028\u2029\u202f\u205f\u3000"
+_UNICODE_SPACES = ("\u00a0\u1680" + "".join(map(chr, range(0x2000, 0x200b)))
+                   + "\u2028\u2029\u202f\u205f\u3000")
 _LOW_BYTES = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [(1 << 64) - 1], np.uint64)
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 _MIX2 = np.uint64(0xC2B2AE3D27D4EB4F)
-MAX_CACHED_UNITS = 1 << 19
+MAX_CACHED_UNITS = 1 << 18  # about 40 MB of cache at most
 _PUNCTUATION = frozenset(string.punctuation)  # every printable non-alphanumeric ASCII character
 
 
@@ -268,7 +278,7 @@ class _UnitTable:
 
     Each slot is one row (key1, key2, entry + 1; 0 = empty), so a probe is one
     memory access. Every operation handles a whole array of keys at once;
-    linear probing, at most a quarter full.
+    linear probing, at most half full.
     """
 
     def __init__(self, bits: int = 16):
@@ -282,17 +292,20 @@ class _UnitTable:
 
     def lookup(self, key1: np.ndarray, key2: np.ndarray) -> np.ndarray:
         """The entry of each key, -1 where absent."""
-        result = np.full(len(key1), -1, np.int64)
         slot = self._home(key1, key2)
-        todo = np.arange(len(key1))
+        row = self.slots[slot]
+        # Most keys sit in their home slot: settle those without index lists.
+        found = (row[:, 0] == key1) & (row[:, 1] == key2)
+        result = np.where(found, row[:, 2].view(np.int64) - 1, -1)
+        todo = np.flatnonzero(~found & (row[:, 2] > 0))  # another key sits there: probe on
         mask = (1 << self.bits) - 1
         while len(todo):
+            slot[todo] = (slot[todo] + 1) & mask
             row = self.slots[slot[todo]]
             filled = row[:, 2] > 0
             match = filled & (row[:, 0] == key1[todo]) & (row[:, 1] == key2[todo])
-            result[todo[match]] = row[match, 2].astype(np.int64) - 1
-            todo = todo[filled & ~match]  # another key sits there: probe on
-            slot[todo] = (slot[todo] + 1) & mask
+            result[todo[match]] = row[match, 2].view(np.int64) - 1
+            todo = todo[filled & ~match]
         return result
 
     def insert(self, key1: np.ndarray, key2: np.ndarray,
@@ -302,7 +315,7 @@ class _UnitTable:
         New keys get entries first_entry, first_entry + 1, … in the order of the
         second array.
         """
-        if 4 * (self.count + len(key1)) > len(self.slots):
+        if 2 * (self.count + len(key1)) > len(self.slots):
             self._grow(self.count + len(key1))
         result = np.full(len(key1), -1, np.int64)
         slot = self._home(key1, key2)
@@ -336,7 +349,7 @@ class _UnitTable:
 
     def _grow(self, count: int) -> None:
         old = self.slots[self.slots[:, 2] > 0]
-        self.__init__(max(self.bits + 1, (8 * count - 1).bit_length()))
+        self.__init__(max(self.bits + 1, (4 * count - 1).bit_length()))  # a quarter full
         self.insert(old[:, 0], old[:, 1], 0)  # distinct keys: they land in a free slot each
         self.slots[self._positions(old[:, 0], old[:, 1]), 2] = old[:, 2]  # their own entries
 
@@ -496,7 +509,7 @@ class FastWordPiece:
 
 
 class _Units:
-    """The units of a text (see :class:`FastWordPiece`), found with array operations on its bytes."""
+    """The units of a text (see :class:`FastWordPiece`), found by array operations on its bytes."""
 
     def __init__(self, text: str, lowercase: bool):
         data = text.encode("utf-8")
@@ -526,8 +539,9 @@ class _Units:
         last = solid.copy()  # the last byte of a unit: the next one starts a unit or is a space
         last[:-1] &= unit_start[1:] | ~solid[1:]
         self.length = np.flatnonzero(last) - self.starts + 1
-        self.whole = in_whole[self.starts] if in_whole is not None else np.zeros(len(self.starts), bool)
-        # The line of each unit: how many "\\n" come before it (every line has a unit).
+        self.whole = (in_whole[self.starts] if in_whole is not None
+                      else np.zeros(len(self.starts), bool))
+        # The line of each unit: how many newlines come before it (every line has a unit).
         after_newline = np.searchsorted(self.starts, np.flatnonzero(buffer[:n] == 10))
         self.line = np.cumsum(np.bincount(after_newline, minlength=len(self.starts) + 1)[:-1])
 
@@ -710,17 +724,13 @@ def create(inputs: Sequence[str | Path], vocab: str | Path, output: str | Path, 
     start = time.perf_counter()
     options = CreateOptions(seq_len, max_predictions, masked_lm_prob, short_seq_prob,
                             dupe_factor, seed, lowercase)
-    options.check()
     if mode not in MODES:
         raise DataError(f"mode={mode!r} must be one of {', '.join(MODES)}")
     if fmt not in FORMATS:
         raise DataError(f"format={fmt!r} must be one of {', '.join(FORMATS)}")
-    if workers < 1:
-        raise DataError(f"workers={workers} must be at least 1")
-    if mode == "fast" and seed < 0:
-        raise DataError(f"seed={seed} must be at least 0 in fast mode")
-    if chunk_chars < 1:
-        raise DataError(f"chunk_chars={chunk_chars} must be at least 1")
+    if mode == "reference" and workers > 1:
+        raise DataError(f"workers={workers}: reference mode runs in one process (use mode fast)")
+    _check(options, mode, workers, chunk_chars)
     vocab = Path(vocab)
     vocab_size = len(read_vocab(vocab))  # a missing or empty vocab fails here, before any work
     files = expand_inputs(inputs)
@@ -734,15 +744,9 @@ def create(inputs: Sequence[str | Path], vocab: str | Path, output: str | Path, 
         if mode == "reference":
             _create_reference(files, vocab, options, out, stats)
         else:
-            chunks = chunk_documents(read_documents(files), chunk_chars)
-            for result in _fast_chunks(chunks, vocab, options, workers, start_method):
-                out.write(result.arrays)
-                stats.chunks += 1
-                stats.documents += result.documents
-                stats.sentences += result.sentences
-                stats.tokens += result.tokens
-                stats.empty_documents += result.empty_documents
-                stats.next_sentence_random += int(result.arrays.next_sentence_labels.sum())
+            for arrays in _generate(files, vocab, options, workers, chunk_chars, start_method,
+                                    stats):
+                out.write(arrays)
         stats.instances = out.count
         if stats.instances == 0:
             # Leaving the block by an exception discards the temporary files.
@@ -750,6 +754,50 @@ def create(inputs: Sequence[str | Path], vocab: str | Path, output: str | Path, 
             raise DataError(f"{names}: the corpus is empty (no line with any token)")
     stats.seconds = time.perf_counter() - start
     return stats
+
+
+def generate(inputs: Sequence[str | Path], vocab: str | Path, *, seq_len: int = 128,
+             max_predictions: int = 20, masked_lm_prob: float = 0.15,
+             short_seq_prob: float = 0.1, dupe_factor: int = 5, seed: int = 12345,
+             lowercase: bool = True, workers: int = 1, chunk_chars: int = CHUNK_CHARS,
+             start_method: str | None = None,
+             stats: CreateStats | None = None) -> Iterator[PretrainingArrays]:
+    """Fast mode without files: each chunk's instances, in order, as :func:`create` writes them.
+
+    ``stats``, when given, is updated as chunks come.
+    """
+    options = CreateOptions(seq_len, max_predictions, masked_lm_prob, short_seq_prob,
+                            dupe_factor, seed, lowercase)
+    _check(options, "fast", workers, chunk_chars)
+    read_vocab(vocab)  # a missing or empty vocab fails here, before any work
+    stats = stats if stats is not None else CreateStats(mode="fast", files=[])
+    return _generate(expand_inputs(inputs), Path(vocab), options, workers, chunk_chars,
+                     start_method, stats)
+
+
+def _check(options: CreateOptions, mode: str, workers: int, chunk_chars: int) -> None:
+    options.check()
+    if workers < 1:
+        raise DataError(f"workers={workers} must be at least 1")
+    if mode == "fast" and options.seed < 0:
+        raise DataError(f"seed={options.seed} must be at least 0 in fast mode")
+    if chunk_chars < 1:
+        raise DataError(f"chunk_chars={chunk_chars} must be at least 1")
+
+
+def _generate(files: list[Path], vocab: Path, options: CreateOptions, workers: int,
+              chunk_chars: int, start_method: str | None,
+              stats: CreateStats) -> Iterator[PretrainingArrays]:
+    chunks = chunk_documents(read_documents(files), chunk_chars)
+    for result in _fast_chunks(chunks, vocab, options, workers, start_method):
+        stats.chunks += 1
+        stats.documents += result.documents
+        stats.sentences += result.sentences
+        stats.tokens += result.tokens
+        stats.empty_documents += result.empty_documents
+        stats.instances += len(result.arrays)
+        stats.next_sentence_random += int(result.arrays.next_sentence_labels.sum())
+        yield result.arrays
 
 
 def _create_reference(files: list[Path], vocab: Path, options: CreateOptions, out: _RoundRobin,
@@ -815,7 +863,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bertforge data create", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="bertforge data create",
+                                     description=__doc__.split("\n")[0])
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:

@@ -237,7 +237,9 @@ def create_arrays_fast(tokens: np.ndarray, sentence_offsets: np.ndarray,
     The one difference: a random B comes from another document of this block,
     and the reference's 10 tries to avoid the same document become one exact
     draw among the others (a single document is its own random next, as there).
-    The instances of all passes are shuffled together.
+    The instances of all passes are shuffled together. The same inputs and
+    generator state give the same arrays (numpy does not promise the same
+    streams across its versions).
     """
     max_num_tokens = seq_len - 3
     a_start, a_len, b_start, b_len, random_next = _pair_spans(

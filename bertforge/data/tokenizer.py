@@ -10,6 +10,7 @@ longest-match WordPiece with ``##`` marking a word's continuation.
 from __future__ import annotations
 
 import os
+import unicodedata
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,14 +167,66 @@ def special_ids(tokenizer: Tokenizer) -> SpecialIds:
     return SpecialIds(*(ids[token] for token in SPECIAL_TOKENS))
 
 
+# An unassigned code point: kept by both tokenizers, it makes its word [UNK].
+_UNKNOWN_CHAR = "\u0378"
+
+
+class _CleanTable(dict):
+    """str.translate table of the reference's text cleaning: drop control characters,
+    NUL and U+FFFD; turn whitespace into a space. The fast tokenizer also drops
+    private-use characters, which the reference keeps (so their word becomes
+    [UNK]); replacing them by an unassigned character gives the same [UNK].
+
+    Filled in as characters are met, which is quicker than all 1.1M up front.
+    """
+
+    def __missing__(self, code: int) -> str | None:
+        category = unicodedata.category(chr(code))
+        if code in (9, 10, 13) or category == "Zs":
+            value: str | None = " "
+        elif code in (0, 0xFFFD) or category in ("Cc", "Cf"):
+            value = None
+        elif category == "Co":
+            value = _UNKNOWN_CHAR
+        else:
+            value = chr(code)
+        self[code] = value
+        return value
+
+
+_CLEAN = _CleanTable()
+
+
+def reference_clean(text: str, lowercase: bool) -> str:
+    """Clean (and lowercase) ``text`` in Python, as the reference does, before the
+    fast tokenizer sees it.
+
+    The fast tokenizer lowercases character by character, so a capital sigma
+    ending a word becomes "σ" where Python's ``str.lower`` (the reference) gives
+    "ς"; cleaning first matters, as a removed control character can decide
+    whether a sigma ends a word. ASCII text is cleaned and lowercased alike by
+    both, so it is returned as it is.
+    """
+    if text.isascii():
+        return text
+    text = text.translate(_CLEAN)
+    return text.lower() if lowercase else text
+
+
+def encode_texts(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
+    """Token ids of each text, exactly as the reference FullTokenizer gives them."""
+    lowercase = bool(getattr(tokenizer.normalizer, "lowercase", False))
+    texts = [reference_clean(text, lowercase) for text in texts]
+    return [e.ids for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
+
+
 def tokenize_documents(tokenizer: Tokenizer, documents: list[list[str]]) -> list[list[list[int]]]:
     """Token ids per sentence per document; empty sentences and documents are dropped."""
-    sentences = [s for document in documents for s in document]
-    encodings = tokenizer.encode_batch_fast(sentences, add_special_tokens=False)
+    encodings = encode_texts(tokenizer, [s for document in documents for s in document])
     result: list[list[list[int]]] = []
     start = 0
     for document in documents:
-        ids = [e.ids for e in encodings[start:start + len(document)]]
+        ids = encodings[start:start + len(document)]
         start += len(document)
         ids = [sentence for sentence in ids if sentence]
         if ids:

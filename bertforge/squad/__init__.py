@@ -26,4 +26,15 @@ __all__ = [
     "SkippedAnswer", "SquadError", "SquadExample", "SquadFeatures", "convert_examples_to_features",
     "evaluate", "exact_match_score", "example_from_text", "f1_score", "get_final_text", "load_json",
     "normalize_answer", "parse_examples", "postprocess", "read_examples", "write_predictions",
+    # fine-tuning and inference (bertforge.squad.train, imported on first use: it needs torch)
+    "SquadConfig", "finetune", "load_squad_config", "predict", "predict_logits", "qa_loss",
 ]
+
+_TRAIN_NAMES = ("SquadConfig", "finetune", "load_squad_config", "predict", "predict_logits", "qa_loss")
+
+
+def __getattr__(name: str):
+    if name in _TRAIN_NAMES:
+        from . import train
+        return getattr(train, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -41,7 +41,6 @@ from __future__ import annotations
 import bisect
 import json
 import re
-import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Sequence
@@ -49,6 +48,8 @@ from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
+
+from ..data.tokenizer import reference_clean
 
 MAX_SEQ_LENGTH = 384
 DOC_STRIDE = 128
@@ -240,52 +241,6 @@ def example_from_text(question: str, context: str, qas_id: str = "q0") -> SquadE
 
 
 # ------------------------------------------------------------------ features
-
-
-# An unassigned code point: kept by both tokenizers, it makes its word [UNK].
-_UNKNOWN_CHAR = "\u0378"
-
-
-class _CleanTable(dict):
-    """str.translate table of the reference's text cleaning: drop control characters,
-    NUL and U+FFFD; turn whitespace into a space. The fast tokenizer also drops
-    private-use characters, which the reference keeps (so their word becomes
-    [UNK]); replacing them by an unassigned character gives the same [UNK].
-
-    Filled in as characters are met, which is quicker than all 1.1M up front.
-    """
-
-    def __missing__(self, code: int) -> str | None:
-        category = unicodedata.category(chr(code))
-        if code in (9, 10, 13) or category == "Zs":
-            value: str | None = " "
-        elif code in (0, 0xFFFD) or category in ("Cc", "Cf"):
-            value = None
-        elif category == "Co":
-            value = _UNKNOWN_CHAR
-        else:
-            value = chr(code)
-        self[code] = value
-        return value
-
-
-_CLEAN = _CleanTable()
-
-
-def reference_clean(text: str, lowercase: bool) -> str:
-    """Clean (and lowercase) ``text`` in Python, as the reference does, before the
-    fast tokenizer sees it.
-
-    The fast tokenizer lowercases character by character, so a capital sigma
-    ending a word becomes "σ" where Python's ``str.lower`` (the reference) gives
-    "ς"; cleaning first matters, as a removed control character can decide
-    whether a sigma ends a word. ASCII text is cleaned and lowercased alike by
-    both, so it is returned as it is.
-    """
-    if text.isascii():
-        return text
-    text = text.translate(_CLEAN)
-    return text.lower() if lowercase else text
 
 
 def _lowercases(tokenizer: Tokenizer) -> bool:

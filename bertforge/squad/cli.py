@@ -1,0 +1,253 @@
+"""``bertforge squad train | predict | evaluate | ask``.
+
+    bertforge squad train --init MODEL --train-file train-v1.1.json [--predict-file dev-v1.1.json]
+        [--config squad_base] [--out DIR] [--vocab vocab.txt] [--train.lr 3e-5 --squad.doc_stride 128 …]
+    bertforge squad predict --model DIR --predict-file dev-v1.1.json --out predictions.json
+    bertforge squad evaluate dev-v1.1.json predictions.json
+    bertforge squad ask --model DIR --context "…" --question "…" [--questions-file q.txt] [--compare-hf]
+
+Every handler takes ``(args, extra)`` and returns an exit status; a mistake the
+user can make (a missing file, a malformed SQuAD file, a bad config key)
+prints one ``error: …`` line and returns 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+OVERRIDES_HELP = ("Config fields are set with dotted flags, e.g. --train.lr 5e-5 "
+                  "--train.micro_batch_size 8 --execution.precision bf16 --squad.doc_stride 128.")
+
+
+def _user_errors() -> tuple[type[Exception], ...]:
+    from ..checkpoint import CheckpointError
+    from ..config import ConfigError
+    from ..convert import ConversionError
+    from ..data import DataError
+    from .data import SquadError
+
+    return (SquadError, ConfigError, CheckpointError, ConversionError, DataError, FileNotFoundError)
+
+
+def _handler(func: Callable[[argparse.Namespace, list[str]], int]
+             ) -> Callable[[argparse.Namespace, list[str]], int]:
+    """Turn user errors into one line on stderr and exit status 2."""
+    @functools.wraps(func)
+    def run(args: argparse.Namespace, extra: list[str]) -> int:
+        try:
+            return func(args, extra)
+        except _user_errors() as err:
+            print(f"error: {str(err).splitlines()[0] if str(err) else type(err).__name__}",
+                  file=sys.stderr)
+            return 2
+    return run
+
+
+def _no_extra(extra: list[str]) -> None:
+    from ..config import ConfigError
+
+    if extra:
+        raise ConfigError(f"unexpected arguments: {' '.join(extra)}")
+
+
+@_handler
+def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
+    from ..config import parse_overrides
+    from .train import finetune, load_squad_config
+
+    overrides = parse_overrides(extra)
+    if args.no_progress:
+        overrides.append(("log.progress", "false"))
+    cfg, squad = load_squad_config(args.config, overrides)
+    summary = finetune(cfg, squad, args.init, args.train_file, args.out, args.predict_file, args.vocab)
+    losses = summary["losses"]
+    print(f"{summary['steps']} steps on {summary['questions']} questions in {summary['minutes']:.1f} min; "
+          f"loss {losses[0]:.4f} → {losses[-1]:.4f}")
+    print(f"model: {summary['out_dir']}")
+    if "f1" in summary:
+        print(f"predictions: {summary['predictions']}")
+        print(json.dumps({"exact_match": summary["exact_match"], "f1": summary["f1"]}))
+    return 0
+
+
+def _predict_settings(args: argparse.Namespace, extra: list[str]) -> tuple[Any, ...]:
+    """(model, tokenizer, seq_len, SquadConfig, lowercase) for a fine-tuned model directory."""
+    from ..config import ConfigError, parse_overrides
+    from ..data.tokenizer import load_tokenizer
+    from ..squad.data import MAX_SEQ_LENGTH
+    from .train import (
+        _set_squad,
+        find_vocab,
+        load_qa_model,
+        saved_settings,
+        validate_squad,
+    )
+
+    vocab = find_vocab(args.model, args.vocab)
+    model = load_qa_model(args.model, vocab)
+    lowercase, squad, seq_len = saved_settings(args.model)
+    seq_len = seq_len or MAX_SEQ_LENGTH
+    for key, value in parse_overrides(extra):
+        if key == "data.seq_len":
+            seq_len = int(value)
+        elif key.startswith("squad."):
+            _set_squad(squad, key[len("squad."):], value)
+        else:
+            raise ConfigError(f"{key}: only data.seq_len and squad.* can be set here")
+    if getattr(args, "batch_size", None):
+        squad.predict_batch_size = args.batch_size
+    validate_squad(squad, seq_len)
+    return model, load_tokenizer(vocab, lowercase), seq_len, squad, lowercase
+
+
+@_handler
+def cmd_predict(args: argparse.Namespace, extra: list[str]) -> int:
+    from .data import read_examples
+    from .postprocess import write_predictions
+    from .train import predict
+
+    model, tokenizer, seq_len, squad, lowercase = _predict_settings(args, extra)
+    examples, _ = read_examples(args.predict_file)
+    predictions, nbest = predict(model, examples, tokenizer, seq_len, squad, lowercase,
+                                 precision=args.precision)
+    out = Path(args.out)
+    nbest_file = out.with_name("nbest_predictions.json")
+    write_predictions(predictions, out, nbest, nbest_file)
+    print(f"{len(predictions)} predictions: {out} (n-best: {nbest_file})")
+    return 0
+
+
+@_handler
+def cmd_evaluate(args: argparse.Namespace, extra: list[str]) -> int:
+    from .data import SquadError, load_json
+    from .metric import evaluate
+
+    _no_extra(extra)
+    predictions = load_json(args.predictions)
+    if not isinstance(predictions, dict):
+        raise SquadError(f"{args.predictions}: expected an object of question id → answer text")
+    print(json.dumps(evaluate(load_json(args.dataset), predictions)))
+    return 0
+
+
+def _questions(args: argparse.Namespace) -> list[str]:
+    from .data import SquadError
+
+    questions = [args.question] if args.question else []
+    if args.questions_file:
+        path = Path(args.questions_file)
+        if not path.is_file():
+            raise SquadError(f"file not found: {path}")
+        questions += [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not questions:
+        raise SquadError("ask needs --question or --questions-file")
+    return questions
+
+
+def hf_logits(model: Any, model_path: str | Path, features: Any) -> tuple[Any, Any]:
+    """Start/end logits of ``transformers.BertForQuestionAnswering`` on the same weights.
+
+    A Hugging Face directory that already has a QA head is loaded as it is;
+    anything else (our checkpoint, or an encoder whose QA head we initialised)
+    is exported from ``model`` to a temporary directory first.
+    """
+    import torch
+    import transformers
+    from safetensors import safe_open
+
+    from ..convert import export_hf
+
+    path = Path(model_path)
+    direct = False
+    if (path / "config.json").is_file() and (path / "model.safetensors").is_file():
+        with safe_open(str(path / "model.safetensors"), "pt") as f:
+            direct = "qa_outputs.weight" in set(f.keys())
+    with tempfile.TemporaryDirectory() as tmp:
+        source = path if direct else export_hf(model, Path(tmp) / "hf")
+        transformers.logging.set_verbosity_error()
+        hf = transformers.BertForQuestionAnswering.from_pretrained(str(source)).eval()
+    with torch.inference_mode():
+        out = hf(input_ids=torch.from_numpy(features.input_ids).long(),
+                 token_type_ids=torch.from_numpy(features.segment_ids).long(),
+                 attention_mask=torch.from_numpy(features.input_mask).long())
+    return out.start_logits.float().numpy(), out.end_logits.float().numpy()
+
+
+@_handler
+def cmd_ask(args: argparse.Namespace, extra: list[str]) -> int:
+    import numpy as np
+
+    from .data import convert_examples_to_features, example_from_text
+    from .postprocess import postprocess
+    from .train import predict_logits
+
+    model, tokenizer, seq_len, squad, lowercase = _predict_settings(args, extra)
+    if args.context is None:
+        from .data import SquadError
+        raise SquadError("ask needs --context")
+    questions = _questions(args)
+    examples = [example_from_text(q, args.context, f"q{i}") for i, q in enumerate(questions)]
+    features = convert_examples_to_features(examples, tokenizer, seq_len, squad.doc_stride,
+                                            squad.max_query_length)
+    start, end = predict_logits(model, features, squad.predict_batch_size)
+    predictions, nbest = postprocess(examples, features, start, end, squad.n_best_size,
+                                     squad.max_answer_length, do_lower_case=lowercase)
+    for example in examples:
+        best = nbest[example.qas_id][0]
+        print(f"question: {example.question}")
+        print(f"answer:   {predictions[example.qas_id]}  (score {best['start_logit'] + best['end_logit']:.4f}, "
+              f"probability {best['probability']:.4f})")
+    if args.compare_hf:
+        hf_start, hf_end = hf_logits(model, args.model, features)
+        diff = max(float(np.abs(hf_start - start).max()), float(np.abs(hf_end - end).max()))
+        print(f"max |logit difference| vs transformers.BertForQuestionAnswering: {diff:.3e}")
+    return 0
+
+
+def add_squad_commands(sub: Any) -> None:
+    """Add ``squad`` with its subcommands to an argparse subparsers object."""
+    squad = sub.add_parser("squad", help="SQuAD v1.1 fine-tuning, prediction and evaluation")
+    commands = squad.add_subparsers(dest="squad_command", required=True)
+
+    p = commands.add_parser("train", help="fine-tune a checkpoint or Hugging Face BERT on SQuAD",
+                            epilog=OVERRIDES_HELP)
+    p.add_argument("--init", required=True, help="our checkpoint or a Hugging Face BERT directory")
+    p.add_argument("--train-file", required=True, help="SQuAD v1.1 training JSON")
+    p.add_argument("--predict-file", help="SQuAD v1.1 JSON to predict and score at the end")
+    p.add_argument("--config", default=None, help="squad_base (default), squad_large or a YAML path")
+    p.add_argument("--out", help="model directory to write (default: runs/squad-TIMESTAMP)")
+    p.add_argument("--vocab", help="vocab.txt (default: the one beside --init)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_train)
+
+    for name, helptext in (("predict", "write predictions.json and nbest_predictions.json"),
+                           ("ask", "answer questions about a context")):
+        p = commands.add_parser(name, help=helptext,
+                                epilog="--data.seq_len N and --squad.* override the saved settings.")
+        p.add_argument("--model", required=True, help="a fine-tuned model directory")
+        p.add_argument("--vocab", help="vocab.txt (default: the one beside --model)")
+        p.add_argument("--batch-size", type=int, default=None)
+        if name == "predict":
+            p.add_argument("--predict-file", required=True)
+            p.add_argument("--out", required=True, help="predictions.json to write")
+            p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
+            p.set_defaults(func=cmd_predict)
+        else:
+            p.add_argument("--context")
+            p.add_argument("--question")
+            p.add_argument("--questions-file", help="a text file, one question a line")
+            p.add_argument("--compare-hf", action="store_true",
+                           help="also run transformers.BertForQuestionAnswering; print the largest logit difference")
+            p.set_defaults(func=cmd_ask)
+
+    p = commands.add_parser("evaluate", help="the official v1.1 EM/F1 of a predictions file")
+    p.add_argument("dataset", help="SQuAD v1.1 JSON with the answers")
+    p.add_argument("predictions", help="predictions.json")
+    p.set_defaults(func=cmd_evaluate)
