@@ -10,6 +10,7 @@ same text, so its quality does not matter.
 
 from __future__ import annotations
 
+import bz2
 import json
 import sys
 from pathlib import Path
@@ -100,6 +101,7 @@ EDGE_LINES = [
     "1,234.56 $7 50% a-b_c d/e",
     "carriage\rreturn",
     "ß straße ﬁ ligature \x7fdel\x7f \u00adsoft",
+    "ΟΔΟΣ ΣΑΣ ΑΣ.Α ΑΣ\u00adΑ Σ \ue000private use\U000f0000",
 ]
 
 
@@ -110,7 +112,11 @@ def test_fast_wordpiece_equals_the_tokenizer(vocab, wiki_path, lowercase):
     contexts = [[line.strip() for line in paragraph["context"].split("\n") if line.strip()]
                 for article in squad["data"] for paragraph in article["paragraphs"]]
     wiki = list(read_documents([wiki_path]))
-    corpora = {"wiki": wiki, "squad": contexts, "edge": [EDGE_LINES, ["only", "x"]],
+    with bz2.open(shared_data(DUMP), "rt", encoding="utf-8") as dump:  # raw XML and wikitext
+        raw = [line.strip() for line in dump if line.strip()]
+    corpora = {"wiki": wiki, "squad": contexts,
+               "raw dump": [raw[i:i + 50] for i in range(0, len(raw), 50)],
+               "edge": [EDGE_LINES, ["only", "x"]],
                "sample": list(read_documents([shared_data(SAMPLE)]))}
     expected = {name: tokenize_documents(load_tokenizer(vocab, lowercase), docs)
                 for name, docs in corpora.items()}

@@ -26,7 +26,7 @@ Two modes:
   their chunk (the loader shuffles across chunks). Memory is bounded by a few chunks,
   the tokenizer's cache and the longest document, whatever the corpus size.
 
-Tokenization gives the ids of :func:`.tokenizer.load_tokenizer` (the reference
+Tokenization gives the ids of :func:`.tokenizer.encode_texts` (the reference
 ``FullTokenizer``'s), found with numpy and a cache (:class:`FastWordPiece`).
 
 Output: ``num_output_files`` files in ``fmt`` (``tfrecord`` with the reference
@@ -64,12 +64,13 @@ import numpy as np
 from .errors import DataError
 from .instances import PretrainingArrays, create_arrays_fast, create_instances, to_arrays
 from .records import FORMATS, RecordWriter
-from .tokenizer import MAX_WORD_CHARS, load_tokenizer, read_vocab, special_ids
+from .tokenizer import MAX_WORD_CHARS, encode_texts, load_tokenizer, read_vocab, special_ids
 
 MODES = ("reference", "fast")
 CHUNK_CHARS = 1 << 18  # fast mode: characters of text per chunk
 MIN_CHUNK_DOCS = 16  # ... and at least this many documents, so random next sentences vary
 REFERENCE_WRITE_BATCH = 4096  # reference mode pads and writes this many instances at a time
+IN_FLIGHT_PER_WORKER = 2  # fast mode: chunks queued or running per worker process
 
 
 @dataclass(frozen=True)
@@ -376,8 +377,9 @@ class FastWordPiece:
     * in a piece of printable ASCII: a run of letters and digits, or one
       punctuation character (BERT's words there), lower-cased for uncased
       vocabs, and looked up in the vocab or split by the WordPiece model;
-    * any other piece whole (non-ASCII, control characters), through the full
-      ``tokenizers`` pipeline.
+    * any other piece whole (non-ASCII, control characters), through
+      :func:`.tokenizer.encode_texts` (the reference's cleaning and lower-casing,
+      then the full ``tokenizers`` pipeline).
 
     Units are found with array operations on the UTF-8 bytes and looked up in a
     cache by their bytes: up to 16 bytes packed exactly into two integers (a
@@ -385,7 +387,8 @@ class FastWordPiece:
     in a dict. Only units never seen before reach Python. The cache is cleared
     when it holds ``max_units`` entries, which bounds memory; the ids never
     depend on it. Tests compare the result with
-    :func:`.tokenizer.tokenize_documents` and the reference ``FullTokenizer``.
+    :func:`.tokenizer.tokenize_documents` and the reference ``FullTokenizer``,
+    on the shared Wikipedia dump (raw and as text), SQuAD and odd characters.
     """
 
     def __init__(self, vocab_path: str | Path, lowercase: bool = True,
@@ -450,10 +453,10 @@ class FastWordPiece:
                 continue
             found = vocab.get(word) if len(word) <= MAX_WORD_CHARS else None
             result.append([found] if found is not None else [t.id for t in model.tokenize(word)])
-        encodings = self.tokenizer.encode_batch_fast([texts[k] for k in others],
-                                                     add_special_tokens=False)
-        for k, encoding in zip(others, encodings):
-            result[k] = encoding.ids
+        # Python's cleaning and lower-casing first, as the reference (a final capital sigma,
+        # private-use characters): whitespace bounds their context, so a piece is enough.
+        for k, ids in zip(others, encode_texts(self.tokenizer, [texts[k] for k in others])):
+            result[k] = ids
         return result
 
     def encode_lines(self, lines: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -632,7 +635,49 @@ def _start_worker(vocab: Path, options: CreateOptions) -> None:
 
 def _run_chunk(index: int, documents: list[list[str]]) -> ChunkResult:
     assert _WORKER is not None, "worker not initialised"
-    return _WORKER(index, documents)
+    result = _WORKER(index, documents)
+    result.arrays = _Compact.of(result.arrays)  # type: ignore[assignment]
+    return result
+
+
+@dataclass
+class _Compact:
+    """Rows as a worker sends them back: a third of the bytes to pickle and pipe.
+
+    Token ids in 16 bits when they fit; the masks and weights follow from the
+    lengths and the prediction counts, so only those travel.
+    """
+
+    input_ids: np.ndarray
+    length: np.ndarray  # of [CLS] A [SEP] B [SEP]
+    b_start: np.ndarray  # the first column of segment 1
+    masked_lm_positions: np.ndarray
+    masked_lm_ids: np.ndarray
+    count: np.ndarray  # predictions per row
+    next_sentence_labels: np.ndarray
+
+    @classmethod
+    def of(cls, arrays: PretrainingArrays) -> _Compact:
+        ids = np.dtype(np.uint16 if int(arrays.input_ids.max(initial=0)) < 1 << 16 else np.int32)
+        length = arrays.input_mask.sum(axis=1, dtype=np.int32)
+        return cls(arrays.input_ids.astype(ids), length,
+                   length - arrays.segment_ids.sum(axis=1, dtype=np.int32),
+                   arrays.masked_lm_positions.astype(np.uint16), arrays.masked_lm_ids.astype(ids),
+                   arrays.masked_lm_weights.sum(axis=1, dtype=np.int32).astype(np.uint8),
+                   arrays.next_sentence_labels.astype(np.uint8))
+
+    def arrays(self) -> PretrainingArrays:
+        col = np.arange(self.input_ids.shape[1], dtype=np.int32)
+        input_mask = col < self.length[:, None]
+        used = np.arange(self.masked_lm_positions.shape[1]) < self.count[:, None]
+        return PretrainingArrays(
+            input_ids=self.input_ids.astype(np.int32),
+            segment_ids=((col >= self.b_start[:, None]) & input_mask).view(np.int8),
+            input_mask=input_mask.view(np.int8),
+            masked_lm_positions=self.masked_lm_positions.astype(np.int32),
+            masked_lm_ids=self.masked_lm_ids.astype(np.int32),
+            masked_lm_weights=used.astype(np.float32),
+            next_sentence_labels=self.next_sentence_labels.astype(np.int64))
 
 
 def _default_start_method() -> str:
@@ -642,7 +687,7 @@ def _default_start_method() -> str:
 
 def _fast_chunks(chunks: Iterator[list[list[str]]], vocab: Path, options: CreateOptions,
                  workers: int, start_method: str | None) -> Iterator[ChunkResult]:
-    """Results in chunk order; with workers > 1, at most 2 × workers chunks in flight."""
+    """Results in chunk order; with workers > 1, IN_FLIGHT_PER_WORKER × workers chunks in flight."""
     global _WORKER
     if workers <= 1:
         maker = _ChunkMaker(vocab, options)
@@ -659,15 +704,20 @@ def _fast_chunks(chunks: Iterator[list[list[str]]], vocab: Path, options: Create
             try:
                 for index, documents in enumerate(chunks):
                     pending.append(pool.submit(_run_chunk, index, documents))
-                    if len(pending) >= 2 * workers:
-                        yield pending.popleft().result()
+                    if len(pending) >= IN_FLIGHT_PER_WORKER * workers:
+                        yield _unpack(pending.popleft().result())
                 while pending:
-                    yield pending.popleft().result()
+                    yield _unpack(pending.popleft().result())
             finally:
                 for future in pending:
                     future.cancel()
     finally:
         _WORKER = None
+
+
+def _unpack(result: ChunkResult) -> ChunkResult:
+    result.arrays = result.arrays.arrays()  # type: ignore[attr-defined]
+    return result
 
 
 # ---------------------------------------------------------------- writing
