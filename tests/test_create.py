@@ -24,7 +24,7 @@ from data_prep import wiki_sample_text
 
 from bertforge.data import DataError
 from bertforge.data.create import (CreateStats, FastWordPiece, chunk_documents, create,
-                                   expand_inputs, generate, main, read_documents)
+                                   expand_inputs, generate, read_documents)
 from bertforge.data.instances import PretrainingArrays, truncated_lengths
 from bertforge.data.pick_eval import make_eval, pick_eval, pick_indices
 from bertforge.data.records import read_records
@@ -516,13 +516,15 @@ def test_bad_input(tmp_path, vocab):
 
 
 def test_command_line(tmp_path, vocab, wiki_files, capsys):
+    from bertforge.cli import main
+
     out = tmp_path / "cli.native"
     pattern = str(wiki_files[0].parent / "part*.txt")
-    assert main(["--input", pattern, "--vocab", str(vocab), "--output", str(out), "--mode",
+    assert main(["data", "create", "--input", pattern, "--vocab", str(vocab), "--output", str(out), "--mode",
                  "fast", "--format", "native", "--dupe-factor", "1", "--workers", "2"]) == 0
     assert "instances from" in capsys.readouterr().out
     assert len(read_records(out)) > 350  # ~470 per pass over the text
-    assert main(["--input", pattern, "--vocab", str(tmp_path / "no.txt"), "--output",
+    assert main(["data", "create", "--input", pattern, "--vocab", str(tmp_path / "no.txt"), "--output",
                  str(out)]) == 2
     assert "error: vocab not found" in capsys.readouterr().err
 
