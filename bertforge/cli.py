@@ -82,8 +82,6 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
     from .checkpoint import find_checkpoint, load_model
     from .convert import export_hf
 
-    if extra:
-        raise ConfigError(f"unexpected arguments: {' '.join(extra)}")
     checkpoint = find_checkpoint(args.checkpoint)
     model = load_model(checkpoint, head=args.head)
     vocab = checkpoint / "vocab.txt"
@@ -118,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="run directory name (log.name)")
     p.add_argument("--wandb", action="store_true", help="log to Weights & Biases (log.wandb)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (log.progress)")
-    p.set_defaults(func=cmd_pretrain)
+    p.set_defaults(func=cmd_pretrain, takes_overrides=True)
 
     bench = sub.add_parser("bench", help="benchmarks on synthetic data")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
@@ -133,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"))
     p.add_argument("--device", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=cmd_bench)
+    p.set_defaults(func=cmd_bench, takes_overrides=True)
 
     p = sub.add_parser("export", help="export a checkpoint to a Hugging Face BERT directory")
     p.add_argument("checkpoint", help="run or step directory")
@@ -146,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("config", help="print a resolved config as YAML", epilog=OVERRIDES_HELP)
     p.add_argument("--config", help=config_help + " (default: the built-in defaults)")
-    p.set_defaults(func=cmd_config)
+    p.set_defaults(func=cmd_config, takes_overrides=True)
     return parser
 
 
@@ -163,6 +161,8 @@ def user_errors() -> tuple[type[Exception], ...]:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "takes_overrides", False):  # only config-driven commands take --a.b flags
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.func(args, extra)
     except user_errors() as err:

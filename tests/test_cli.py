@@ -72,3 +72,10 @@ def test_bench_pretrain_json(capsys):
     assert (result["batch_size"], result["seq_len"], result["max_predictions"], result["layers"]) == (4, 32, 20, 2)
     assert result["seq_per_s"] > 0 and result["peak_mem_mb"] >= 0
     assert result["tokens_per_s"] == pytest.approx(result["seq_per_s"] * 32, rel=1e-2)
+
+
+def test_leftover_flags_are_rejected_unless_the_command_takes_overrides(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["export", "/no/such/run", "/tmp/out", "--train.lr", "1"])
+    assert exit_info.value.code == 2
+    assert "unrecognized arguments: --train.lr 1" in capsys.readouterr().err

@@ -20,7 +20,6 @@ from pathlib import Path
 def cmd_index(args: argparse.Namespace, extra: list[str]) -> int:
     from .records import write_index
 
-    _no_extra(extra)
     for path in args.files:
         print(write_index(path))
     return 0
@@ -29,24 +28,15 @@ def cmd_index(args: argparse.Namespace, extra: list[str]) -> int:
 def cmd_inspect(args: argparse.Namespace, extra: list[str]) -> int:
     from .records import describe
 
-    _no_extra(extra)
     print(describe(args.file, num=args.num, vocab_path=args.vocab))
     return 0
 
 
-def _without_extra(run):
-    """A command taking (args, extra) from a function taking args."""
+def _command(run):
+    """A command handler, (args, extra) -> status, from a function of args alone."""
     def command(args: argparse.Namespace, extra: list[str]) -> int:
-        _no_extra(extra)
         return run(args)
     return command
-
-
-def _no_extra(extra: list[str]) -> None:
-    from .errors import DataError
-
-    if extra:
-        raise DataError(f"unrecognized arguments: {' '.join(extra)}")
 
 
 def add_data_commands(sub: argparse._SubParsersAction) -> None:
@@ -74,10 +64,10 @@ def add_data_commands(sub: argparse._SubParsersAction) -> None:
 
     p = data_sub.add_parser("create", help="text → masked next-sentence records (reference or fast)")
     create.add_arguments(p)
-    p.set_defaults(func=_without_extra(create.run))
+    p.set_defaults(func=_command(create.run))
     p = data_sub.add_parser("pick-eval", help="MLPerf's eval-set picking")
     pick_eval.add_arguments(p)
-    p.set_defaults(func=_without_extra(pick_eval.run))
+    p.set_defaults(func=_command(pick_eval.run))
 
     p = data_sub.add_parser("index", help="write .index files (offset and length per record) for TFRecords")
     p.add_argument("files", nargs="+", type=Path)

@@ -347,7 +347,6 @@ def add_preprocess_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_preprocess(args: argparse.Namespace, extra: list[str] | None = None) -> int:
-    _no_extra(extra)
     stats = preprocess(args.inputs, args.out_dir, shards=args.shards, eval_articles=args.eval_articles,
                        seed=args.seed, language=args.language)
     print(f"{stats.documents} documents ({stats.train_documents} train in {args.shards} shards, "
@@ -368,12 +367,6 @@ def add_vocab_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_vocab(args: argparse.Namespace, extra: list[str] | None = None) -> int:
-    _no_extra(extra)
     path = train_vocab(args.corpus, args.out, args.vocab_size, lowercase=not args.cased)
     print(path)
     return 0
-
-
-def _no_extra(extra: list[str] | None) -> None:
-    if extra:
-        raise DataError(f"unrecognized arguments: {' '.join(extra)}")

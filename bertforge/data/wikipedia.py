@@ -518,7 +518,6 @@ def add_download_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_download(args: argparse.Namespace, extra: list[str] | None = None) -> int:
-    _no_extra(extra)
     path = download(args.url, args.out_dir, sha1=args.sha1, md5=args.md5,
                     checksums_url=args.checksums_url, verify=not args.no_verify, retries=args.retries)
     print(path)
@@ -539,7 +538,6 @@ def add_extract_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_extract(args: argparse.Namespace, extra: list[str] | None = None) -> int:
-    _no_extra(extra)
     stats = extract(args.dump, args.out, processes=args.processes, min_chars=args.min_chars,
                     min_paragraph_words=args.min_paragraph_words,
                     expand_templates=not args.no_templates)
@@ -547,8 +545,3 @@ def cmd_extract(args: argparse.Namespace, extra: list[str] | None = None) -> int
           f"-> {args.out} ({stats.pages} pages: {stats.redirects} redirects, {stats.disambiguation} "
           f"disambiguation pages, {stats.too_short} too short; {stats.seconds:.1f} s)")
     return 0
-
-
-def _no_extra(extra: list[str] | None) -> None:
-    if extra:
-        raise DataError(f"unrecognized arguments: {' '.join(extra)}")

@@ -50,13 +50,6 @@ def _handler(func: Callable[[argparse.Namespace, list[str]], int]
     return run
 
 
-def _no_extra(extra: list[str]) -> None:
-    from ..config import ConfigError
-
-    if extra:
-        raise ConfigError(f"unexpected arguments: {' '.join(extra)}")
-
-
 @_handler
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     from ..config import parse_overrides
@@ -129,7 +122,6 @@ def cmd_evaluate(args: argparse.Namespace, extra: list[str]) -> int:
     from .data import SquadError, load_json
     from .metric import evaluate
 
-    _no_extra(extra)
     predictions = load_json(args.predictions)
     if not isinstance(predictions, dict):
         raise SquadError(f"{args.predictions}: expected an object of question id → answer text")
@@ -225,7 +217,7 @@ def add_squad_commands(sub: Any) -> None:
     p.add_argument("--out", help="model directory to write (default: runs/squad-TIMESTAMP)")
     p.add_argument("--vocab", help="vocab.txt (default: the one beside --init)")
     p.add_argument("--no-progress", action="store_true")
-    p.set_defaults(func=cmd_train)
+    p.set_defaults(func=cmd_train, takes_overrides=True)
 
     for name, helptext in (("predict", "write predictions.json and nbest_predictions.json"),
                            ("ask", "answer questions about a context")):
@@ -238,14 +230,14 @@ def add_squad_commands(sub: Any) -> None:
             p.add_argument("--predict-file", required=True)
             p.add_argument("--out", required=True, help="predictions.json to write")
             p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
-            p.set_defaults(func=cmd_predict)
+            p.set_defaults(func=cmd_predict, takes_overrides=True)
         else:
             p.add_argument("--context")
             p.add_argument("--question")
             p.add_argument("--questions-file", help="a text file, one question a line")
             p.add_argument("--compare-hf", action="store_true",
                            help="also run transformers.BertForQuestionAnswering; print the largest logit difference")
-            p.set_defaults(func=cmd_ask)
+            p.set_defaults(func=cmd_ask, takes_overrides=True)
 
     p = commands.add_parser("evaluate", help="the official v1.1 EM/F1 of a predictions file")
     p.add_argument("dataset", help="SQuAD v1.1 JSON with the answers")
