@@ -124,9 +124,11 @@ class ExecutionConfig:
 
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     precision: str = "fp32"  # fp32 | bf16 | fp16 (fp16 only on GPU)
-    parallel: str = "none"
-    recompute: str = "none"
-    compile: bool = False
+    parallel: str = "none"  # none | ddp | fsdp (FSDP2: parameters, gradients, optimizer state sharded)
+    recompute: str = "none"  # none | layer (checkpoint every encoder layer) | attention (only attention)
+    offload: bool = False  # parameters and optimizer state in host memory, streamed to the device
+    compile: bool = False  # torch.compile the model
+    compile_cache: str = ""  # persistent compile cache directory; "" = ~/.cache/bertforge/compile
     threads: int = 0  # CPU threads for torch; 0 = torch's default
 
 
@@ -173,8 +175,8 @@ CHOICES = {
     "train.optimizer": ("lamb", "adamw"),
     "train.schedule": ("poly", "exp", "table", "constant"),
     "execution.precision": ("fp32", "bf16", "fp16"),
-    "execution.parallel": ("none",),
-    "execution.recompute": ("none",),
+    "execution.parallel": ("none", "ddp", "fsdp"),
+    "execution.recompute": ("none", "layer", "attention"),
     "model.hidden_act": ("gelu", "relu", "gelu_new"),
 }
 

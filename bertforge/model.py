@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from .config import ModelConfig
 
@@ -48,8 +49,14 @@ class BertSelfAttention(nn.Module):
         self.key = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.dropout_p = cfg.attention_probs_dropout_prob
+        self.recompute = False  # see set_recompute
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        if self.recompute and torch.is_grad_enabled():
+            return checkpoint(self._attend, x, mask, use_reentrant=False)
+        return self._attend(x, mask)
+
+    def _attend(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         B, T, H = x.shape
 
         def heads(t: torch.Tensor) -> torch.Tensor:  # (B, T, H) -> (B, heads, T, H/heads)
@@ -110,13 +117,17 @@ class BertEncoder(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.recompute = False  # see set_recompute
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None,
                 all_hidden_states: list[torch.Tensor] | None = None) -> torch.Tensor:
+        recompute = self.recompute and torch.is_grad_enabled()
         for layer in self.layer:
             if all_hidden_states is not None:
                 all_hidden_states.append(x)
-            x = layer(x, mask)
+            # Checkpointing keeps only each layer's input; the RNG state is
+            # restored for the recomputation, so dropout masks are the same.
+            x = checkpoint(layer, x, mask, use_reentrant=False) if recompute else layer(x, mask)
         if all_hidden_states is not None:
             all_hidden_states.append(x)
         return x
@@ -284,6 +295,26 @@ def pretraining_loss(mlm_logits: torch.Tensor, nsp_logits: torch.Tensor,
         "nsp_correct": nsp_correct,
         "nsp_count": torch.tensor(float(nsp_labels.numel()), device=nsp_logits.device),
     }
+
+
+RECOMPUTE_POLICIES = ("none", "layer", "attention")
+
+
+def set_recompute(model: nn.Module, policy: str) -> None:
+    """Activation recomputation: trade compute in the backward pass for memory.
+
+    ``layer`` stores only each encoder layer's input and recomputes the layer
+    in the backward pass; ``attention`` recomputes only self-attention (the
+    projections and the (T × T) scores, the largest activation at long
+    sequences); ``none`` stores everything.
+    """
+    if policy not in RECOMPUTE_POLICIES:
+        raise ValueError(f"recompute policy must be one of {', '.join(RECOMPUTE_POLICIES)}, got {policy!r}")
+    for module in model.modules():
+        if isinstance(module, BertEncoder):
+            module.recompute = policy == "layer"
+        elif isinstance(module, BertSelfAttention):
+            module.recompute = policy == "attention"
 
 
 def num_parameters(model: nn.Module) -> int:
