@@ -9,16 +9,44 @@ The public API is small:
     bertforge.pretrain(cfg)
 
 Everything else is reached through the ``bertforge`` command.
+
+Names that need torch are imported on first use, so that ``import bertforge``
+(and the data commands, which never need torch) stays fast and small.
 """
 
-from .checkpoint import load_model
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
 from .config import (CheckpointConfig, Config, DataConfig, ExecutionConfig, LogConfig, ModelConfig,
                      TrainConfig, load_config)
-from .convert import export_hf
-from .model import BertForPreTraining, BertForQuestionAnswering, BertModel
-from .train import pretrain
+
+if TYPE_CHECKING:
+    from .checkpoint import load_model
+    from .convert import export_hf
+    from .model import BertForPreTraining, BertForQuestionAnswering, BertModel
+    from .train import pretrain
 
 __version__ = "0.1.0"
+
+_LAZY = {  # name -> the module that defines it (each imports torch)
+    "load_model": "checkpoint", "export_hf": "convert", "pretrain": "train",
+    "BertForPreTraining": "model", "BertForQuestionAnswering": "model", "BertModel": "model",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "BertForPreTraining", "BertForQuestionAnswering", "BertModel", "CheckpointConfig", "Config",

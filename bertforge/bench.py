@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import resource
 import time
+import weakref
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from .config import Config
 from .data import SyntheticDataset
@@ -48,6 +51,46 @@ class PeakMemory:
         if self.device.type == "cuda":
             return torch.cuda.max_memory_allocated(self.device) / 2**20 - self.base
         return peak_rss_mb() - self.base
+
+
+class LiveTensorBytes(TorchDispatchMode):
+    """Bytes of live tensor storages created while active, and their peak.
+
+    The CPU counterpart of ``torch.cuda.max_memory_allocated``: every op's new
+    outputs are counted once per storage (views and in-place results share
+    their input's storage and are not), and subtracted when the storage is
+    freed. Tensors that existed before (the parameters, say) are not counted.
+    Works through the backward pass, which runs on the calling thread on the CPU.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self._sizes: dict[int, int] = {}
+
+    def reset_peak(self) -> None:
+        self.peak = self.live
+
+    def _freed(self, key: int) -> None:
+        self.live -= self._sizes.pop(key, 0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr()
+                  for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
+        for t in tree_flatten(out)[0]:
+            if not isinstance(t, torch.Tensor) or t.device.type == "meta":
+                continue
+            storage = t.untyped_storage()
+            key, size = storage.data_ptr(), storage.nbytes()
+            if size == 0 or key in inputs or key in self._sizes:
+                continue
+            self._sizes[key] = size
+            self.live += size
+            self.peak = max(self.peak, self.live)
+            weakref.finalize(storage, self._freed, key)
+        return out
 
 
 def synchronize(device: torch.device) -> None:

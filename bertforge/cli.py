@@ -20,6 +20,7 @@ from pathlib import Path
 from . import __version__
 from .config import MODEL_PRESETS, Config, ConfigError, load_config, parse_overrides
 from .data.cli import add_data_commands
+from .plan import add_plan_command
 from .squad.cli import add_squad_commands
 
 OVERRIDES_HELP = ("Any config field can be set with a dotted flag, e.g. --train.lr 1e-4 "
@@ -52,6 +53,8 @@ def cmd_pretrain(args: argparse.Namespace, extra: list[str]) -> int:
 
     cfg = _config_from_args(args, extra, default="pretrain_tiny")
     summary = pretrain(cfg)
+    if summary["rank"] != 0:  # under torchrun, rank 0 speaks for the run
+        return 0
     if summary["first_eval"] and summary["last_eval"]:
         print(f"held-out masked-LM accuracy {summary['first_eval']['mlm_accuracy']:.4f} → "
               f"{summary['last_eval']['mlm_accuracy']:.4f}, NSP accuracy "
@@ -75,6 +78,26 @@ def cmd_bench(args: argparse.Namespace, extra: list[str]) -> int:
     else:
         for key, value in result.items():
             print(f"{key:>16}: {value}")
+    return 0
+
+
+def cmd_bench_squad(args: argparse.Namespace, extra: list[str]) -> int:
+    from .squad.bench import bench_squad
+    from .squad.train import load_squad_config
+
+    overrides = parse_overrides(extra)
+    for flag, key in (("precision", "execution.precision"), ("device", "execution.device"),
+                      ("threads", "execution.threads")):
+        if getattr(args, flag) is not None:
+            overrides.append((key, getattr(args, flag)))
+    cfg, squad = load_squad_config(args.config, overrides)
+    result = bench_squad(cfg, squad, args.model, args.batch_size, args.seq_len, args.steps,
+                         warmup=args.warmup, mode=args.mode)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for key, value in result.items():
+            print(f"{key:>18}: {value}")
     return 0
 
 
@@ -132,6 +155,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_bench, takes_overrides=True)
+    p = bench_sub.add_parser("squad", help="SQuAD training-step and inference throughput",
+                             epilog=OVERRIDES_HELP)
+    p.add_argument("--model", default="tiny",
+                   help=f"a model preset ({', '.join(MODEL_PRESETS)}; random weights) or a model "
+                        "directory: our checkpoint, a SQuAD fine-tune or a Hugging Face BERT (default: tiny)")
+    p.add_argument("--config", help="the training recipe: squad_base (default), squad_large or a YAML path")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--seq-len", type=int, default=384)
+    p.add_argument("--steps", type=int, default=10, help="timed steps (training) and batches (inference)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    p.add_argument("--mode", choices=("train", "infer", "both"), default="both")
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"))
+    p.add_argument("--device", help="auto, cpu, cuda, cuda:N")
+    p.add_argument("--threads", type=int, help="torch CPU threads (execution.threads)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_bench_squad, takes_overrides=True)
 
     p = sub.add_parser("export", help="export a checkpoint to a Hugging Face BERT directory")
     p.add_argument("checkpoint", help="run or step directory")
@@ -145,17 +184,22 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("config", help="print a resolved config as YAML", epilog=OVERRIDES_HELP)
     p.add_argument("--config", help=config_help + " (default: the built-in defaults)")
     p.set_defaults(func=cmd_config, takes_overrides=True)
+    add_plan_command(sub, config_help, OVERRIDES_HELP)
     return parser
 
 
 def user_errors() -> tuple[type[Exception], ...]:
     """Exceptions that carry a message for the user rather than a bug."""
-    from .checkpoint import CheckpointError
-    from .convert import ConversionError
     from .data import DataError
     from .squad import SquadError
 
-    return (ConfigError, CheckpointError, ConversionError, DataError, SquadError, FileNotFoundError)
+    errors = [ConfigError, DataError, SquadError, FileNotFoundError]
+    # These modules import torch: only a command that loaded them can have raised their errors.
+    for module, name in (("bertforge.checkpoint", "CheckpointError"),
+                         ("bertforge.convert", "ConversionError")):
+        if module in sys.modules:
+            errors.append(getattr(sys.modules[module], name))
+    return tuple(errors)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -76,11 +76,16 @@ class MetricsLogger:
 
 
 class ProgressBar:
-    """A rich progress bar over optimizer steps showing the latest loss and throughput."""
+    """A rich progress bar over optimizer steps showing the latest loss and throughput.
 
-    def __init__(self, total: int, start: int, enabled: bool):
+    Messages are printed even without the bar, but only by the main process
+    (``main=False`` silences both on the other ranks).
+    """
+
+    def __init__(self, total: int, start: int, enabled: bool, main: bool = True):
         self.progress = None
-        if not enabled:
+        self.main = main
+        if not (enabled and main):
             return
         self.progress = Progress(
             TextColumn("[bold]pretrain"), BarColumn(), MofNCompleteColumn(),
@@ -95,6 +100,8 @@ class ProgressBar:
             self.progress.update(self.task, completed=step, **fields)
 
     def print(self, message: str) -> None:
+        if not self.main:
+            return
         if self.progress is not None:
             self.progress.console.print(message)
         else:

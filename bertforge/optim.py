@@ -30,6 +30,11 @@ from torch import nn
 
 from .config import ConfigError, TrainConfig
 
+try:  # the parameters of a model sharded by FSDP2
+    from torch.distributed.tensor import DTensor, Shard
+except ImportError:  # a torch built without distributed support
+    DTensor = Shard = None
+
 # google-research/bert excludes these (by regex search) from weight decay;
 # "layer_norm" covers models whose LayerNorm modules are named in snake case.
 _NO_DECAY_SUBSTRINGS = ("LayerNorm", "layer_norm")
@@ -68,21 +73,48 @@ def _check_hyperparameters(lr: float, betas: tuple[float, float], eps: float,
 
 
 def _by_device_and_dtype(params: list[torch.Tensor]) -> list[list[torch.Tensor]]:
-    """Split a list so that each ``torch._foreach`` call sees one device and dtype."""
+    """Split a list so that each ``torch._foreach`` call sees one device and dtype
+    (and one process group, for tensors sharded across ranks)."""
     buckets: dict[tuple, list[torch.Tensor]] = defaultdict(list)
     for p in params:
-        buckets[(p.device, p.dtype)].append(p)
+        buckets[(p.device, p.dtype, _shard_group(p))].append(p)
     return list(buckets.values())
+
+
+def _shard_group(t: torch.Tensor):
+    """The process group over which ``t`` is split (an FSDP2 parameter), else None."""
+    if not _is_dtensor(t):
+        return None
+    if not any(isinstance(p, Shard) for p in t.placements):
+        return None  # replicated: every rank holds the whole tensor
+    if t.device_mesh.ndim != 1:
+        raise NotImplementedError("our optimizers support tensors sharded over a 1-D device mesh only")
+    return t.device_mesh.get_group()
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    return DTensor is not None and isinstance(t, DTensor)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a (sharded) tensor; in-place changes to it change the tensor."""
+    return t.to_local() if _is_dtensor(t) else t
 
 
 class _AdamMoments(torch.optim.Optimizer):
     """Shared part of our Adam-style optimisers: state, moments, the step loop.
 
-    Subclasses implement ``_apply(group, params, updates)`` given the Adam
-    direction ``m̂ / (sqrt(v̂) + eps)`` of each parameter.
+    Subclasses implement ``_apply(group, params, updates, shard_group)`` given
+    the Adam direction ``m̂ / (sqrt(v̂) + eps)`` of each parameter.
+
+    Parameters sharded across ranks (FSDP2's DTensors) are updated through
+    their local shards: the state stays sharded like the parameter (which is
+    what torch.distributed.checkpoint saves) and ``shard_group`` names the
+    ranks that hold the other parts, for updates that need whole-tensor norms.
     """
 
-    def _apply(self, group: dict, params: list[torch.Tensor], updates: list[torch.Tensor]) -> None:
+    def _apply(self, group: dict, params: list[torch.Tensor], updates: list[torch.Tensor],
+               shard_group) -> None:
         raise NotImplementedError
 
     @torch.no_grad()
@@ -110,9 +142,9 @@ class _AdamMoments(torch.optim.Optimizer):
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             state["step"] += 1
-            grads.append(p.grad)
-            exp_avgs.append(state["exp_avg"])
-            exp_avg_sqs.append(state["exp_avg_sq"])
+            grads.append(_local(p.grad))
+            exp_avgs.append(_local(state["exp_avg"]))
+            exp_avg_sqs.append(_local(state["exp_avg_sq"]))
             steps.append(state["step"])
 
         # m = b1 m + (1 - b1) g ;  v = b2 v + (1 - b2) g²
@@ -132,7 +164,7 @@ class _AdamMoments(torch.optim.Optimizer):
             denom = torch._foreach_sqrt(exp_avg_sqs)
         torch._foreach_add_(denom, group["eps"])
         updates = torch._foreach_div(m_hat, denom)  # new tensors: the moments stay intact
-        self._apply(group, params, updates)
+        self._apply(group, [_local(p) for p in params], updates, _shard_group(params[0]))
 
 
 class Lamb(_AdamMoments):
@@ -159,25 +191,45 @@ class Lamb(_AdamMoments):
         super().__init__(params, defaults)
 
     def _trust_ratio(self, w: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
-        """``||w|| / ||update||`` as a 0-dim tensor on w's device, 1 if either norm is 0.
+        """``||w|| / ||update||`` of a whole tensor as a 0-dim tensor on w's device."""
+        return _ratio(torch.linalg.vector_norm(w), torch.linalg.vector_norm(update))
 
-        The one place that takes norms: a sharded optimizer, where each rank
-        holds part of a tensor, overrides this to reduce the squared norms.
+    def _sharded_trust_ratios(self, params: list[torch.Tensor], updates: list[torch.Tensor],
+                              shard_group) -> list[torch.Tensor]:
+        """The trust ratios of tensors of which this rank holds one part each.
+
+        The norms must be of the whole tensors: each rank's squared norms of
+        its parts are summed over the ranks, all tensors in one all-reduce.
         """
-        w_norm = torch.linalg.vector_norm(w)
-        u_norm = torch.linalg.vector_norm(update)
-        # torch.where instead of a Python `if`: no device → host sync per tensor.
-        return torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
+        import torch.distributed as dist
 
-    def _apply(self, group: dict, params: list[torch.Tensor], updates: list[torch.Tensor]) -> None:
+        norms = [torch.stack(torch._foreach_norm(ts)).float() for ts in (params, updates)]
+        squares = torch.stack(norms).square()  # (2, tensors)
+        dist.all_reduce(squares, group=shard_group)
+        w_norms, u_norms = squares.sqrt().unbind()
+        return [r.to(p.dtype) for r, p in zip(_ratio(w_norms, u_norms).unbind(), params)]
+
+    def _apply(self, group: dict, params: list[torch.Tensor], updates: list[torch.Tensor],
+               shard_group) -> None:
         if group["weight_decay"] != 0:
             torch._foreach_add_(updates, params, alpha=group["weight_decay"])
         # All ratios use the weights before this step, as in the paper.
-        ratios = [self._trust_ratio(w, u) for w, u in zip(params, updates)]
+        if shard_group is None:
+            ratios = [self._trust_ratio(w, u) for w, u in zip(params, updates)]
+        else:
+            ratios = self._sharded_trust_ratios(params, updates, shard_group)
         if group["max_trust_ratio"] > 0:
             torch._foreach_clamp_max_(ratios, group["max_trust_ratio"])
         torch._foreach_mul_(updates, ratios)
         torch._foreach_add_(params, updates, alpha=-group["lr"])
+
+
+def _ratio(w_norm: torch.Tensor, u_norm: torch.Tensor) -> torch.Tensor:
+    """``w_norm / u_norm``, 1 where either is 0 (elementwise).
+
+    torch.where instead of a Python ``if``: no device → host sync per tensor.
+    """
+    return torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
 
 
 class AdamWNoBiasCorrection(_AdamMoments):
@@ -198,7 +250,9 @@ class AdamWNoBiasCorrection(_AdamMoments):
         _check_hyperparameters(lr, betas, eps, weight_decay)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
 
-    def _apply(self, group: dict, params: list[torch.Tensor], updates: list[torch.Tensor]) -> None:
+    def _apply(self, group: dict, params: list[torch.Tensor], updates: list[torch.Tensor],
+               shard_group) -> None:
+        # Elementwise: each rank updates its own shard, no communication needed.
         if group["weight_decay"] != 0:
             torch._foreach_add_(updates, params, alpha=group["weight_decay"])
         torch._foreach_add_(params, updates, alpha=-group["lr"])

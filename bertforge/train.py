@@ -4,10 +4,16 @@
     bertforge pretrain --config pretrain_base_128 --data.input corpus/ --train.steps 10000
     bertforge pretrain --resume runs/NAME                # continue from its newest checkpoint
 
-One optimizer step consumes ``accumulation`` micro-batches of
-``train.micro_batch_size`` sequences. The data order is a seeded permutation
-per epoch, so the data position is two integers (epoch, micro-batch) and a
-resumed run continues exactly where it stopped without replaying anything.
+    torchrun --nproc_per_node 8 -m bertforge pretrain --execution.parallel fsdp ...
+
+One optimizer step consumes ``train.global_batch_size`` sequences: each of
+the W ranks (1 without torchrun) runs ``accumulation`` micro-batches of
+``train.micro_batch_size``. The data order is a seeded permutation per epoch,
+so the data position is two integers (epoch, micro-batch) and a resumed run
+continues exactly where it stopped without replaying anything. With W ranks,
+rank r takes micro-batches r, r + W, … of that order and dropout is seeded
+per micro-batch of the global batch, so a step sees the same sequences and
+masks, and gives the same loss, at any world size.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import contextlib
 import math
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
@@ -29,18 +35,11 @@ from .config import Config, ConfigError, accumulation_steps
 from .data import PretrainingDataset, SyntheticDataset, build_datasets, decode_sample, vocab_size_of
 from .data.loader import Prefetcher, RecordStream, is_records, masking_spec, record_files
 from .data.records import open_records, read_records
-from .log import MetricsLogger, ProgressBar, Throughput, console
+from .dist import (DistContext, check_execution, destroy_distributed, from_main, gradient_sync, init_distributed,
+                   is_sharded, mean_over_ranks, prepare_model, resolve_device, unwrap, write_error)
+from .log import MetricsLogger, ProgressBar, Throughput
 from .model import BertForPreTraining, num_parameters, pretraining_loss
 from .optim import build_optimizer, build_scheduler
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"execution.device={name} but no CUDA device is available")
-    return device
 
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
@@ -57,33 +56,46 @@ class BatchStream:
 
     The position (epoch, index) is all the state there is: a resumed stream
     computes the same permutation and starts at the same batch.
+
+    Split over ``world_size`` ranks, rank r reads the micro-batches r, r + W,
+    r + 2W, … of that one order. The position counts the micro-batches of all
+    ranks together, so it is the same on every rank and means the same at any
+    world size: after one step it has moved by the whole global batch.
     """
 
     def __init__(self, dataset: PretrainingDataset | SyntheticDataset, batch_size: int, seed: int,
-                 epoch: int = 0, index: int = 0):
-        if len(dataset) < batch_size:
+                 epoch: int = 0, index: int = 0, rank: int = 0, world_size: int = 1):
+        if len(dataset) < batch_size * world_size:
+            ranks = f" × world size {world_size}" if world_size > 1 else ""
             raise ConfigError(f"the training set has {len(dataset)} sequences, fewer than "
-                              f"train.micro_batch_size={batch_size}")
+                              f"train.micro_batch_size={batch_size}{ranks}")
         self.dataset, self.batch_size, self.seed = dataset, batch_size, seed
-        self.batches_per_epoch = len(dataset) // batch_size
+        self.rank, self.world_size = rank, world_size
+        self.batches_in_order = len(dataset) // batch_size  # per epoch, all ranks together
+        self.batches_per_epoch = self.batches_in_order // world_size  # what each rank reads, as RecordStream
         self.num_sequences = len(dataset)
-        self.epoch, self.index = epoch, index
-        self._order = self._permutation(epoch)
+        self._consumed = epoch * self.batches_in_order + index  # micro-batches, all ranks together
+        self._order_epoch, self._order = -1, None
+
+    @property
+    def epoch(self) -> int:
+        return self._consumed // self.batches_in_order
 
     def _permutation(self, epoch: int) -> torch.Tensor:
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-        return torch.randperm(len(self.dataset), generator=generator)
+        if epoch != self._order_epoch:
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            self._order_epoch, self._order = epoch, torch.randperm(len(self.dataset), generator=generator)
+        return self._order
 
     def next(self) -> dict[str, torch.Tensor]:
-        if self.index == self.batches_per_epoch:
-            self.epoch, self.index = self.epoch + 1, 0
-            self._order = self._permutation(self.epoch)
-        start = self.index * self.batch_size
-        self.index += 1
-        return self.dataset.batch(self._order[start:start + self.batch_size].numpy())
+        epoch, index = divmod(self._consumed + self.rank, self.batches_in_order)
+        self._consumed += self.world_size
+        start = index * self.batch_size
+        return self.dataset.batch(self._permutation(epoch)[start:start + self.batch_size].numpy())
 
     def state(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "index": self.index}
+        epoch, index = divmod(self._consumed, self.batches_in_order)
+        return {"epoch": epoch, "index": index}
 
     def close(self) -> None:
         pass
@@ -111,32 +123,51 @@ class StepContext:
     precision: str
     grad_clip: float
     scaler: torch.amp.GradScaler | None = None
+    dist: DistContext = field(default_factory=DistContext)
+    seed: int | None = None  # seed dropout per micro-batch (see micro_batch_seed); None = leave the RNG alone
 
 
-def train_step(ctx: StepContext, micro_batches: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Forward and backward over the micro-batches, then one optimizer step.
+def micro_batch_seed(seed: int, step: int, index: int) -> int:
+    """The RNG seed of micro-batch ``index`` of the global batch of step ``step``.
 
-    Returns the step's mean losses and its gradient norm as tensors, so the
-    caller decides when to pay for a device sync.
+    Dropout masks then depend on nothing else: not on the world size, nor on
+    what ran before, so a resumed run needs no RNG state to draw the same ones.
+    """
+    return (seed * 1_000_003 + step) * 65_537 + index
+
+
+def train_step(ctx: StepContext, micro_batches: list[dict[str, torch.Tensor]],
+               step: int = 0) -> dict[str, torch.Tensor]:
+    """Forward and backward over this rank's micro-batches, then one optimizer step.
+
+    Returns the step's mean losses over all ranks and its global gradient
+    norm as tensors, so the caller decides when to pay for a device sync.
     """
     n = len(micro_batches)
+    rank, world_size = ctx.dist.rank, ctx.dist.world_size
     totals: dict[str, torch.Tensor] = {}
-    for batch in micro_batches:
-        with autocast(ctx.device, ctx.precision):
-            out = forward_loss(ctx.model, batch)
-        loss = out["loss"] / n
-        if ctx.scaler is not None:
-            loss = ctx.scaler.scale(loss)
-        loss.backward()
+    for i, batch in enumerate(micro_batches):
+        if ctx.seed is not None:
+            torch.manual_seed(micro_batch_seed(ctx.seed, step, rank + i * world_size))
+        # DDP all-reduces the accumulated gradients once, after the last micro-batch.
+        with gradient_sync(ctx.model, enabled=i == n - 1):
+            with autocast(ctx.device, ctx.precision):
+                out = forward_loss(ctx.model, batch)
+            loss = out["loss"] / n
+            if ctx.scaler is not None:
+                loss = ctx.scaler.scale(loss)
+            loss.backward()
         for key in ("loss", "mlm_loss", "nsp_loss"):
             totals[key] = totals.get(key, 0.0) + out[key].detach() / n
+    totals = mean_over_ranks(ctx.dist, totals)
     if ctx.scaler is not None:
         ctx.scaler.unscale_(ctx.optimizer)
     params = [p for p in ctx.model.parameters() if p.grad is not None]
+    # Under FSDP the gradients are shards (DTensors) and this is the norm of the whole.
+    grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
     if ctx.grad_clip > 0:
-        totals["grad_norm"] = torch.nn.utils.clip_grad_norm_(params, ctx.grad_clip)
-    else:
-        totals["grad_norm"] = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))
+        torch.nn.utils.clip_grads_with_norm_(params, ctx.grad_clip, grad_norm)
+    totals["grad_norm"] = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
     if ctx.scaler is not None:
         ctx.scaler.step(ctx.optimizer)
         ctx.scaler.update()
@@ -205,26 +236,28 @@ def make_run_dir(cfg: Config) -> Path:
     return run_dir
 
 
-def load_data(cfg: Config, run_dir: Path) -> tuple[Callable[[dict], Any], PretrainingDataset | None]:
-    """(a function making the training stream from a data position, the eval set).
+def load_data(cfg: Config, run_dir: Path, rank: int = 0,
+              world_size: int = 1) -> tuple[Callable[[dict], Any], PretrainingDataset | None]:
+    """(a function making this rank's training stream from a data position, the eval set).
 
     Training data is synthetic, a corpus of text (built here, see data/), or a
     directory or glob of record shards (streamed). Fixes ``data.vocab`` and
     ``model.vocab_size`` in cfg where the data decides them.
     """
     d, batch_size, seed = cfg.data, cfg.train.micro_batch_size, cfg.train.seed
+    split = {"rank": rank, "world_size": world_size}
     if d.synthetic:
         train = SyntheticDataset(size=max(cfg.train.global_batch_size * 64, 1024),
                                  vocab_size=cfg.model.vocab_size, seq_len=d.seq_len,
                                  max_predictions=d.max_predictions, seed=d.seed)
-        return lambda position: BatchStream(train, batch_size, seed, **position), None
+        return lambda position: BatchStream(train, batch_size, seed, **position, **split), None
     files = record_files(d.input) if d.input and is_records(d.input) else None
     if files is None:
         train, eval_set, vocab = build_datasets(d, run_dir)
         # The saved config names the vocab actually used, so a resume rebuilds the same data.
         d.vocab = str(Path(vocab).resolve())
         cfg.model.vocab_size = vocab_size_of(vocab)
-        return lambda position: BatchStream(train, batch_size, seed, **position), eval_set
+        return lambda position: BatchStream(train, batch_size, seed, **position, **split), eval_set
 
     with open_records(files[0], verify=False) as first:  # the records decide the shapes
         d.seq_len, d.max_predictions = first.seq_len, first.max_predictions
@@ -241,8 +274,9 @@ def load_data(cfg: Config, run_dir: Path) -> tuple[Callable[[dict], Any], Pretra
     eval_set = PretrainingDataset(read_records(d.eval_input, vocab_size=cfg.model.vocab_size)) if d.eval_input else None
 
     def make_stream(position: dict) -> RecordStream | Prefetcher:
+        # Every rank reads the same number of batches per epoch: none waits for another.
         stream = RecordStream(files, batch_size, seed, shuffle_buffer=d.shuffle_buffer, masking=masking,
-                              vocab_size=cfg.model.vocab_size, **position)
+                              vocab_size=cfg.model.vocab_size, **position, **split)
         return Prefetcher(stream, d.prefetch) if d.prefetch > 0 else stream
     return make_stream, eval_set
 
@@ -253,60 +287,122 @@ def total_steps(cfg: Config, batches_per_epoch: int, accumulation: int) -> int:
     return cfg.train.steps
 
 
+def check_resume(checkpoint: Path, saved: dict[str, Any], world_size: int, streamed: bool) -> None:
+    """Refuse a resume whose data position would be silently wrong, naming both world sizes.
+
+    Weights and optimizer state load into any world size and parallel mode
+    (full files, or FSDP shards that torch.distributed.checkpoint reshards).
+    The in-memory stream's position counts micro-batches of all ranks, so any
+    world size continues it exactly (with the same global batch); the record
+    streams' position is per rank and holds only for the same world size.
+    """
+    saved_world = saved.get("world_size", 1)
+    if streamed and saved_world != world_size:
+        raise ckpt.CheckpointError(
+            f"{checkpoint} was saved by {saved_world} rank(s) and this run has {world_size}: the position "
+            f"in record shards is per rank, so resume with {saved_world} rank(s)")
+
+
 def pretrain(cfg: Config) -> dict[str, Any]:
-    """Run (or resume) pre-training; returns a summary with the run directory and results."""
+    """Run (or resume) pre-training; returns a summary with the run directory and results.
+
+    Under torchrun every rank calls this: rank 0 alone prints, logs and writes
+    the run's shared files, and a rank that fails leaves its traceback in
+    ``error_rank{N}.log`` in the run directory.
+    """
     started = time.perf_counter()
     if cfg.execution.threads > 0:
         torch.set_num_threads(cfg.execution.threads)
-    device = resolve_device(cfg.execution.device)
-    resume_from = ckpt.find_checkpoint(cfg.checkpoint.resume) if cfg.checkpoint.resume else None
-    run_dir = resume_from.parent.parent if resume_from else make_run_dir(cfg)
+    dist = init_distributed(cfg.execution.device)
+    try:
+        check_execution(cfg.execution, dist.world_size)
 
-    make_stream, eval_set = load_data(cfg, run_dir)
+        def locate_run() -> tuple[Path | None, Path]:
+            resume_from = ckpt.find_checkpoint(cfg.checkpoint.resume) if cfg.checkpoint.resume else None
+            return resume_from, resume_from.parent.parent if resume_from else make_run_dir(cfg)
+
+        resume_from, run_dir = from_main(dist, locate_run)  # one directory, named by rank 0
+        try:
+            return train(cfg, dist, run_dir, resume_from, started)
+        except Exception:
+            write_error(run_dir, dist)
+            raise
+    finally:
+        destroy_distributed()
+
+
+def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | None,
+          started: float) -> dict[str, Any]:
+    """The body of ``pretrain`` on one rank, given the run directory."""
+    device = dist.device
+    loaded = []
+
+    def load_on_main() -> tuple[str, int]:
+        loaded.append(load_data(cfg, run_dir, dist.rank, dist.world_size))
+        return cfg.data.vocab, cfg.model.vocab_size
+
+    # Rank 0 loads first: it may train the vocab into the run directory, which the others then read.
+    cfg.data.vocab, cfg.model.vocab_size = from_main(dist, load_on_main)
+    make_stream, eval_set = loaded[0] if loaded else load_data(cfg, run_dir, dist.rank, dist.world_size)
     if resume_from is not None:
         ckpt.check_model_config(ckpt.read_config(resume_from).model, cfg.model, resume_from)
-    (run_dir / "config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
+    if dist.is_main:
+        (run_dir / "config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
 
-    torch.manual_seed(cfg.train.seed)
+    torch.manual_seed(cfg.train.seed)  # every rank builds the same initial weights
     random.seed(cfg.train.seed)
     model = BertForPreTraining(cfg.model)
     if cfg.checkpoint.init and resume_from is None:
         init = ckpt.find_checkpoint(cfg.checkpoint.init)
         ckpt.check_model_config(ckpt.read_config(init).model, cfg.model, init)
         ckpt.load_weights(model, init)
-    model.to(device).train()
 
-    accumulation = accumulation_steps(cfg.train, world_size=1)
+    try:
+        accumulation = accumulation_steps(cfg.train, world_size=dist.world_size)
+    except ConfigError as err:
+        raise ConfigError(f"{err} (micro-batch {cfg.train.micro_batch_size} × {dist.world_size} "
+                          f"rank(s))") from None
     optimizer_state, resumed = ckpt.load_trainer_state(resume_from) if resume_from else (None, None)
     stream = make_stream(resumed["data"] if resumed else {})
+    if resume_from is not None:
+        check_resume(resume_from, resumed, dist.world_size, streamed=not isinstance(stream, BatchStream))
+        if optimizer_state is not None:  # full weights: load before DDP copies them or FSDP shards them
+            ckpt.load_weights(model, resume_from)
+    model = prepare_model(model.train(), cfg.execution, dist)
     steps = total_steps(cfg, stream.batches_per_epoch, accumulation)
-    optimizer = build_optimizer(model, cfg.train)
+    optimizer = build_optimizer(unwrap(model), cfg.train)
     scheduler = build_scheduler(optimizer, cfg.train, steps)
     scaler = torch.amp.GradScaler(device.type) if cfg.execution.precision == "fp16" else None
     ctx = StepContext(model, optimizer, scheduler, device, cfg.execution.precision,
-                      cfg.train.grad_clip, scaler)
+                      cfg.train.grad_clip, scaler, dist=dist, seed=cfg.train.seed)
 
     step = 0
     if resume_from is not None:
-        ckpt.load_weights(model, resume_from)
-        optimizer.load_state_dict(optimizer_state)
+        if optimizer_state is None:  # shards, for any world size and parallel mode
+            ckpt.load_sharded_checkpoint(resume_from, unwrap(model), optimizer)
+        elif is_sharded(model):
+            ckpt.load_full_optimizer_state(unwrap(model), optimizer, optimizer_state)
+        else:
+            optimizer.load_state_dict(optimizer_state)
         scheduler.load_state_dict(resumed["scheduler"])
         if scaler is not None and "scaler" in resumed:
             scaler.load_state_dict(resumed["scaler"])
         set_rng_state(resumed["rng"], device)
         step = resumed["step"]
 
-    logger = MetricsLogger(run_dir, cfg)
-    bar = ProgressBar(steps, step, enabled=cfg.log.progress)
+    logger = MetricsLogger(run_dir, cfg, enabled=dist.is_main)
+    bar = ProgressBar(steps, step, enabled=cfg.log.progress, main=dist.is_main)
     bar.print(f"run directory: {run_dir}")
-    bar.print(f"model: {num_parameters(model) / 1e6:.2f}M parameters, "
+    ranks = f" × {dist.world_size} ranks ({cfg.execution.parallel})" if dist.world_size > 1 else ""
+    bar.print(f"model: {num_parameters(unwrap(model)) / 1e6:.2f}M parameters, "
               f"{cfg.model.num_hidden_layers} layers, hidden {cfg.model.hidden_size}; "
               f"{stream.num_sequences} training sequences of {cfg.data.seq_len}; "
-              f"global batch {cfg.train.global_batch_size} = {cfg.train.micro_batch_size} × {accumulation}")
+              f"global batch {cfg.train.global_batch_size} = {cfg.train.micro_batch_size} × {accumulation}{ranks}")
 
     def run_eval() -> dict[str, float] | None:
         if eval_set is None:
             return None
+        # Every rank evaluates the whole set: FSDP's forward needs all ranks.
         result = evaluate(model, eval_set, cfg.train.micro_batch_size, device,
                           cfg.execution.precision, cfg.train.eval_batches)
         logger.log({"step": step, "split": "eval", **result})
@@ -316,10 +412,15 @@ def pretrain(cfg: Config) -> dict[str, Any]:
 
     def save() -> Path:
         state = {"step": step, "scheduler": scheduler.state_dict(), "data": stream.state(),
-                 "rng": rng_state(device)}
+                 "rng": rng_state(device), "world_size": dist.world_size,
+                 "parallel": cfg.execution.parallel}
         if scaler is not None:
             state["scaler"] = scaler.state_dict()
-        return ckpt.save_checkpoint(run_dir, step, model, optimizer, state, cfg, keep=cfg.checkpoint.keep)
+        if is_sharded(model):
+            return ckpt.save_sharded_checkpoint(run_dir, step, unwrap(model), optimizer, state, cfg, dist,
+                                                keep=cfg.checkpoint.keep)
+        return from_main(dist, lambda: ckpt.save_checkpoint(run_dir, step, unwrap(model), optimizer, state,
+                                                            cfg, keep=cfg.checkpoint.keep))
 
     first_eval = run_eval() if step == 0 else None
     first_loss = last_loss = None
@@ -331,7 +432,7 @@ def pretrain(cfg: Config) -> dict[str, Any]:
         if step == 0 and cfg.data.vocab and not cfg.data.synthetic:  # what the model is fed, for a person
             bar.print(f"sample: {decode_sample(micro_batches[0], cfg.data.vocab)[:400]}")
         micro_batches = [to_device(b, device) for b in micro_batches]
-        out = train_step(ctx, micro_batches)
+        out = train_step(ctx, micro_batches, step)
         step += 1
         throughput.add(cfg.train.global_batch_size)
         if step % cfg.log.every == 0 or step == steps or step == 1:
@@ -362,7 +463,7 @@ def pretrain(cfg: Config) -> dict[str, Any]:
         "first_loss": first_loss, "last_loss": last_loss,
         "first_eval": first_eval, "last_eval": last_eval,
         "wall_s": round(time.perf_counter() - started, 1),
+        "rank": dist.rank, "world_size": dist.world_size,
     }
-    console.print(f"done in {summary['wall_s']} s; checkpoint: {final_checkpoint}")
+    bar.print(f"done in {summary['wall_s']} s; checkpoint: {final_checkpoint}")
     return summary
-

@@ -10,7 +10,7 @@ import yaml
 
 from bertforge.cli import build_parser, main
 
-SUBCOMMANDS = [["pretrain"], ["bench"], ["bench", "pretrain"], ["export"], ["config"], ["data"],
+SUBCOMMANDS = [["pretrain"], ["bench"], ["bench", "pretrain"], ["bench", "squad"], ["plan"], ["export"], ["config"], ["data"],
                ["data", "wikipedia"], ["data", "wikipedia", "download"], ["data", "wikipedia", "extract"],
                ["data", "preprocess"], ["data", "vocab"], ["data", "create"], ["data", "pick-eval"],
                ["data", "index"], ["data", "inspect"], ["squad"], ["squad", "train"], ["squad", "predict"],

@@ -448,32 +448,49 @@ def test_truncated_lengths_match_the_reference_loop():
                 assert (int(got[0][0]), int(got[1][0])) == (a, b), (max_tokens, a_len, b_len)
 
 
-def test_output_does_not_depend_on_workers(tmp_path, vocab, regrouped):
-    common = {"mode": "fast", "chunk_chars": 100_000, "dupe_factor": 2}
-    one = create([regrouped], vocab, tmp_path / "one.native", fmt="native", **common)
+@pytest.mark.parametrize("fmt", ["native", "tfrecord"])
+def test_output_does_not_depend_on_workers(tmp_path, vocab, regrouped, fmt):
+    common = {"mode": "fast", "chunk_chars": 100_000, "dupe_factor": 2, "fmt": fmt}
+
+    def make(name: str, **options) -> CreateStats:
+        return create([regrouped], vocab, tmp_path / f"{name}.{fmt}", **{**common, **options})
+
+    one = make("one")
     assert one.chunks >= 10
-    two = create([regrouped], vocab, tmp_path / "two.native", fmt="native", workers=2, **common)
-    assert one.files[0].read_bytes() == two.files[0].read_bytes()
-    again = create([regrouped], vocab, tmp_path / "again.native", fmt="native", **common)
-    assert again.files[0].read_bytes() == one.files[0].read_bytes()
-    other = create([regrouped], vocab, tmp_path / "seed.native", fmt="native", seed=1, **common)
-    assert other.files[0].read_bytes() != one.files[0].read_bytes()
+    # Workers encode the records; the parent appends their bytes, split round-robin over files.
+    for workers, files in ((2, 1), (3, 3)):
+        parallel = make(f"workers{workers}", workers=workers, num_output_files=files)
+        single = one if files == 1 else make(f"single{files}", num_output_files=files)
+        assert (parallel.instances, parallel.next_sentence_random) == (one.instances,
+                                                                        one.next_sentence_random)
+        for a, b in zip(parallel.files, single.files, strict=True):
+            assert a.read_bytes() == b.read_bytes(), a.name
+    merged, whole = read_all(parallel.files), read_records(one.files[0])
+    for name in vars(whole):
+        assert np.array_equal(getattr(merged, name), getattr(whole, name)), name
+    assert make("again").files[0].read_bytes() == one.files[0].read_bytes()
+    assert make("seed", seed=1).files[0].read_bytes() != one.files[0].read_bytes()
+
+
+def test_spawned_workers_and_generate_give_the_same_instances(tmp_path, vocab, regrouped):
+    common = {"chunk_chars": 100_000, "dupe_factor": 2}
     # spawn starts fresh interpreters (macOS, Windows): the same bytes.
-    spawned = create([regrouped], vocab, tmp_path / "spawn.tfrecord", workers=2,
+    spawned = create([regrouped], vocab, tmp_path / "spawn.tfrecord", mode="fast", workers=2,
                      start_method="spawn", num_output_files=2, **common)
-    single = create([regrouped], vocab, tmp_path / "single.tfrecord", num_output_files=2,
-                    **common)
-    for a, b in zip(spawned.files, single.files):
+    single = create([regrouped], vocab, tmp_path / "single.tfrecord", mode="fast",
+                    num_output_files=2, **common)
+    for a, b in zip(spawned.files, single.files, strict=True):
         assert a.read_bytes() == b.read_bytes()
     merged = read_all(single.files)
-    assert np.array_equal(merged.input_ids, read_records(one.files[0]).input_ids)
-    # generate() hands out what create() writes, chunk by chunk.
-    stats = CreateStats(mode="fast", files=[])
-    options = {k: v for k, v in common.items() if k != "mode"}
-    chunks = list(generate([regrouped], vocab, stats=stats, **options))
-    assert len(chunks) == stats.chunks == one.chunks and stats.instances == one.instances
-    assert np.array_equal(np.concatenate([c.masked_lm_ids for c in chunks]),
-                          merged.masked_lm_ids)
+    # generate() hands out what create() writes, chunk by chunk, with or without workers.
+    for workers in (1, 2):
+        stats = CreateStats(mode="fast", files=[])
+        chunks = list(generate([regrouped], vocab, stats=stats, workers=workers, **common))
+        assert len(chunks) == stats.chunks == single.chunks
+        assert stats.instances == single.instances == len(merged.input_ids)
+        for name in vars(merged):
+            assert np.array_equal(np.concatenate([getattr(c, name) for c in chunks]),
+                                  getattr(merged, name)), name
 
 
 # ---------------------------------------------------------------- bad input

@@ -136,6 +136,44 @@ def test_small_vocab_is_capped_and_training_is_deterministic(corpus, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "tiny.txt"]
 
 
+class _Document(list):
+    """A document that counts how many of its kind are alive at once."""
+
+    alive = most = 0
+
+    def __init__(self, sentences):
+        super().__init__(sentences)
+        _Document.alive += 1
+        _Document.most = max(_Document.most, _Document.alive)
+
+    def __del__(self):
+        _Document.alive -= 1
+
+
+class _Streamed:
+    """A corpus made afresh, document by document, at each iteration."""
+
+    def __init__(self, corpus):
+        self.corpus, self.passes = corpus, 0
+
+    def __iter__(self):
+        self.passes += 1
+        for document in self.corpus:
+            yield _Document(list(document))
+
+
+def test_vocab_training_streams_the_documents(corpus, tmp_path):
+    streamed = _Streamed(corpus)
+    _Document.alive = _Document.most = 0
+    path = train_wordpiece(streamed, 300, tmp_path / "streamed.txt")
+    # Two passes (alphabet, training), holding one document at a time, not the corpus.
+    assert streamed.passes == 2 and len(corpus) > 200
+    assert _Document.most <= 2
+    assert path.read_bytes() == train_wordpiece(corpus, 300, tmp_path / "list.txt").read_bytes()
+    with pytest.raises(TypeError, match="reads the documents twice: .* not a one-shot generator"):
+        train_wordpiece((d for d in corpus), 300, tmp_path / "once.txt")
+
+
 def test_missing_vocab(tmp_path):
     with pytest.raises(DataError, match="nope.txt"):
         load_tokenizer(tmp_path / "nope.txt")

@@ -14,9 +14,9 @@ from conftest import shared_data
 
 from bertforge.data.errors import DataError
 from bertforge.data.instances import PretrainingArrays
-from bertforge.data.records import (FEATURES, FORMATS, RecordWriter, concat_arrays, describe, detect_format,
-                                    index_path_for, open_records, read_records, write_index,
-                                    write_records)
+from bertforge.data.records import (FEATURES, FORMATS, RecordEncoder, RecordWriter, concat_arrays, describe,
+                                    detect_format, index_path_for, open_records, read_records,
+                                    write_index, write_records)
 from bertforge.data.tfrecord import (FLOAT, INT64, FormatError, encode_records, example_features,
                                     example_spans, masked_crc)
 
@@ -204,6 +204,29 @@ def test_protobuf_reads_ours_and_serializes_the_same_bytes(tmp_path, sample, sam
         assert Example.FromString(theirs[t_offset + 12:t_offset + 12 + t_length]) == example
 
 
+@pytest.mark.parametrize("values", [
+    [[0, 1, 127], [5, 6, 7]],  # one byte each
+    [[128, 300, 16383], [200, 201, 202]],  # two bytes each
+    [[0, 128, 16384], [65535, 3, 129]],  # mixed sizes, from the table of small values
+    [[65536, 1, (1 << 28) - 1], [1 << 21, 127, 128]],  # mixed, up to four bytes
+    [[1 << 28, -1, 0], [(1 << 63) - 1, -(1 << 63), 1 << 35]],  # up to ten bytes
+])
+def test_varint_widths_serialize_as_protobuf_does(values):
+    Example = _protobuf_example_class()
+    ids = np.array(values, np.int64)
+    columns = {"ids": ids, "label": np.array([[1], [0]]), "w": np.array([[0.5, -2.0], [1e30, 0.0]])}
+    kinds = {"ids": INT64, "label": INT64, "w": FLOAT}
+    raw = encode_records(columns, kinds)
+    expected = b""
+    for i in range(len(ids)):
+        example = Example()
+        example.features.feature["ids"].int64_list.value.extend(ids[i].tolist())
+        example.features.feature["label"].int64_list.value.extend(columns["label"][i].tolist())
+        example.features.feature["w"].float_list.value.extend(columns["w"][i].tolist())
+        expected += framed(example.SerializeToString(deterministic=True))
+    assert raw == expected
+
+
 def test_index_is_byte_identical_to_tfrecord2idx(tmp_path, sample):
     expected = shared_data(SAMPLE_INDEX).read_bytes()
     assert write_index(sample, tmp_path / "given.index").read_bytes() == expected
@@ -268,6 +291,55 @@ def test_streaming_writer_equals_write_records(tmp_path, fmt, many):
             writer.write(rows(many, slice(start, stop)))
         assert writer.count == 3000
     assert (tmp_path / f"parts.{fmt}").read_bytes() == whole.read_bytes()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_encoded_records_appended_round_robin_equal_written_rows(tmp_path, fmt, many):
+    """What worker processes do: encode batches elsewhere; the writers only append the bytes."""
+    files = 3
+    expected = [write_records(tmp_path / f"rows{k}.{fmt}", rows(many, slice(k, None, files)), fmt,
+                              vocab_size=30522) for k in range(files)]
+    encoder = RecordEncoder(fmt, 128, 20, vocab_size=30522)
+    paths = [tmp_path / f"encoded{k}.{fmt}" for k in range(files)]
+    writers = [RecordWriter(path, fmt, 128, 20, vocab_size=30522) for path in paths]
+    done = 0
+    for start, stop in itertools.pairwise([0, 1, 1, 700, 2999, 3000]):  # includes an empty batch
+        records = encoder.encode(rows(many, slice(start, stop)), where="batch", first=start)
+        assert len(records) == stop - start and records.data.dtype == np.uint8
+        assert records.ends[-1:].tolist() == ([len(records.data)] if stop > start else [])
+        for k, writer in enumerate(writers):
+            writer.write_encoded(records.take(slice((k - done) % files, None, files)))
+        done += len(records)
+    for writer in writers:
+        writer.close()
+    assert [w.count for w in writers] == [1000, 1000, 1000]
+    for path, want in zip(paths, expected, strict=True):
+        assert path.read_bytes() == want.read_bytes()
+    with open_records(paths[1]) as records:
+        assert records.offset(1) == int(encoder.encode(rows(many, slice(1, 2))).ends[0]) + (
+            0 if fmt == "tfrecord" else 64)  # native rows start after the 64-byte preamble
+
+
+def test_encoder_checks_rows_and_layouts(tmp_path, sample_arrays):
+    encoder = RecordEncoder("native", 128, 20, vocab_size=30522)
+    bad = rows(sample_arrays, slice(0, 4))
+    bad.input_ids = bad.input_ids.copy()
+    bad.input_ids[2, 9] = 30522
+    with pytest.raises(DataError, match=r"^chunk 7: record 12 \(row 2 of this write\): input_ids\[9\] = 30522 "
+                                        r"is not a token id in \[0, 30522\) \(vocab_size\)$"):
+        encoder.encode(bad, where="chunk 7", first=10)
+    records = encoder.encode(rows(sample_arrays, slice(0, 4)))
+    assert records.max_ids.tolist() == np.maximum(sample_arrays.input_ids[:4].max(axis=1),
+                                                  sample_arrays.masked_lm_ids[:4].max(axis=1)).tolist()
+    for other in (RecordWriter(tmp_path / "x.tfrecord", "tfrecord", 128, 20, vocab_size=30522),
+                  RecordWriter(tmp_path / "x.bfrec", "native", 128, 20, vocab_size=70000),
+                  RecordWriter(tmp_path / "y.bfrec", "native", 512, 20, vocab_size=30522)):
+        with pytest.raises(ValueError, match="do not fit this file"):
+            other.write_encoded(records)
+        other.abort()
+    with RecordWriter(tmp_path / "ok.bfrec", "native", 128, 20, vocab_size=30522) as writer:
+        writer.write_encoded(records)
+    assert read_records(tmp_path / "ok.bfrec").input_ids.tolist() == sample_arrays.input_ids[:4].tolist()
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

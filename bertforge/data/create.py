@@ -25,6 +25,9 @@ Two modes:
   another document of the same chunk; instances are shuffled only within
   their chunk (the loader shuffles across chunks). Memory is bounded by a few chunks,
   the tokenizer's cache and the longest document, whatever the corpus size.
+  Each chunk is also encoded where it is made (:class:`.records.RecordEncoder`):
+  with ``workers`` > 1 the worker processes send finished record bytes, and
+  the parent only reads the text, deals out chunks and appends bytes to the files.
 
 Tokenization gives the ids of :func:`.tokenizer.encode_texts` (the reference
 ``FullTokenizer``'s), found with numpy and a cache (:class:`FastWordPiece`).
@@ -50,6 +53,7 @@ import glob
 import multiprocessing
 import os
 import random
+import re
 import string
 import sys
 import time
@@ -63,8 +67,8 @@ import numpy as np
 
 from .errors import DataError
 from .instances import PretrainingArrays, create_arrays_fast, create_instances, to_arrays
-from .records import FORMATS, RecordWriter
-from .tokenizer import MAX_WORD_CHARS, encode_texts, load_tokenizer, read_vocab, special_ids
+from .records import FORMATS, EncodedRecords, RecordEncoder, RecordWriter
+from .tokenizer import MAX_WORD_CHARS, encode_texts, read_vocab, special_ids, tokenizer_for_vocab
 
 MODES = ("reference", "fast")
 CHUNK_CHARS = 1 << 18  # fast mode: characters of text per chunk
@@ -236,15 +240,18 @@ _LOW_BYTES = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [(1 << 64) - 1], 
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 _MIX2 = np.uint64(0xC2B2AE3D27D4EB4F)
 MAX_CACHED_UNITS = 1 << 18  # about 40 MB of cache at most
-_PUNCTUATION = frozenset(string.punctuation)  # every printable non-alphanumeric ASCII character
 
 
-def _is_word(token: str, lowercase: bool) -> bool:
-    """Whether a vocab token is one whole unit of an ASCII piece (as lower-cased, if so)."""
-    if token in _PUNCTUATION:
-        return True
-    return (len(token) <= 16 and token.isascii() and token.isalnum()
-            and (not lowercase or token.islower() or token.isdigit()))
+def _whole_words(tokens: Iterable[str], lowercase: bool) -> list[str]:
+    """The vocab tokens that are one whole unit of an ASCII piece (as lower-cased, if so), once each.
+
+    That is a run of up to 16 letters and digits (no capital for uncased
+    vocabs), or one punctuation character: every printable non-alphanumeric
+    ASCII character. One regex over all the tokens: a vocab is ~30,000 lines.
+    """
+    letters = "a-z0-9" if lowercase else "A-Za-z0-9"
+    word = re.compile(rf"^(?:[{letters}]{{1,16}}|[{re.escape(string.punctuation)}])$", re.MULTILINE)
+    return list(dict.fromkeys(word.findall("\n".join(tokens))))
 
 
 def _mark_unicode_spaces(byte: np.ndarray, classes: np.ndarray) -> None:
@@ -397,12 +404,12 @@ class FastWordPiece:
         self.vocab_size = len(tokens)  # lines of vocab.txt: the model's vocab_size
         # A duplicated token keeps its last id, as in BERT's load_vocab and load_tokenizer.
         self.vocab = {token: i for i, token in enumerate(tokens)}
-        self.tokenizer = load_tokenizer(vocab_path, lowercase)
+        self.tokenizer = tokenizer_for_vocab(self.vocab, lowercase, vocab_path)
         self.specials = special_ids(self.tokenizer)
         self.lowercase = lowercase
         self.max_units = max_units
         # Whole words of the vocab are units with one id each: known without asking WordPiece.
-        self._seed = [t for t in self.vocab if _is_word(t, lowercase)]
+        self._seed = _whole_words(self.vocab, lowercase)
         self._clear()
 
     def _clear(self) -> None:
@@ -595,7 +602,12 @@ class TokenizedChunk:
 
 @dataclass
 class ChunkResult:
-    arrays: PretrainingArrays
+    """One chunk's instances: as arrays, or as encoded records when an encoder was given."""
+
+    arrays: PretrainingArrays | None
+    records: EncodedRecords | None
+    instances: int
+    next_sentence_random: int  # instances whose B is random (label 1)
     documents: int
     sentences: int
     tokens: int
@@ -603,10 +615,12 @@ class ChunkResult:
 
 
 class _ChunkMaker:
-    """Tokenizes and draws the instances of one chunk; one per process."""
+    """Tokenizes, draws and (given an encoder) encodes the instances of one chunk; one per process."""
 
-    def __init__(self, vocab: Path, options: CreateOptions):
+    def __init__(self, vocab: Path, options: CreateOptions, encoder: RecordEncoder | None):
         self.options = options
+        self.encoder = encoder
+        self.key = _maker_key(options, encoder)
         self.tokenizer = FastWordPiece(vocab, options.lowercase)
 
     def __call__(self, index: int, documents: list[list[str]]) -> ChunkResult:
@@ -618,31 +632,40 @@ class _ChunkMaker:
             max_predictions=o.max_predictions, masked_lm_prob=o.masked_lm_prob,
             short_seq_prob=o.short_seq_prob, dupe_factor=o.dupe_factor,
             vocab_size=self.tokenizer.vocab_size, specials=self.tokenizer.specials, rng=rng)
-        return ChunkResult(arrays, len(chunk.document_offsets) - 1,
+        records = None
+        if self.encoder is not None:  # the writer then only appends bytes
+            records = self.encoder.encode(arrays, where=f"chunk {index}")
+        return ChunkResult(arrays if records is None else None, records, len(arrays),
+                           int(arrays.next_sentence_labels.sum()), len(chunk.document_offsets) - 1,
                            len(chunk.sentence_offsets) - 1, len(chunk.tokens),
                            chunk.empty_documents)
+
+
+def _maker_key(options: CreateOptions, encoder: RecordEncoder | None) -> tuple:
+    return options, None if encoder is None else encoder.layout
 
 
 _WORKER: _ChunkMaker | None = None  # the chunk maker of a worker process
 
 
-def _start_worker(vocab: Path, options: CreateOptions) -> None:
+def _start_worker(vocab: Path, options: CreateOptions, encoder: RecordEncoder | None) -> None:
     global _WORKER
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process per core already
-    if _WORKER is None or _WORKER.options != options:  # forked workers inherit the parent's
-        _WORKER = _ChunkMaker(vocab, options)
+    if _WORKER is None or _WORKER.key != _maker_key(options, encoder):  # forked: the parent's
+        _WORKER = _ChunkMaker(vocab, options, encoder)
 
 
 def _run_chunk(index: int, documents: list[list[str]]) -> ChunkResult:
     assert _WORKER is not None, "worker not initialised"
     result = _WORKER(index, documents)
-    result.arrays = _Compact.of(result.arrays)  # type: ignore[assignment]
+    if result.arrays is not None:
+        result.arrays = _Compact.of(result.arrays)  # type: ignore[assignment]
     return result
 
 
 @dataclass
 class _Compact:
-    """Rows as a worker sends them back: a third of the bytes to pickle and pipe.
+    """Rows as a worker sends them back when not encoded: a third of the bytes to pickle and pipe.
 
     Token ids in 16 bits when they fit; the masks and weights follow from the
     lengths and the prediction counts, so only those travel.
@@ -686,20 +709,22 @@ def _default_start_method() -> str:
 
 
 def _fast_chunks(chunks: Iterator[list[list[str]]], vocab: Path, options: CreateOptions,
-                 workers: int, start_method: str | None) -> Iterator[ChunkResult]:
+                 encoder: RecordEncoder | None, workers: int,
+                 start_method: str | None) -> Iterator[ChunkResult]:
     """Results in chunk order; with workers > 1, IN_FLIGHT_PER_WORKER × workers chunks in flight."""
     global _WORKER
     if workers <= 1:
-        maker = _ChunkMaker(vocab, options)
+        maker = _ChunkMaker(vocab, options, encoder)
         for index, documents in enumerate(chunks):
             yield maker(index, documents)
         return
     method = start_method or _default_start_method()
     if method == "fork":  # build the tokenizer once, here; the workers get a copy when forked
-        _WORKER = _ChunkMaker(vocab, options)
+        _WORKER = _ChunkMaker(vocab, options, encoder)
     try:
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method),
-                                 initializer=_start_worker, initargs=(vocab, options)) as pool:
+                                 initializer=_start_worker,
+                                 initargs=(vocab, options, encoder)) as pool:
             pending: deque[Future[ChunkResult]] = deque()
             try:
                 for index, documents in enumerate(chunks):
@@ -716,7 +741,8 @@ def _fast_chunks(chunks: Iterator[list[list[str]]], vocab: Path, options: Create
 
 
 def _unpack(result: ChunkResult) -> ChunkResult:
-    result.arrays = result.arrays.arrays()  # type: ignore[attr-defined]
+    if result.arrays is not None:
+        result.arrays = result.arrays.arrays()  # type: ignore[attr-defined]
     return result
 
 
@@ -738,17 +764,25 @@ def output_paths(output: str | Path, num_output_files: int = 1) -> list[Path]:
 class _RoundRobin:
     """Instance i of the whole run goes to file i mod N, as in the reference."""
 
-    def __init__(self, writers: list):
+    def __init__(self, writers: list[RecordWriter]):
         self.writers = writers
         self.count = 0
 
-    def write(self, arrays: PretrainingArrays) -> None:
+    def _first_rows(self, rows: int) -> Iterator[tuple[RecordWriter, slice]]:
         n = len(self.writers)
         for k, writer in enumerate(self.writers):
             first = (k - self.count) % n  # the first row of this batch that goes to file k
-            if first < len(arrays):
-                writer.write(_rows(arrays, slice(first, None, n)))
-        self.count += len(arrays)
+            if first < rows:
+                yield writer, slice(first, None, n)
+        self.count += rows
+
+    def write(self, arrays: PretrainingArrays) -> None:
+        for writer, rows in self._first_rows(len(arrays)):
+            writer.write(_rows(arrays, rows))
+
+    def write_encoded(self, records: EncodedRecords) -> None:
+        for writer, rows in self._first_rows(len(records)):
+            writer.write_encoded(records.take(rows))
 
 
 def _rows(arrays: PretrainingArrays, rows: slice) -> PretrainingArrays:
@@ -794,9 +828,9 @@ def create(inputs: Sequence[str | Path], vocab: str | Path, output: str | Path, 
         if mode == "reference":
             _create_reference(files, vocab, options, out, stats)
         else:
-            for arrays in _generate(files, vocab, options, workers, chunk_chars, start_method,
-                                    stats):
-                out.write(arrays)
+            for result in _generate(files, vocab, options, writers[0].encoder, workers,
+                                    chunk_chars, start_method, stats):
+                out.write_encoded(result.records)
         stats.instances = out.count
         if stats.instances == 0:
             # Leaving the block by an exception discards the temporary files.
@@ -821,8 +855,9 @@ def generate(inputs: Sequence[str | Path], vocab: str | Path, *, seq_len: int = 
     _check(options, "fast", workers, chunk_chars)
     read_vocab(vocab)  # a missing or empty vocab fails here, before any work
     stats = stats if stats is not None else CreateStats(mode="fast", files=[])
-    return _generate(expand_inputs(inputs), Path(vocab), options, workers, chunk_chars,
-                     start_method, stats)
+    results = _generate(expand_inputs(inputs), Path(vocab), options, None, workers, chunk_chars,
+                        start_method, stats)
+    return (result.arrays for result in results)
 
 
 def _check(options: CreateOptions, mode: str, workers: int, chunk_chars: int) -> None:
@@ -835,19 +870,19 @@ def _check(options: CreateOptions, mode: str, workers: int, chunk_chars: int) ->
         raise DataError(f"chunk_chars={chunk_chars} must be at least 1")
 
 
-def _generate(files: list[Path], vocab: Path, options: CreateOptions, workers: int,
-              chunk_chars: int, start_method: str | None,
-              stats: CreateStats) -> Iterator[PretrainingArrays]:
+def _generate(files: list[Path], vocab: Path, options: CreateOptions,
+              encoder: RecordEncoder | None, workers: int, chunk_chars: int,
+              start_method: str | None, stats: CreateStats) -> Iterator[ChunkResult]:
     chunks = chunk_documents(read_documents(files), chunk_chars)
-    for result in _fast_chunks(chunks, vocab, options, workers, start_method):
+    for result in _fast_chunks(chunks, vocab, options, encoder, workers, start_method):
         stats.chunks += 1
         stats.documents += result.documents
         stats.sentences += result.sentences
         stats.tokens += result.tokens
         stats.empty_documents += result.empty_documents
-        stats.instances += len(result.arrays)
-        stats.next_sentence_random += int(result.arrays.next_sentence_labels.sum())
-        yield result.arrays
+        stats.instances += result.instances
+        stats.next_sentence_random += result.next_sentence_random
+        yield result
 
 
 def _create_reference(files: list[Path], vocab: Path, options: CreateOptions, out: _RoundRobin,

@@ -100,7 +100,7 @@ def from_rows(rows: np.ndarray, seq_len: int) -> PretrainingArrays:
 
 
 class NativeWriter:
-    """Streams rows to an open binary file; :meth:`finish` writes the header."""
+    """Streams rows (made by :func:`to_rows`) to an open binary file; :meth:`finish` writes the header."""
 
     def __init__(self, file: BinaryIO, seq_len: int, max_predictions: int, id_dtype: np.dtype,
                  vocab_size: int | None):
@@ -113,16 +113,18 @@ class NativeWriter:
         self._block_fill = 0  # bytes of the current block written so far
         file.write(bytes(DATA_OFFSET))  # the preamble, written last
 
-    def write(self, arrays: PretrainingArrays) -> None:
-        if len(arrays) == 0:
+    def append(self, data: np.ndarray, count: int, max_id: int) -> None:
+        """Append ``count`` rows already laid out in this writer's dtype (``data``: their bytes)."""
+        if count == 0:
             return
-        rows = to_rows(arrays, self.dtype)
-        self.max_id = max(self.max_id, int(arrays.input_ids.max()), int(arrays.masked_lm_ids.max()))
-        rows.flags.writeable = False  # google_crc32c reads only read-only buffers
-        self.file.write(rows)
-        self.count += len(rows)
+        if len(data) != count * self.dtype.itemsize:
+            raise ValueError(f"{len(data)} bytes are not {count} rows of {self.dtype.itemsize} bytes")
+        self.max_id = max(self.max_id, max_id)
+        data = data.view()
+        data.flags.writeable = False  # google_crc32c reads only read-only buffers
+        self.file.write(data)
+        self.count += count
         # Extend the running block checksums, starting a new one every BLOCK_BYTES.
-        data = rows.view(np.uint8)
         while len(data):
             if self._block_fill == 0:
                 self.block_crcs.append(0)

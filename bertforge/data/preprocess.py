@@ -309,20 +309,26 @@ def train_vocab(corpus: str | Path | Iterable[str | Path], out: str | Path, voca
                 lowercase: bool = True) -> Path:
     """Train a WordPiece vocab on pre-training text files (or directories of ``*.txt``); write ``out``.
 
-    Uses :func:`bertforge.data.tokenizer.train_wordpiece`. The files are read
-    as a stream, but that function keeps the documents in memory while it trains.
+    Uses :func:`bertforge.data.tokenizer.train_wordpiece`, which reads the
+    files twice as a stream: memory does not grow with the corpus.
     """
     paths = [corpus] if isinstance(corpus, (str, Path)) else list(corpus)
+    return train_wordpiece(_TextDocuments(paths), vocab_size, out, lowercase=lowercase)
 
-    def documents() -> Iterator[list[str]]:
+
+class _TextDocuments:
+    """The documents of text files, read afresh by each iteration."""
+
+    def __init__(self, paths: list[str | Path]):
+        self.paths = paths
+
+    def __iter__(self) -> Iterator[list[str]]:
         count = 0
-        for document in iter_text_corpus(paths):
+        for document in iter_text_corpus(self.paths):
             count += 1
             yield document
         if count == 0:
-            raise DataError(f"{', '.join(map(str, paths))}: the corpus is empty (no non-blank lines)")
-
-    return train_wordpiece(documents(), vocab_size, out, lowercase=lowercase)
+            raise DataError(f"{', '.join(map(str, self.paths))}: the corpus is empty (no non-blank lines)")
 
 
 # ---------------------------------------------------------------- command line

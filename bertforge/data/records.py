@@ -23,6 +23,7 @@ import mmap
 import sys
 from array import array
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,8 +33,8 @@ from . import native
 from .errors import DataError
 from .instances import PretrainingArrays
 from .tfrecord import (BYTES, FLOAT, HEADER_BYTES, INT64, ChecksumError, FormatError,
-                       LengthError, TruncatedError, decode_float_rows, decode_varint_rows, encode_records,
-                       example_features, example_spans, masked_crc, read_frame)
+                       LengthError, TruncatedError, decode_float_rows, decode_varint_rows, encode_frames,
+                       example_features, example_spans, masked_crc, ragged_gather, read_frame)
 
 FORMATS = ("tfrecord", "native")
 FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
@@ -131,6 +132,100 @@ class _Abort(Exception):
     """Thrown into the atomic file to make it clean up."""
 
 
+@dataclass(frozen=True)
+class EncodedRecords:
+    """Records already validated and encoded for one file layout, ready to be appended.
+
+    ``data`` holds the records one after the other (uint8); record i is
+    ``data[ends[i] - length_i:ends[i]]``, and ``max_ids[i]`` its largest token
+    id. Made by :meth:`RecordEncoder.encode` (in worker processes, say) and
+    appended by :meth:`RecordWriter.write_encoded`, which only copies bytes.
+    """
+
+    layout: tuple  # RecordEncoder.layout: the files these bytes fit
+    data: np.ndarray
+    ends: np.ndarray
+    max_ids: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    def take(self, rows: slice) -> EncodedRecords:
+        """The records of a slice (any step: round-robin over files) as their own batch."""
+        picked = np.arange(len(self))[rows]
+        if len(picked) == len(self):
+            return self
+        lengths = np.diff(self.ends, prepend=0)
+        if len(lengths) and (lengths == lengths[0]).all():  # fixed-size rows: a strided view
+            data = self.data.reshape(len(self), -1)[rows].reshape(-1)
+        else:
+            data = ragged_gather(self.data, self.ends[picked] - lengths[picked], lengths[picked])
+        return EncodedRecords(self.layout, data, np.cumsum(lengths[picked]), self.max_ids[picked])
+
+
+class RecordEncoder:
+    """Validates rows and encodes them as the records of one format and layout.
+
+    ``vocab_size`` (when given) bounds the token ids; for the native format it
+    (or ``id_bound``, a bound on the ids known in advance) also picks the id
+    dtype: uint16 up to 65536, else int32. Two encoders with the same
+    ``layout`` make records that can go into the same file.
+    """
+
+    def __init__(self, fmt: str, seq_len: int, max_predictions: int,
+                 vocab_size: int | None = None, *, id_bound: int | None = None):
+        if fmt not in FORMATS:
+            raise DataError(f"unknown record format {fmt!r} (formats: {', '.join(FORMATS)})")
+        if seq_len < 1 or not 1 <= max_predictions <= seq_len:
+            raise ValueError(f"need 1 <= max_predictions ({max_predictions}) <= seq_len ({seq_len})")
+        self.format = fmt
+        self.seq_len, self.max_predictions, self.vocab_size = seq_len, max_predictions, vocab_size
+        self.id_dtype = None
+        if fmt == "native":
+            self.id_dtype = native.id_dtype_for(vocab_size if vocab_size is not None else id_bound)
+            self.row_dtype = native.row_dtype(seq_len, max_predictions, self.id_dtype)[0]
+        self.layout = (fmt, seq_len, max_predictions, vocab_size,
+                       None if self.id_dtype is None else self.id_dtype.str)
+
+    def check(self, arrays: PretrainingArrays, where: str, first: int = 0) -> None:
+        """A DataError naming ``where``, the record (``first`` + row) and the first bad value."""
+        problem = _shape_problem(arrays, self.seq_len, self.max_predictions)
+        if problem:
+            raise DataError(f"{where}: write() of rows {first}..: {problem}")
+        for start in range(0, len(arrays.input_ids), _CHUNK_ROWS):
+            problems = row_problems(_rows(arrays, start, start + _CHUNK_ROWS), self.seq_len,
+                                    self.vocab_size)
+            if problems:
+                row, message = next(iter(problems.items()))
+                raise DataError(f"{where}: record {first + start + row} "
+                                f"(row {start + row} of this write): {message}")
+
+    def encode(self, arrays: PretrainingArrays, where: str = "records", first: int = 0,
+               check: bool = True) -> EncodedRecords:
+        """The records of all rows of ``arrays``, checked first unless ``check`` is False.
+
+        Memory is a few times the encoded size: callers bound the row count.
+        """
+        if check:
+            self.check(arrays, where, first)
+        n = len(arrays.input_ids)
+        if n == 0:
+            return EncodedRecords(self.layout, np.zeros(0, np.uint8), np.zeros(0, np.int64),
+                                  np.zeros(0, np.int64))
+        input_ids, masked_lm_ids = np.asarray(arrays.input_ids), np.asarray(arrays.masked_lm_ids)
+        max_ids = np.maximum(input_ids.max(axis=1), masked_lm_ids.max(axis=1)).astype(np.int64)
+        if self.format == "native":
+            rows = native.to_rows(_canonical({name: np.asarray(getattr(arrays, name))
+                                              for name in FEATURES}), self.row_dtype)
+            data = rows.view(np.uint8).reshape(-1)
+            ends = np.arange(1, n + 1, dtype=np.int64) * self.row_dtype.itemsize
+        else:
+            columns = {name: np.asarray(getattr(arrays, name)).reshape(n, -1) for name in FEATURES}
+            data, lengths = encode_frames(columns, _KINDS)
+            ends = np.cumsum(lengths)
+        return EncodedRecords(self.layout, data, ends, max_ids)
+
+
 class RecordWriter:
     """Write records to ``path`` in ``fmt``, streaming: memory does not grow with the row count.
 
@@ -141,7 +236,9 @@ class RecordWriter:
     given, positions < ``seq_len``, 0/1 masks, segments and labels); a bad
     write raises DataError and writes none of its rows. Writes of fewer than
     256 rows are gathered before encoding, so memory holds at most that many
-    rows, or one write's rows, in 4096-row chunks.
+    rows, or one write's rows, in 4096-row chunks. :meth:`write_encoded`
+    appends records that a :class:`RecordEncoder` of the same layout made
+    elsewhere (``self.encoder``), e.g. in worker processes.
 
     For the native format ``vocab_size`` (or ``id_bound``, a bound on the ids
     known in advance) also picks the id dtype: uint16 up to 65536, else int32.
@@ -149,10 +246,7 @@ class RecordWriter:
 
     def __init__(self, path: str | Path, fmt: str, seq_len: int, max_predictions: int,
                  vocab_size: int | None = None, *, id_bound: int | None = None):
-        if fmt not in FORMATS:
-            raise DataError(f"unknown record format {fmt!r} (formats: {', '.join(FORMATS)})")
-        if seq_len < 1 or not 1 <= max_predictions <= seq_len:
-            raise ValueError(f"need 1 <= max_predictions ({max_predictions}) <= seq_len ({seq_len})")
+        self.encoder = RecordEncoder(fmt, seq_len, max_predictions, vocab_size, id_bound=id_bound)
         self.path = Path(path)
         self.format = fmt
         self.seq_len, self.max_predictions, self.vocab_size = seq_len, max_predictions, vocab_size
@@ -164,27 +258,16 @@ class RecordWriter:
             self._file = stack.enter_context(open(tmp, "wb"))
             self._native = None
             if fmt == "native":
-                id_dtype = native.id_dtype_for(vocab_size if vocab_size is not None else id_bound)
-                self._native = native.NativeWriter(self._file, seq_len, max_predictions, id_dtype,
-                                                   vocab_size)
+                self._native = native.NativeWriter(self._file, seq_len, max_predictions,
+                                                   self.encoder.id_dtype, vocab_size)
             self._stack = stack.pop_all()
         self._open = True
 
     def write(self, arrays: PretrainingArrays) -> None:
         """Append the rows of ``arrays`` (any integer dtypes; weights any float dtype)."""
-        if not self._open:
-            raise ValueError(f"{self.path}: the writer is closed")
-        problem = _shape_problem(arrays, self.seq_len, self.max_predictions)
-        if problem:
-            raise DataError(f"{self.path}: write() of rows {self.count}..: {problem}")
+        self._check_open()
+        self.encoder.check(arrays, str(self.path), self.count)  # all rows before writing any
         n = len(arrays.input_ids)
-        for start in range(0, n, _CHUNK_ROWS):  # validate all before writing any
-            problems = row_problems(_rows(arrays, start, start + _CHUNK_ROWS), self.seq_len,
-                                    self.vocab_size)
-            if problems:
-                row, message = next(iter(problems.items()))
-                raise DataError(f"{self.path}: record {self.count + start + row} "
-                                f"(row {start + row} of this write): {message}")
         self.count += n
         if n >= _MIN_ENCODE_ROWS:
             self._flush()
@@ -195,6 +278,20 @@ class RecordWriter:
             if self._pending_rows >= _MIN_ENCODE_ROWS:
                 self._flush()
 
+    def write_encoded(self, records: EncodedRecords) -> None:
+        """Append records encoded (and validated) by a :class:`RecordEncoder` of this layout."""
+        self._check_open()
+        if records.layout != self.encoder.layout:
+            raise ValueError(f"{self.path}: records encoded for {records.layout} do not fit "
+                             f"this file ({self.encoder.layout})")
+        self._flush()
+        self.count += len(records)
+        self._append(records)
+
+    def _check_open(self) -> None:
+        if not self._open:
+            raise ValueError(f"{self.path}: the writer is closed")
+
     def _flush(self) -> None:
         if self._pending:
             self._encode(concat_arrays(self._pending))
@@ -202,13 +299,15 @@ class RecordWriter:
 
     def _encode(self, arrays: PretrainingArrays) -> None:
         for start in range(0, len(arrays.input_ids), _CHUNK_ROWS):
-            chunk = _rows(arrays, start, start + _CHUNK_ROWS)
-            if self._native is not None:
-                self._native.write(_canonical(vars(chunk)))
-            else:
-                columns = {name: np.asarray(getattr(chunk, name)).reshape(len(chunk.input_ids), -1)
-                           for name in FEATURES}
-                self._file.write(encode_records(columns, _KINDS))
+            self._append(self.encoder.encode(_rows(arrays, start, start + _CHUNK_ROWS), check=False))
+
+    def _append(self, records: EncodedRecords) -> None:
+        if not len(records):
+            return
+        if self._native is not None:
+            self._native.append(records.data, len(records), int(records.max_ids.max()))
+        else:
+            self._file.write(records.data)
 
     def close(self) -> Path:
         """Complete the file and move it into place."""
@@ -700,6 +799,7 @@ def describe(path: str | Path, num: int = 3, vocab_path: str | Path | None = Non
     return "\n".join(lines)
 
 
-__all__ = ["FEATURES", "FORMATS", "SUFFIXES", "NativeFile", "RecordFile", "RecordWriter", "TFRecordFile",
+__all__ = ["FEATURES", "FORMATS", "SUFFIXES", "EncodedRecords", "NativeFile", "RecordEncoder", "RecordFile",
+           "RecordWriter", "TFRecordFile",
            "concat_arrays", "describe", "detect_format", "index_path_for", "open_records", "read_records",
            "row_problems", "write_index", "write_records"]

@@ -15,11 +15,14 @@ of a pre-training record is a serialized ``tf.train.Example``::
 
 The protobuf wire format is encoded and decoded here by hand, for a whole batch
 of records at once with numpy: encoding lays every record of a batch out in
-one byte matrix, decoding walks the Example headers of all records together
-(a record in an unusual layout falls back to a general parser) and turns all
-their packed varints into one array. The per-record Python work left is the
-two checksums, one C call each (google-crc32c: Google's crc32c library, using
-the CPU's crc32 instructions; Apache-2.0 like this project).
+one byte matrix (varints of token ids from a lookup table, a block of rows at
+a time so that it stays in the CPU's cache) and keeps its used bytes; decoding
+walks the Example headers of all records together (a record in an unusual
+layout falls back to a general parser) and turns all their packed varints
+into one array. The per-record Python work left is the data checksum, one C
+call (google-crc32c: Google's crc32c library, using the CPU's crc32
+instructions; Apache-2.0 like this project); the length checksums come from a
+table of the lengths present.
 
 Byte compatibility: for the same map order our Example bytes are identical to
 protobuf's (tests check this on the 45 records of the shared sample file).
@@ -99,113 +102,219 @@ def varint_sizes(values: np.ndarray) -> np.ndarray:
     return sizes
 
 
-# A batch of records is built as one (N, W) byte matrix plus a mask of the
-# bytes that are real: each piece of an Example (a tag, a varint, a run of
-# packed values) gets the columns its longest row needs, shorter rows leave
-# some unused. Reading the matrix row by row through the mask gives every
-# record, one after the other: the whole file chunk in one numpy operation.
-Block = tuple[np.ndarray, np.ndarray | None]  # (bytes (N, W) uint8, used (N, W) bool or None: all)
-
-
-def _const_block(n: int, data: bytes) -> Block:
-    return np.broadcast_to(np.frombuffer(data, np.uint8), (n, len(data))), None
-
-
 # For values below 2**28 (up to 4 varint bytes) all bytes are made at once in
 # a uint32: the 7-bit groups spread 8 bits apart, plus the continuation bits
 # of a varint of that many bytes; viewed as little-endian bytes, that is the varint.
 _CONTINUATION_BITS = np.array([0, 0, 0x80, 0x8080, 0x808080], "<u4")
-_USED_BYTES = np.array([0, 0x1, 0x101, 0x10101, 0x1010101], "<u4")  # viewed as 4 bools
 
 
-def _varint_block(values: np.ndarray) -> tuple[Block, np.ndarray]:
-    """The varints of (N, K) values as a block, and each row's byte count."""
-    sizes = varint_sizes(values)
-    n, k = values.shape
-    longest = int(sizes.max(initial=1))
-    if longest == 1:  # small non-negative values (masks, labels, short positions) are their own byte
-        return (values.astype(np.uint8), None), np.full(n, k, np.int64)
-    if longest <= 4:
-        v = values.astype("<u4")
-        spread = (v & 0x7F) | ((v << 1) & 0x7F00) | ((v << 2) & 0x7F0000) | ((v << 3) & 0x7F000000)
-        out = (spread | _CONTINUATION_BITS[sizes]).view(np.uint8).reshape(n, k, 4)[:, :, :longest]
-        used = _USED_BYTES[sizes].view(bool).reshape(n, k, 4)[:, :, :longest]
-    else:  # large or negative values: one byte position at a time, in 64 bits
+def _spread_varints(values: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """The varints of values below 2**28 as little-endian uint32 (the first ``sizes`` bytes)."""
+    v = values.astype("<u4")
+    spread = (v & 0x7F) | ((v << 1) & 0x7F00) | ((v << 2) & 0x7F0000) | ((v << 3) & 0x7F000000)
+    return spread | _CONTINUATION_BITS[sizes]
+
+
+_SMALL = 1 << 16  # values below this are encoded by table lookup (token ids, lengths)
+_SMALL_SIZES = varint_sizes(np.arange(_SMALL))
+_SMALL_VARINTS = _spread_varints(np.arange(_SMALL), _SMALL_SIZES)
+_USED_WORDS = np.array([0, 0x1, 0x101, 0x10101, 0x1010101], "<u4")  # the first s of 4 bytes, as bools
+_BLOCK_BYTES = 1 << 20  # of the byte matrix filled at a time: about the CPU's L2 cache
+
+
+class _Batch:
+    """N records under construction: one (N, W) byte matrix, filled piece by piece, left to right.
+
+    Each piece of an Example (a tag, a varint, a run of packed values) gets the
+    columns its longest row needs; where rows need fewer, a mask marks the
+    bytes that are real. Reading the matrix row by row through the mask gives
+    every record, one after the other. Pieces are listed first, then the matrix
+    is filled and read a block of rows at a time.
+
+    A piece is ``(width, data, sizes)``: ``bytes``, the same in every row; an
+    (N, W) uint8 array; (N, K) little-endian uint32 varints, of which value j of
+    row i uses the first ``sizes[i, j]`` bytes; or (N, K, L) bytes, likewise
+    (``sizes`` None: all used).
+    """
+
+    def __init__(self, n: int):
+        self.n = n
+        self.pieces: list[tuple[int, object, np.ndarray | None]] = []
+
+    def constant(self, data: bytes) -> None:
+        if self.pieces and isinstance(self.pieces[-1][1], bytes):  # join neighbouring constants
+            data = self.pieces.pop()[1] + data
+        self.pieces.append((len(data), data, None))
+
+    def raw(self, block: np.ndarray) -> None:
+        """(N, W) bytes, every one used."""
+        self.pieces.append((block.shape[1], block, None))
+
+    def varints(self, values: np.ndarray) -> np.ndarray:
+        """Add the packed varints of (N, K) integers; returns each row's byte count."""
+        n, k = values.shape
+        if values.dtype.kind == "u" or (values.size and int(values.min()) >= 0):
+            top = int(values.max(initial=0))
+        else:
+            top = -1  # negative: ten bytes each
+        if 0 <= top < 0x80:  # masks, labels, short positions: a byte each
+            self.raw(values.astype(np.uint8))
+            return np.full(n, k, np.int64)
+        if 0 <= top < 1 << 28:
+            if top < _SMALL:  # token ids, lengths: from a table
+                small = values.astype(np.intp, copy=False)
+                sizes, words = _SMALL_SIZES[small], _SMALL_VARINTS[small]
+            else:
+                sizes = varint_sizes(values)
+                words = _spread_varints(values, sizes)
+            longest = int(sizes.max())
+            if longest == int(sizes.min()):  # one size: no gaps, only its bytes
+                self.pieces.append((k * longest, words.view(np.uint8).reshape(n, k, 4)[:, :, :longest],
+                                    None))
+            else:
+                self.pieces.append((4 * k, words, sizes))
+            return sizes.sum(axis=1, dtype=np.int64)
+        # Large or negative values: one byte position at a time, in 64 bits.
+        sizes = varint_sizes(values)
         v = values.astype(np.int64, copy=False).view(np.uint64)
-        out = np.empty((n, k, longest), np.uint8)
+        longest = int(sizes.max())
+        lanes = np.empty((n, k, longest), np.uint8)
         for b in range(longest):
-            out[:, :, b] = (v >> np.uint64(7 * b)) & np.uint64(0x7F)
-            out[:, :, b] |= (sizes > b + 1).view(np.uint8) << np.uint8(7)  # continuation bit
-        used = np.arange(longest, dtype=np.uint8) < sizes[:, :, None]
-    return (out.reshape(n, k * longest), used.reshape(n, k * longest)), sizes.sum(axis=1, dtype=np.int64)
+            lanes[:, :, b] = (v >> np.uint64(7 * b)) & np.uint64(0x7F)
+            lanes[:, :, b] |= (sizes > b + 1).view(np.uint8) << np.uint8(7)  # continuation bit
+        self.pieces.append((k * longest, lanes, sizes))
+        return sizes.sum(axis=1, dtype=np.int64)
+
+    def length(self, values: np.ndarray) -> None:
+        """One varint per row."""
+        self.varints(values.reshape(self.n, 1))
+
+    def build(self) -> np.ndarray:
+        """The used bytes of every row, one row after the other."""
+        width = sum(piece[0] for piece in self.pieces)
+        # A few hundred KB of rows at a time: the pieces are filled column by
+        # column, which is fast only while the block stays in the CPU's cache.
+        step = max(1, _BLOCK_BYTES // width)
+        matrix = np.empty((min(step, self.n), width), np.uint8)
+        ragged = any(sizes is not None for _, _, sizes in self.pieces)
+        used = np.ones(matrix.shape, bool) if ragged else None
+        total = sum(self.n * w if sizes is None else int(sizes.sum(dtype=np.int64))
+                    for w, _, sizes in self.pieces)
+        out = np.empty(total, np.uint8)
+        filled = 0
+        for first in range(0, self.n, step):
+            rows = slice(first, min(first + step, self.n))
+            block = matrix[:rows.stop - rows.start]
+            column = 0
+            for piece_width, data, sizes in self.pieces:
+                target = block[:, column:column + piece_width]
+                if isinstance(data, bytes):
+                    target[:] = np.frombuffer(data, np.uint8)
+                elif data.dtype == np.uint32:
+                    target.view("<u4")[:] = data[rows]
+                    used[:len(block), column:column + piece_width].view("<u4")[:] = _USED_WORDS[sizes[rows]]
+                elif data.ndim == 3:
+                    target.reshape(data[rows].shape)[:] = data[rows]
+                    if sizes is not None:
+                        np.less(np.arange(data.shape[2]), sizes[rows, :, None],
+                                out=used[:len(block), column:column + piece_width].reshape(data[rows].shape))
+                else:
+                    target[:] = data[rows]
+                column += piece_width
+            if used is None:
+                part = block.reshape(-1)
+            else:
+                part = np.compress(used[:len(block)].reshape(-1), block.reshape(-1))
+            out[filled:filled + len(part)] = part
+            filled += len(part)
+        return out
 
 
-def encode_records(columns: dict[str, np.ndarray], kinds: dict[str, str],
-                   order: Sequence[str] | None = None) -> bytes:
-    """Framed TFRecord bytes of N Examples, one per row of the columns.
+def _size(values: np.ndarray) -> np.ndarray:
+    return varint_sizes(values).astype(np.int64)
 
-    ``columns[name]`` is (N, K): int64 values for INT64 features, float32 for
-    FLOAT ones. ``order`` is the order of the map entries (default: sorted
-    keys, as protobuf's deterministic serialization). K must be at least 1
-    (protobuf omits an empty packed list, which this encoder does not do).
+
+def encode_frames(columns: dict[str, np.ndarray], kinds: dict[str, str],
+                  order: Sequence[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Framed TFRecords of N Examples, one per row of the columns: (bytes, each frame's length).
+
+    ``columns[name]`` is (N, K): integers for INT64 features, floats for FLOAT
+    ones. ``order`` is the order of the map entries (default: sorted keys, as
+    protobuf's deterministic serialization). K must be at least 1 (protobuf
+    omits an empty packed list, which this encoder does not do). The frames
+    are the uint8 array's bytes, one after the other.
     """
     order = sorted(columns) if order is None else list(order)
     n = len(columns[order[0]])
     if n == 0:
-        return b""
-
-    def varint(values: np.ndarray) -> Block:
-        return _varint_block(values.reshape(n, 1))[0]
-
-    def _size(values: np.ndarray) -> np.ndarray:
-        return varint_sizes(values).astype(np.int64)
-
-    # Sizes are worked out from the inside out; blocks are listed outside in.
+        return np.zeros(0, np.uint8), np.zeros(0, np.int64)
+    entries = _Batch(n)
     features_len = np.zeros(n, np.int64)
-    entries: list[Block] = []
+    # Each entry's lengths depend on its payload, so entries are built first and
+    # the frame's own header, which depends on them all, put in front after.
     for name in order:
         values = columns[name]
         if values.shape[1] < 1:
             raise ValueError(f"feature {name} has no values")
+        key = name.encode()
+        at = len(entries.pieces)
         if kinds[name] == FLOAT:
             raw = np.ascontiguousarray(values, dtype="<f4").view(np.uint8).reshape(n, -1)
-            payload, payload_len = (raw, None), np.full(n, raw.shape[1], np.int64)
+            entries.raw(raw)
+            payload_len = np.full(n, raw.shape[1], np.int64)
         else:
-            payload, payload_len = _varint_block(values)
+            payload_len = entries.varints(values)
+        payload = entries.pieces[at:]
+        del entries.pieces[at:]
         list_len = 1 + _size(payload_len) + payload_len  # tag 1, length, values
         feature_len = 1 + _size(list_len) + list_len  # oneof tag, length, list
-        key = name.encode()
         entry_len = 2 + len(key) + 1 + _size(feature_len) + feature_len  # key field, value field
         features_len += 1 + _size(entry_len) + entry_len
-        entries += [_const_block(n, bytes([_TAG_LEN1])), varint(entry_len),
-                    _const_block(n, bytes([_TAG_LEN1, len(key)]) + key + bytes([_TAG_LEN2])),
-                    varint(feature_len),
-                    _const_block(n, bytes([(_FIELD_OF_KIND[kinds[name]] << 3) | 2])), varint(list_len),
-                    _const_block(n, bytes([_TAG_LEN1])), varint(payload_len), payload]
+        entries.constant(bytes([_TAG_LEN1]))
+        entries.length(entry_len)
+        entries.constant(bytes([_TAG_LEN1, len(key)]) + key + bytes([_TAG_LEN2]))
+        entries.length(feature_len)
+        entries.constant(bytes([(_FIELD_OF_KIND[kinds[name]] << 3) | 2]))
+        entries.length(list_len)
+        entries.constant(bytes([_TAG_LEN1]))
+        entries.length(payload_len)
+        entries.pieces += payload
     example_len = 1 + _size(features_len) + features_len
-    blocks = [(example_len.astype("<u8").view(np.uint8).reshape(n, 8), None),
-              (np.zeros((n, 4), np.uint8), None),  # the length's crc, filled in below
-              _const_block(n, bytes([_TAG_LEN1])), varint(features_len), *entries,
-              (np.zeros((n, 4), np.uint8), None)]  # the data's crc
-    matrix = np.concatenate([block for block, _ in blocks], axis=1)
-    used = np.ones(matrix.shape, bool)
-    column = 0
-    for block, mask in blocks:
-        if mask is not None:
-            used[:, column:column + block.shape[1]] = mask
-        column += block.shape[1]
-    out = matrix[used]
+    batch = _Batch(n)
+    batch.raw(example_len.astype("<u8").view(np.uint8).reshape(n, 8))
+    batch.constant(bytes(4) + bytes([_TAG_LEN1]))  # the length's crc, filled in below; Example tag
+    batch.length(features_len)
+    batch.pieces += entries.pieces
+    batch.constant(bytes(4))  # the data's crc
+    out = batch.build()
 
-    # The checksums: one C call each per record.
+    # The checksums: the length's from a table of the lengths present, the data's one C call each.
     frame_len = HEADER_BYTES + example_len + FOOTER_BYTES
     frame_start = np.cumsum(frame_len) - frame_len
-    data = out.tobytes()
-    crcs = np.array([(masked_crc(data[start:start + 8]),
-                      masked_crc(data[start + HEADER_BYTES:start + HEADER_BYTES + length]))
-                     for start, length in zip(frame_start.tolist(), example_len.tolist())], "<u4")
-    for column, where in ((0, frame_start + 8), (1, frame_start + HEADER_BYTES + example_len)):
-        out[where[:, None] + np.arange(4)] = crcs[:, column:column + 1].view(np.uint8)
-    return out.tobytes()
+    lengths, which = np.unique(example_len, return_inverse=True)
+    length_crcs = np.array([masked_crc(struct.pack("<Q", length)) for length in lengths.tolist()],
+                           "<u4")[which]
+    readable = out.view()
+    readable.flags.writeable = False  # google_crc32c reads only read-only buffers
+    value = google_crc32c.value
+    data_crcs = _mask(np.fromiter(
+        (value(readable[start:start + length]) for start, length
+         in zip((frame_start + HEADER_BYTES).tolist(), example_len.tolist())), np.uint32, n))
+    for crcs, where in ((length_crcs, frame_start + 8), (data_crcs, frame_start + HEADER_BYTES + example_len)):
+        out[where[:, None] + np.arange(4)] = crcs.astype("<u4").view(np.uint8).reshape(n, 4)
+    return out, frame_len
+
+
+def _mask(crcs: np.ndarray) -> np.ndarray:
+    """TFRecord's masking of crc32c values, for an array of them."""
+    crcs = crcs.astype(np.uint32)
+    return ((crcs >> np.uint32(15)) | (crcs << np.uint32(17))) + np.uint32(_MASK_DELTA)
+
+
+def encode_records(columns: dict[str, np.ndarray], kinds: dict[str, str],
+                   order: Sequence[str] | None = None) -> bytes:
+    """Framed TFRecord bytes of N Examples, one per row of the columns (see :func:`encode_frames`)."""
+    return encode_frames(columns, kinds, order)[0].tobytes()
 
 
 # ---------------------------------------------------------------- framing
@@ -418,7 +527,7 @@ def example_spans(data: np.ndarray, starts: np.ndarray, ends: np.ndarray,
     return kind, span_start, span_end, ok
 
 
-def _ragged_gather(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+def ragged_gather(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Concatenation of ``data[starts[i]:starts[i] + lengths[i]]`` over i."""
     total = int(lengths.sum())
     if total == 0:
@@ -438,7 +547,7 @@ def decode_varint_rows(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray
     """
     n = len(starts)
     out = np.zeros((n, width), np.int64)
-    stream = _ragged_gather(data, starts, lengths)
+    stream = ragged_gather(data, starts, lengths)
     if len(stream) == 0:
         return out, np.zeros(n, np.int64)
     if len(stream) == n * width and stream.max() < 0x80 and (lengths == width).all():
@@ -482,6 +591,6 @@ def decode_float_rows(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
     counts = np.where(lengths % 4 == 0, lengths // 4, -1)
     good = counts == width
     if good.any():
-        raw = _ragged_gather(data, starts[good], lengths[good])
+        raw = ragged_gather(data, starts[good], lengths[good])
         out[good] = raw.view("<f4").reshape(-1, width)
     return out, counts

@@ -82,10 +82,16 @@ def train_wordpiece(documents: Iterable[list[str]], vocab_size: int, out_path: s
     take ids 0-4 ([PAD] first, so padding is id 0), then come the characters,
     their ``##`` forms and the learned pieces. The file is written under a
     temporary name and renamed, so a reader never sees half a vocab.
+
+    ``documents`` is read twice, streaming (the alphabet first, then the
+    training), so memory does not grow with the corpus: pass a list, or an
+    object whose ``__iter__`` reads its files afresh, not a one-shot iterator.
     """
     if vocab_size <= len(SPECIAL_TOKENS):
         raise DataError(f"vocab_size={vocab_size} leaves no room beyond the special tokens")
-    documents = list(documents)
+    if iter(documents) is documents:
+        raise TypeError("train_wordpiece reads the documents twice: give a list or a re-iterable "
+                        f"object, not a one-shot {type(documents).__name__}")
     tokenizer = _bert_pipeline(
         Tokenizer(models.WordPiece(unk_token=UNK, continuing_subword_prefix=CONTINUATION,
                                    max_input_chars_per_word=MAX_WORD_CHARS)), lowercase)
@@ -151,8 +157,14 @@ def load_tokenizer(vocab_path: str | Path, lowercase: bool = True) -> Tokenizer:
     """
     # A duplicated token keeps its last id, as in BERT's load_vocab.
     vocab = {token: i for i, token in enumerate(read_vocab(vocab_path))}
+    return tokenizer_for_vocab(vocab, lowercase, vocab_path)
+
+
+def tokenizer_for_vocab(vocab: dict[str, int], lowercase: bool = True,
+                        source: str | Path = "the vocab") -> Tokenizer:
+    """:func:`load_tokenizer` for a vocab already read (token → id); ``source`` names it in errors."""
     if UNK not in vocab:
-        raise DataError(f"{vocab_path}: the vocab has no {UNK} token")
+        raise DataError(f"{source}: the vocab has no {UNK} token")
     model = models.WordPiece(vocab, unk_token=UNK, continuing_subword_prefix=CONTINUATION,
                              max_input_chars_per_word=MAX_WORD_CHARS)
     return _bert_pipeline(Tokenizer(model), lowercase)

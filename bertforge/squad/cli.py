@@ -188,7 +188,8 @@ def cmd_ask(args: argparse.Namespace, extra: list[str]) -> int:
     examples = [example_from_text(q, args.context, f"q{i}") for i, q in enumerate(questions)]
     features = convert_examples_to_features(examples, tokenizer, seq_len, squad.doc_stride,
                                             squad.max_query_length)
-    start, end = predict_logits(model, features, squad.predict_batch_size)
+    start, end = predict_logits(model, features, squad.predict_batch_size,
+                                trim_padding=squad.trim_padding)
     predictions, nbest = postprocess(examples, features, start, end, squad.n_best_size,
                                      squad.max_answer_length, do_lower_case=lowercase)
     for example in examples:
@@ -198,8 +199,10 @@ def cmd_ask(args: argparse.Namespace, extra: list[str]) -> int:
               f"probability {best['probability']:.4f})")
     if args.compare_hf:
         hf_start, hf_end = hf_logits(model, args.model, features)
-        diff = max(float(np.abs(hf_start - start).max()), float(np.abs(hf_end - end).max()))
-        print(f"max |logit difference| vs transformers.BertForQuestionAnswering: {diff:.3e}")
+        real = features.input_mask.astype(bool)  # padding logits are not computed when trimming
+        diff = max(float(np.abs(hf_start - start)[real].max()), float(np.abs(hf_end - end)[real].max()))
+        print(f"max |logit difference| at real positions vs transformers.BertForQuestionAnswering: "
+              f"{diff:.3e}")
     return 0
 
 

@@ -16,9 +16,22 @@ section of the YAML config and from ``--squad.*`` overrides; the sequence
 length is ``data.seq_len`` and lower-casing ``data.lowercase``.
 
 A fine-tuned model directory holds ``model.safetensors`` (our parameter names,
-which are Hugging Face's), ``config.json`` (so that ``load_model(dir,
-head="qa")`` and ``transformers`` both load it), ``config.yaml`` (the resolved
-run config), ``squad.yaml`` and ``vocab.txt``.
+which are Hugging Face's), ``config.yaml`` (the resolved run config, which
+``load_model(dir, head="qa")`` reads), ``config.json`` (only so that
+``transformers.BertForQuestionAnswering.from_pretrained(dir)`` loads it as it
+is), ``squad.yaml`` and ``vocab.txt``.
+
+Prediction sorts the windows by length and cuts each batch to its longest
+real sequence (``squad.trim_padding``, on by default): the logits at real
+positions are those of the padded batch, since padding is masked out of
+attention, and padding positions get :data:`PADDING_LOGIT` instead of a
+computed logit. That differs from ``run_squad.py`` in one respect: there the
+``n_best_size`` highest logits of a window are taken over all positions, so a
+padding position with a high logit can take a place among them (and is then
+discarded as outside the context). A fine-tuned model scores padding far below
+real tokens (the training softmax includes it), so the answers are the same;
+an untrained head does not. ``--squad.trim_padding false`` computes every
+position, exactly as the reference.
 """
 
 from __future__ import annotations
@@ -56,7 +69,7 @@ from ..config import (
 from ..data.tokenizer import load_tokenizer, vocab_size_of
 from ..fileio import atomic_directory
 from ..model import BertForQuestionAnswering
-from ..train import autocast, resolve_device
+from ..train import StepContext, autocast, resolve_device
 from .data import (
     SquadError,
     SquadExample,
@@ -67,6 +80,8 @@ from .data import (
 from .postprocess import MAX_ANSWER_LENGTH, N_BEST_SIZE, postprocess, write_predictions
 
 DEFAULT_CONFIG = "squad_base"
+# Logit of a padding position that was not computed: below any computed logit.
+PADDING_LOGIT = float(np.finfo(np.float32).min)
 
 
 @dataclass
@@ -79,6 +94,7 @@ class SquadConfig:
     max_answer_length: int = MAX_ANSWER_LENGTH
     predict_batch_size: int = 32
     max_questions: int = 0  # > 0: use only the first this many training questions
+    trim_padding: bool = True  # predict only real positions (see the module docstring)
 
 
 def _set_squad(squad: SquadConfig, key: str, value: Any, source: str = "") -> None:
@@ -216,10 +232,40 @@ def qa_loss(start_logits: torch.Tensor, end_logits: torch.Tensor, start_position
     return (start + end) / 2
 
 
-def _batch(features: SquadFeatures, rows: Any, device: torch.device) -> dict[str, torch.Tensor]:
-    batch = {"input_ids": torch.from_numpy(features.input_ids[rows]),
-             "token_type_ids": torch.from_numpy(features.segment_ids[rows]),
-             "attention_mask": torch.from_numpy(features.input_mask[rows])}
+def qa_train_step(ctx: StepContext, micro_batches: Sequence[dict[str, torch.Tensor]]) -> torch.Tensor:
+    """Forward and backward over the micro-batches, then one optimizer step.
+
+    Returns the step's loss (the mean over the micro-batches) as a tensor, so
+    the caller decides when to wait for the device.
+    """
+    step_loss = torch.zeros((), device=ctx.device)
+    for batch in micro_batches:
+        with autocast(ctx.device, ctx.precision):
+            start, end = ctx.model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+        loss = qa_loss(start, end, batch["start_positions"], batch["end_positions"]) / len(micro_batches)
+        (ctx.scaler.scale(loss) if ctx.scaler is not None else loss).backward()
+        step_loss += loss.detach()
+    if ctx.scaler is not None:
+        ctx.scaler.unscale_(ctx.optimizer)
+    if ctx.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(ctx.model.parameters(), ctx.grad_clip)
+    if ctx.scaler is not None:
+        ctx.scaler.step(ctx.optimizer)
+        ctx.scaler.update()
+    else:
+        ctx.optimizer.step()
+    ctx.scheduler.step()
+    ctx.optimizer.zero_grad(set_to_none=True)
+    return step_loss
+
+
+def _batch(features: SquadFeatures, rows: Any, device: torch.device, width: int | None = None
+           ) -> dict[str, torch.Tensor]:
+    """Rows of the features as tensors; only the first ``width`` positions when given."""
+    columns = slice(None, width)
+    batch = {"input_ids": torch.from_numpy(features.input_ids[rows, columns]),
+             "token_type_ids": torch.from_numpy(features.segment_ids[rows, columns]),
+             "attention_mask": torch.from_numpy(features.input_mask[rows, columns])}
     if features.start_positions is not None:
         batch["start_positions"] = torch.from_numpy(features.start_positions[rows])
         batch["end_positions"] = torch.from_numpy(features.end_positions[rows])
@@ -228,23 +274,33 @@ def _batch(features: SquadFeatures, rows: Any, device: torch.device) -> dict[str
 
 @torch.inference_mode()
 def predict_logits(model: nn.Module, features: SquadFeatures, batch_size: int = 32,
-                   device: torch.device | str = "cpu", precision: str = "fp32"
-                   ) -> tuple[np.ndarray, np.ndarray]:
-    """(start, end) logits, float32 arrays of shape (len(features), seq_len), in eval mode."""
+                   device: torch.device | str = "cpu", precision: str = "fp32",
+                   trim_padding: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """(start, end) logits, float32 arrays of shape (len(features), seq_len), in eval mode.
+
+    With ``trim_padding`` the features are batched longest first, each batch
+    is cut to its longest real sequence, and padding positions hold
+    :data:`PADDING_LOGIT`; rows come back in the features' order either way.
+    """
     device = torch.device(device)
     was_training = model.training
     model.eval()
-    starts, ends = [], []
-    for first in range(0, len(features), batch_size):
-        batch = _batch(features, slice(first, first + batch_size), device)
+    count, width = features.input_ids.shape
+    start_logits = np.full((count, width), PADDING_LOGIT, np.float32)
+    end_logits = np.full((count, width), PADDING_LOGIT, np.float32)
+    # Real tokens come first in every window (run_squad pads at the end).
+    lengths = features.input_mask.sum(axis=1)
+    order = np.argsort(-lengths, kind="stable") if trim_padding else np.arange(count)
+    for first in range(0, count, batch_size):
+        rows = order[first:first + batch_size]
+        used = int(lengths[rows].max()) if trim_padding else width
+        batch = _batch(features, rows, device, used)
         with autocast(device, precision):
             start, end = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
-        starts.append(start.float().cpu().numpy())
-        ends.append(end.float().cpu().numpy())
+        start_logits[rows, :used] = start.float().cpu().numpy()
+        end_logits[rows, :used] = end.float().cpu().numpy()
     model.train(was_training)
-    width = features.input_ids.shape[1]
-    empty = np.zeros((0, width), np.float32)
-    return (np.concatenate(starts) if starts else empty), (np.concatenate(ends) if ends else empty)
+    return start_logits, end_logits
 
 
 def predict(model: nn.Module, examples: list[SquadExample], tokenizer: Any, seq_len: int,
@@ -253,7 +309,8 @@ def predict(model: nn.Module, examples: list[SquadExample], tokenizer: Any, seq_
     """Predictions and n-best lists for ``examples``: features, logits, post-processing."""
     features = convert_examples_to_features(examples, tokenizer, seq_len, squad.doc_stride,
                                             squad.max_query_length)
-    start, end = predict_logits(model, features, squad.predict_batch_size, device, precision)
+    start, end = predict_logits(model, features, squad.predict_batch_size, device, precision,
+                                squad.trim_padding)
     return postprocess(examples, features, start, end, squad.n_best_size, squad.max_answer_length,
                        do_lower_case=lowercase)
 
@@ -313,6 +370,7 @@ def finetune(cfg: Config, squad: SquadConfig, init: str | Path, train_file: str 
     optimizer = build_optimizer(model, t)
     scheduler = build_scheduler(optimizer, t, total)
     scaler = torch.amp.GradScaler(device.type) if cfg.execution.precision == "fp16" else None
+    ctx = StepContext(model, optimizer, scheduler, device, cfg.execution.precision, t.grad_clip, scaler)
     out_dir = Path(out_dir) if out_dir else (
         Path(cfg.log.run_dir) / (cfg.log.name or datetime.now().strftime("squad-%Y%m%d-%H%M%S")))
     log(f"fine-tuning {init} on {questions} questions ({len(features)} features, {skipped} answers "
@@ -327,25 +385,8 @@ def finetune(cfg: Config, squad: SquadConfig, init: str | Path, train_file: str 
             if step == total:
                 break
             rows = order[k * t.global_batch_size:(k + 1) * t.global_batch_size]
-            step_loss = torch.zeros((), device=device)
-            for micro in np.split(rows, accumulation):
-                batch = _batch(features, np.sort(micro), device)
-                with autocast(device, cfg.execution.precision):
-                    start, end = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
-                loss = qa_loss(start, end, batch["start_positions"], batch["end_positions"]) / accumulation
-                (scaler.scale(loss) if scaler is not None else loss).backward()
-                step_loss += loss.detach()
-            if scaler is not None:
-                scaler.unscale_(optimizer)
-            if t.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
-            if scaler is not None:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            micro_batches = [_batch(features, np.sort(micro), device) for micro in np.split(rows, accumulation)]
+            step_loss = qa_train_step(ctx, micro_batches)
             step += 1
             losses.append(step_loss.item())
             if cfg.log.every > 0 and (step % cfg.log.every == 0 or step == total):

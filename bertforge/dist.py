@@ -1,0 +1,280 @@
+"""Processes, devices and model wrapping: one code path from one process to many nodes.
+
+    python -m bertforge pretrain ...                                  # one process
+    torchrun --nproc_per_node 8 -m bertforge pretrain --execution.parallel fsdp ...
+
+``init_distributed`` reads RANK, WORLD_SIZE and LOCAL_RANK (set by torchrun)
+and joins the process group: gloo on the CPU, NCCL (plus gloo for host
+tensors) on CUDA, each rank on ``cuda:LOCAL_RANK``. ``prepare_model`` applies
+``execution``: recomputation, then ``ddp`` (DistributedDataParallel),
+``fsdp`` (FSDP2: ``fully_shard`` per encoder layer, then the root; with
+``offload`` parameters, gradients and optimizer state live in host memory and
+are streamed to the device layer by layer), then ``torch.compile``.
+
+``offload`` needs ``parallel: fsdp``: FSDP2 is what streams the host-held
+shards to the device. In a single process ``ddp`` and ``fsdp`` run on a
+one-rank process group, so the same config works with and without torchrun.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .config import ConfigError, ExecutionConfig
+from .model import BertLayer, set_recompute
+
+DEFAULT_COMPILE_CACHE = "~/.cache/bertforge/compile"
+
+_owns_group = False  # whether this module made the process group (and so destroys it)
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Where this process stands: its rank among ``world_size`` and its device."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"environment variable {name}={value!r} is not an integer") from None
+
+
+def resolve_device(name: str, local_rank: int = 0, world_size: int = 1) -> torch.device:
+    """The device ``execution.device`` names for local rank ``local_rank`` (cuda → cuda:LOCAL_RANK)."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"execution.device={name} but no CUDA device is available")
+        if device.index is not None and world_size > 1:
+            raise ConfigError(f"execution.device={name} names one GPU for {world_size} processes; "
+                              f"use cuda or auto (rank r of a node takes cuda:LOCAL_RANK)")
+        device = torch.device("cuda", local_rank if device.index is None else device.index)
+    return device
+
+
+def _backend(device: torch.device) -> str:
+    # NCCL for device tensors; gloo beside it for host tensors (offloaded shards, objects).
+    return "cuda:nccl,cpu:gloo" if device.type == "cuda" else "gloo"
+
+
+def init_distributed(device: str = "auto") -> DistContext:
+    """This process's rank, world size and device; joins the process group under torchrun.
+
+    ``device`` is ``execution.device`` (auto | cpu | cuda | cuda:N). Under
+    torchrun (WORLD_SIZE set) the default process group is initialised from
+    the environment unless the caller already did; a single process gets no
+    group until ``prepare_model`` needs one.
+    """
+    global _owns_group
+    world_size = _env_int("WORLD_SIZE", 1)
+    rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
+    if not 0 <= rank < world_size:
+        raise ConfigError(f"RANK={rank} is not in 0..WORLD_SIZE-1={world_size - 1}")
+    target = resolve_device(device, local_rank, world_size)
+    if target.type == "cuda":
+        torch.cuda.set_device(target)
+    if "WORLD_SIZE" in os.environ and not dist.is_initialized():
+        dist.init_process_group(_backend(target))
+        _owns_group = True
+    if dist.is_initialized():
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+    return DistContext(rank, world_size, local_rank, target)
+
+
+def _ensure_process_group(ctx: DistContext) -> None:
+    """DDP and FSDP need a process group; a single process gets one of its own."""
+    global _owns_group
+    if dist.is_initialized():
+        return
+    if ctx.world_size != 1:
+        raise RuntimeError(f"world size {ctx.world_size} but no process group; call init_distributed first")
+    dist.init_process_group(_backend(ctx.device), store=dist.HashStore(), rank=0, world_size=1)
+    _owns_group = True
+
+
+def destroy_distributed() -> None:
+    """Leave the process group if this module joined it (a caller's own group is left alone)."""
+    global _owns_group
+    if _owns_group and dist.is_initialized():
+        dist.destroy_process_group()
+    _owns_group = False
+
+
+# ------------------------------------------------------------ collectives
+# Each is a no-op in a single process, so the training loop calls them unconditionally.
+
+def broadcast(ctx: DistContext, obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank (any picklable object)."""
+    if ctx.world_size == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def from_main(ctx: DistContext, make: Any) -> Any:
+    """``make()`` run on rank 0 only; its result, or its exception, reaches every rank.
+
+    For what exactly one process must do (make the run directory, read a
+    checkpoint's name): the others never wait forever for a rank that failed.
+    """
+    result, error = None, None
+    if ctx.is_main:
+        try:
+            result = make()
+        except Exception as err:  # noqa: BLE001 - handed to every rank below
+            error = err
+    result, error = broadcast(ctx, (result, error))
+    if error is not None:
+        raise error
+    return result
+
+
+def barrier(ctx: DistContext) -> None:
+    if ctx.world_size > 1:
+        dist.barrier()
+
+
+def mean_over_ranks(ctx: DistContext, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The mean of each 0-dim tensor over the ranks, in one all-reduce."""
+    if ctx.world_size == 1:
+        return values
+    stacked = torch.stack([v.float() for v in values.values()])
+    dist.all_reduce(stacked)
+    return dict(zip(values, (stacked / ctx.world_size).unbind()))
+
+
+def write_error(run_dir: Path, ctx: DistContext) -> Path:
+    """The current exception's traceback in ``run_dir/error_rank{N}.log``: one file per rank."""
+    path = Path(run_dir) / f"error_rank{ctx.rank}.log"
+    path.write_text(traceback.format_exc(), encoding="utf-8")
+    return path
+
+
+# ------------------------------------------------------------ model wrapping
+
+def check_execution(execution: ExecutionConfig, world_size: int) -> None:
+    """Combinations of execution settings and world size that cannot work, as ConfigErrors."""
+    if execution.parallel == "none" and world_size > 1:
+        raise ConfigError(f"{world_size} processes were launched but execution.parallel=none; "
+                          f"use --execution.parallel ddp or fsdp")
+    if execution.offload and execution.parallel != "fsdp":
+        raise ConfigError(f"execution.offload=true needs execution.parallel=fsdp, not "
+                          f"{execution.parallel} (FSDP2 streams the host-held shards to the device; "
+                          f"it also runs in a single process)")
+    if execution.parallel == "fsdp" and execution.precision == "fp16":
+        raise ConfigError("execution.precision=fp16 is not supported with execution.parallel=fsdp "
+                          "(its loss scaler would need sharded inf checks); use bf16")
+
+
+def prepare_model(model: nn.Module, execution: ExecutionConfig, ctx: DistContext) -> nn.Module:
+    """The model as training runs it: recomputation, then DDP or FSDP2, then torch.compile.
+
+    Weights to start from must be loaded before (every rank builds the same
+    model from the same seed). Build the optimizer afterwards, over
+    ``unwrap(result).parameters()``: under FSDP those are the sharded
+    parameters. The result's ``forward`` is the model's.
+    """
+    check_execution(execution, ctx.world_size)
+    set_recompute(model, execution.recompute)
+    if execution.parallel == "fsdp":
+        _ensure_process_group(ctx)
+        model = _fully_shard(model, ctx, execution.offload)
+    elif execution.parallel == "ddp":
+        _ensure_process_group(ctx)
+        model = nn.parallel.DistributedDataParallel(
+            model.to(ctx.device), device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+    else:
+        model = model.to(ctx.device)
+    if execution.compile:
+        use_compile_cache(execution.compile_cache)
+        model = torch.compile(model)
+    return model
+
+
+def _fully_shard(model: nn.Module, ctx: DistContext, offload: bool) -> nn.Module:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+
+    mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
+    # Pinned host memory speeds up host-device copies; there is none to pin without a GPU.
+    policy = CPUOffloadPolicy(pin_memory=ctx.device.type == "cuda") if offload else OffloadPolicy()
+    if not offload:
+        model.to(ctx.device)
+    # One unit per encoder layer: a layer's full weights exist only while it runs.
+    for layer in [m for m in model.modules() if isinstance(m, BertLayer)]:
+        fully_shard(layer, mesh=mesh, offload_policy=policy)
+    # The root unit holds the embeddings and the heads, so the MLM decoder's
+    # tied weight is the word embedding's, gathered once per forward.
+    fully_shard(model, mesh=mesh, offload_policy=policy)
+    # Our outputs (logits) are views; nothing modifies them in place, which is what this warns of.
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+    return model
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model itself under torch.compile and DDP (FSDP2 shards in place: nothing to strip)."""
+    model = getattr(model, "_orig_mod", model)
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        model = model.module
+    return model
+
+
+def is_sharded(model: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(unwrap(model), FSDPModule)
+
+
+def gradient_sync(model: nn.Module, enabled: bool) -> contextlib.AbstractContextManager:
+    """DDP all-reduces gradients only when ``enabled`` (the last micro-batch of a step).
+
+    FSDP2 reduce-scatters every micro-batch: the gradients then stay sharded,
+    which is the memory FSDP is used to save.
+    """
+    inner = getattr(model, "_orig_mod", model)
+    if not enabled and isinstance(inner, nn.parallel.DistributedDataParallel):
+        return inner.no_sync()
+    return contextlib.nullcontext()
+
+
+def use_compile_cache(path: str) -> Path:
+    """Point Inductor's caches (FX graphs, AOT autograd, kernels) at a persistent directory.
+
+    A second run with the same model and shapes then loads the compiled
+    graphs instead of compiling them again.
+    """
+    cache = Path(path or DEFAULT_COMPILE_CACHE).expanduser()
+    cache.mkdir(parents=True, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    inductor_config.fx_graph_cache = True
+    functorch_config.enable_autograd_cache = True
+    return cache

@@ -1,0 +1,438 @@
+"""Memory planner: how much memory one rank needs to pre-train a config.
+
+    bertforge plan --config pretrain_large_512_phase2 --device-memory 80GB --world-size 8 \
+        --execution.parallel fsdp --execution.recompute layer
+
+The counterpart of the IPU applications' compile-only memory report, computed
+from the config alone (nothing is allocated). Per rank, in bytes:
+
+* parameters: fp32 master weights (autocast keeps fp32 weights);
+* gradients: fp32, one per parameter;
+* optimizer state: LAMB and AdamW keep two fp32 moments per parameter;
+* activations: the peak of what autograd keeps for the backward pass of one
+  micro-batch, counted op by op from model.py (see ``_layer_activations``),
+  plus the layer being recomputed and the gradients in flight in the backward;
+* workspace: optimizer temporaries (optim.py's LAMB makes three
+  parameter-sized lists per step), DDP gradient buckets, FSDP's gathered
+  layers;
+* overhead: what the runtime holds besides tensors (CUDA context and library
+  workspaces on a GPU; interpreter and kernel libraries on the CPU).
+
+The device total is the peak over the step, not the sum of the lines: the
+activations are gone before the optimizer step and most gradients appear only
+as the activations are freed. ``phases`` gives both peaks.
+
+Parallel modes: ``ddp`` replicates everything and adds bucket buffers the size
+of the gradients; ``fsdp`` (FSDP2, ``fully_shard`` per encoder layer, then the
+root) divides parameters, gradients and optimizer state by the world size and
+adds the unsharded parameters of the root and of two layers (the current one
+and the one prefetched); ``offload`` moves the sharded parameters, gradients,
+optimizer state and the optimizer step to the host.
+
+Attention: on CUDA (with a padding mask and dropout) SDPA runs the
+memory-efficient kernel, which keeps q, k, v, its output and a logsumexp,
+O(B·T·H); on the CPU with dropout SDPA takes the math path and keeps the
+(T × T) probabilities, its dropout mask and the dropped probabilities, in fp32.
+Dropout masks are bool on CUDA (fused kernel) and of the dropped tensor's
+dtype on the CPU.
+
+``bench.LiveTensorBytes`` measures the same quantity on the CPU: the bytes of
+live tensor storages, op by op, with its peak. The tests and
+benchmarks/memory.py hold the planner to it. This module imports no torch, so
+planning is instant.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .config import Config, ConfigError, ModelConfig
+
+FP32 = 4
+# What the runtime holds besides tensors. CUDA: context, cuBLAS/cuDNN and NCCL
+# workspaces and allocator slack, about 1 GiB on current GPUs. CPU: kernel
+# libraries and autograd machinery loaded on the first step, calibrated against
+# the peak resident set of a training step (benchmarks/memory.py).
+RUNTIME_OVERHEAD = {"cuda": 1 << 30, "cpu": 64 << 20}
+
+
+# ------------------------------------------------------------ parameter counts
+
+def layer_parameters(m: ModelConfig) -> int:
+    """One encoder layer: q, k, v, attention output, intermediate, output, two LayerNorms."""
+    H, I = m.hidden_size, m.intermediate_size
+    return 4 * (H * H + H) + 2 * H + (H * I + I) + (I * H + H) + 2 * H
+
+
+def embedding_parameters(m: ModelConfig) -> int:
+    H = m.hidden_size
+    return (m.vocab_size + m.max_position_embeddings + m.type_vocab_size) * H + 2 * H
+
+
+def head_parameters(m: ModelConfig) -> int:
+    """Pooler, MLM transform and bias (the decoder is tied to the word embeddings), NSP."""
+    H = m.hidden_size
+    return (H * H + H) + (H * H + H + 2 * H + m.vocab_size) + (2 * H + 2)
+
+
+def count_parameters(m: ModelConfig) -> int:
+    """Parameters of BertForPreTraining, equal to ``num_parameters(model)``."""
+    return embedding_parameters(m) + m.num_hidden_layers * layer_parameters(m) + head_parameters(m)
+
+
+def decayed_parameters(m: ModelConfig) -> int:
+    """Parameters in the weight-decay group (weights; not biases nor LayerNorm): the largest
+    bucket that one optimizer step works on at a time."""
+    H, I = m.hidden_size, m.intermediate_size
+    layer = 4 * H * H + 2 * H * I
+    return ((m.vocab_size + m.max_position_embeddings + m.type_vocab_size) * H
+            + m.num_hidden_layers * layer + 2 * H * H + 2 * H)
+
+
+# ------------------------------------------------------------ activations
+
+@dataclass
+class _Shapes:
+    B: int  # micro-batch
+    T: int  # sequence length
+    P: int  # masked positions per sequence
+    H: int
+    I: int
+    V: int
+    heads: int
+    e: int  # bytes of an autocast (matmul) element: 4 fp32, 2 bf16/fp16
+    mixed: bool
+    cuda: bool
+
+    @property
+    def N(self) -> int:  # tokens
+        return self.B * self.T
+
+    @property
+    def S(self) -> int:  # attention score elements
+        return self.B * self.heads * self.T * self.T
+
+    @property
+    def M(self) -> int:  # predicted positions
+        return self.B * self.P
+
+    def dropout_mask(self, elem_bytes: int) -> int:
+        """Bytes per element of a dropout mask: bool from CUDA's fused kernel; on the CPU a
+        scaled noise tensor of the input's dtype."""
+        return 1 if self.cuda else elem_bytes
+
+
+def _layer_activations(s: _Shapes) -> dict[str, int]:
+    """Bytes autograd keeps for one encoder layer, by block.
+
+    ``attention``: the self-attention internals and its inputs (dropped by
+    recompute=attention); ``attention_output``: projection, dropout, residual
+    LayerNorm; ``ffn``: intermediate, GELU, output, dropout, LayerNorm;
+    ``input``: the layer's input, all that a checkpointed region keeps.
+    """
+    N, H, I, e = s.N, s.H, s.I, s.e
+    nh = N * H
+    # q, k, v Linear inputs: the layer input itself in fp32; under autocast each
+    # Linear casts it separately (autocast caches casts of weights only).
+    qkv_inputs = (3 if s.mixed else 1) * nh * e
+    if s.cuda:
+        # Memory-efficient SDPA: q, k, v, logsumexp per head and row. Its output's
+        # layout makes the reshape a view, kept once, by the dense layer.
+        internals = 3 * nh * e + s.B * s.heads * math.ceil(s.T / 32) * 32 * FP32
+    else:
+        # Math SDPA, computed in fp32 on the CPU: scaled q, scaled k, v; softmax
+        # output, dropout noise, dropped probabilities.
+        internals = 3 * nh * FP32 + 3 * s.S * FP32
+    layer_norm = nh * FP32 + 2 * N * FP32  # input (the fp32 residual sum), mean and rstd
+    dropout = nh * s.dropout_mask(e)
+    # Under autocast the weights' bf16/fp16 casts are cached and kept for the backward.
+    casts = (lambda n: n * e) if s.mixed else (lambda n: 0)
+    return {
+        "attention": qkv_inputs + internals + casts(3 * H * H),
+        # the reshaped attention output kept by the dense layer, then dropout, LayerNorm
+        "attention_output": nh * e + dropout + layer_norm + casts(H * H),
+        # the dense input (LayerNorm output or its cast), GELU input and output
+        "ffn": nh * e + 2 * N * I * e + dropout + layer_norm + casts(2 * H * I),
+        "input": nh * FP32,
+    }
+
+
+def _backward_transients(s: _Shapes) -> tuple[int, int]:
+    """Gradients alive inside one layer's backward on top of what it saved, (feed-forward
+    block, attention block): in the first the GELU gradient and the incoming gradient; in the
+    second, where the feed-forward activations are already freed, on the math path two
+    (T × T) gradients at a time (dropped probabilities, probabilities, scores), else the
+    q, k, v gradients."""
+    nh = s.N * s.H * FP32
+    ffn = s.N * s.I * FP32 + nh
+    attention = 2 * s.S * FP32 + 2 * nh if not s.cuda else 4 * nh
+    return ffn, attention
+
+
+def _embedding_activations(s: _Shapes) -> int:
+    """LayerNorm input and statistics, dropout mask: kept to the end of the backward."""
+    nh = s.N * s.H
+    return nh * FP32 + 2 * s.N * FP32 + nh * s.dropout_mask(FP32)
+
+
+def _head_activations(s: _Shapes) -> int:
+    """The last hidden state, the MLM and NSP heads and the loss: freed first in the backward."""
+    nh = s.N * s.H
+    # fp32: the pooler's Linear keeps a view of the last hidden state ([CLS]
+    # rows), which keeps all of it; under autocast it keeps a cast of the rows.
+    last_hidden = 0 if s.mixed else nh * FP32
+    mh = s.M * s.H
+    # gathered rows, GELU in and out, LayerNorm output (in autocast: casts and
+    # the fp32 LayerNorm input), log-softmax output in fp32.
+    mlm_head = (4 * mh * FP32 if not s.mixed else mh * (3 * s.e + FP32)) + 2 * s.M * FP32
+    loss = s.M * s.V * FP32
+    decoder_weight_cast = s.V * s.H * s.e if s.mixed else 0
+    return last_hidden + mlm_head + loss + decoder_weight_cast
+
+
+@dataclass
+class MemoryPlan:
+    """Per-rank memory of one training step, in bytes. ``device_total`` and ``host_total`` are
+    peaks over the step; the lines above them are what each kind of tensor occupies at its own
+    peak. Where a line lives (device or host) is in ``location``. ``combined_peak`` is the peak
+    of device and host memory together, the number to compare where they are one memory (a
+    CPU run)."""
+
+    config: dict[str, Any]
+    num_parameters: int
+    parameters: int
+    gradients: int
+    optimizer_state: int
+    activations: int
+    workspace: int
+    overhead: int
+    device_total: int
+    host_total: int
+    combined_peak: int
+    location: dict[str, str] = field(default_factory=dict)
+    phases: dict[str, int] = field(default_factory=dict)
+    details: dict[str, int] = field(default_factory=dict)
+
+    def fits(self, device_memory: int) -> bool:
+        return self.device_total <= device_memory
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _device_type(cfg: Config) -> str:
+    """Plans are for the GPU unless the config names the CPU."""
+    return "cpu" if cfg.execution.device == "cpu" else "cuda"
+
+
+def plan_memory(cfg: Config, world_size: int = 1, device: str | None = None) -> MemoryPlan:
+    """Predict the per-rank memory of pre-training ``cfg`` on ``world_size`` ranks.
+
+    ``device`` is ``"cuda"`` or ``"cpu"``; by default the CPU when
+    ``execution.device`` is ``cpu``, else CUDA.
+    """
+    if world_size < 1:
+        raise ConfigError(f"world size must be at least 1, got {world_size}")
+    ex, m, tr = cfg.execution, cfg.model, cfg.train
+    parallel = ex.parallel
+    note = ""
+    if parallel == "none" and world_size > 1:
+        # Several ranks need a parallel mode; replication is what "none" becomes.
+        parallel = "ddp"
+        note = f"execution.parallel=none with {world_size} ranks: planned as ddp"
+    device = device or _device_type(cfg)
+    if device not in ("cuda", "cpu"):
+        raise ConfigError(f"device must be cuda or cpu, got {device!r}")
+    if ex.offload and parallel != "fsdp":
+        raise ConfigError("execution.offload needs execution.parallel=fsdp (FSDP2's CPU offload)")
+    mixed = ex.precision in ("bf16", "fp16")
+    s = _Shapes(B=tr.micro_batch_size, T=cfg.data.seq_len, P=cfg.data.max_predictions,
+                H=m.hidden_size, I=m.intermediate_size, V=m.vocab_size, heads=m.num_attention_heads,
+                e=2 if mixed else FP32, mixed=mixed, cuda=device == "cuda")
+    L = m.num_hidden_layers
+
+    n_params = count_parameters(m)
+    per_layer = layer_parameters(m) * FP32
+    root = (n_params - L * layer_parameters(m)) * FP32  # embeddings and heads: FSDP's root unit
+    shard = world_size if parallel == "fsdp" else 1
+    params = math.ceil(n_params / shard) * FP32
+    grads = params
+    optimizer_state = 2 * params  # two fp32 moments, LAMB and AdamW alike
+    # Optimizer temporaries, per bucket (the decay group is by far the largest):
+    # optim.py makes m̂, the denominator and the update (the denominator and the
+    # update without bias correction); torch's AdamW one sqrt(v) list.
+    if tr.optimizer == "lamb" or not tr.bias_correction:
+        lists = 3 if tr.bias_correction else 2
+    else:
+        lists = 1
+    optimizer_workspace = lists * math.ceil(decayed_parameters(m) / shard) * FP32
+    ddp_buckets = n_params * FP32 if parallel == "ddp" else 0
+    # FSDP2: the root stays unsharded from forward to backward; encoder layers are
+    # gathered one at a time with the next one prefetched; in the backward the
+    # unsharded gradients of a layer (and of the root) wait for the reduce-scatter.
+    gathered = root + 2 * per_layer if parallel == "fsdp" else 0
+    grads_in_flight = root + per_layer if parallel == "fsdp" else 0
+
+    # -------- activations and gradients through the backward pass
+    act = _layer_activations(s)
+    full_layer = act["attention"] + act["attention_output"] + act["ffn"]
+    stored_layer = {"none": full_layer,
+                    "attention": act["input"] + act["attention_output"] + act["ffn"],
+                    "layer": act["input"]}[ex.recompute]
+    ffn_transient, attention_transient = _backward_transients(s)
+    embeddings = _embedding_activations(s)
+    # The heads' gradients, with the tied decoder's: the word embeddings' gradient.
+    head_grad = n_params - L * layer_parameters(m) - embedding_parameters(m) + m.vocab_size * m.hidden_size
+
+    def grads_live(n_grad_params: int) -> int:  # on this rank while activations are live
+        return math.ceil(n_grad_params / shard) * FP32 + grads_in_flight
+
+    moments = []  # (activations, gradients, transient) at the peaks of the backward
+    stored_all = embeddings + _head_activations(s) + L * stored_layer
+    # Start of the backward: everything saved and the loss's two M × V gradients;
+    # then the log-softmax output is freed and the tied decoder weight's gradient made.
+    moments.append((stored_all, grads_live(0), 2 * s.M * s.V * FP32))
+    moments.append((stored_all, grads_live(head_grad), 0))
+    for i in reversed(range(L)):  # layer i's backward, recomputed if needed
+        below = embeddings + i * stored_layer
+        done = grads_live(head_grad + (L - 1 - i) * layer_parameters(m))
+        moments.append((below + full_layer, done, ffn_transient))
+        moments.append((below + full_layer - act["ffn"], done, attention_transient))
+    # End: the embedding's dense gradient and the sum with the decoder's, for the tied weight.
+    moments.append((embeddings, grads_live(n_params), 2 * m.vocab_size * m.hidden_size * FP32))
+    activations = max(a + t for a, _, t in moments)
+    backward_peak = max(a + g + t for a, g, t in moments)
+
+    offload = ex.offload
+    resident = params + optimizer_state  # through the whole step
+    device_fb = (0 if offload else resident + ddp_buckets) + gathered + (
+        max(a + t + grads_in_flight for a, _, t in moments) if offload else backward_peak)
+    optimizer_peak = resident + grads + optimizer_workspace + ddp_buckets
+    overhead = RUNTIME_OVERHEAD[device]
+    if offload:
+        device_total = device_fb + overhead
+        # The sharded state, its gradients (copied out after each reduce-scatter)
+        # and the optimizer step live on the host.
+        host_total = optimizer_peak
+    else:
+        device_total = max(device_fb, optimizer_peak) + overhead
+        host_total = 0
+    # Device and host together, peak over the step: what one memory holds when the
+    # device is the CPU (the two totals above peak at different times under offload).
+    combined_peak = max(resident + ddp_buckets + gathered + backward_peak, optimizer_peak) + overhead
+    where = "host" if offload else "device"
+    return MemoryPlan(
+        config={"world_size": world_size, "parallel": parallel, "note": note, "recompute": ex.recompute,
+                "offload": offload, "precision": ex.precision, "device": device,
+                "micro_batch_size": s.B, "seq_len": s.T, "max_predictions": s.P,
+                "optimizer": tr.optimizer, "layers": L, "hidden_size": s.H},
+        num_parameters=n_params,
+        parameters=params, gradients=grads, optimizer_state=optimizer_state,
+        activations=activations,
+        workspace=optimizer_workspace + ddp_buckets + gathered,
+        overhead=overhead, device_total=device_total, host_total=host_total,
+        combined_peak=combined_peak,
+        location={"parameters": where, "gradients": where, "optimizer_state": where,
+                  "activations": "device", "workspace": "device" if not offload else "device+host"},
+        phases={"forward_backward": device_fb, "optimizer_step": optimizer_peak},
+        details={"optimizer_workspace": optimizer_workspace, "ddp_buckets": ddp_buckets,
+                 "fsdp_gathered_parameters": gathered, "fsdp_unsharded_gradients": grads_in_flight,
+                 "saved_activations": stored_all,
+                 "layer_saved": stored_layer, "layer_full": full_layer},
+    )
+
+
+# ------------------------------------------------------------ sizes and the table
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+          "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """``80GB`` (10⁹), ``80GiB`` or ``80G`` (2³⁰), ``81920MB``, ``1.5e9``, plain bytes → bytes."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]*)\s*", str(text), re.IGNORECASE)
+    if not match or match.group(2).lower() not in _UNITS:
+        raise ConfigError(f"--device-memory: cannot read {text!r} as a size "
+                          f"(examples: 80GB, 80GiB, 81920MB, 85899345920)")
+    value = float(match.group(1)) * _UNITS[match.group(2).lower()]
+    if value <= 0:
+        raise ConfigError(f"--device-memory: {text!r} must be positive")
+    return int(value)
+
+
+def format_bytes(n: int) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} B"
+
+
+def format_plan(plan: MemoryPlan, device_memory: int | None = None) -> str:
+    c = plan.config
+    lines = [(f"memory per rank: {plan.num_parameters / 1e6:.1f}M parameters, {c['layers']} layers, "
+              f"hidden {c['hidden_size']}; micro-batch {c['micro_batch_size']} × seq {c['seq_len']} "
+              f"({c['max_predictions']} predictions), {c['precision']}, {c['optimizer']}"),
+             (f"world size {c['world_size']}, parallel {c['parallel']}, recompute {c['recompute']}, "
+              f"offload {'on' if c['offload'] else 'off'}, device {c['device']}")]
+    if c["note"]:
+        lines.append(f"note: {c['note']}")
+    lines.append("")
+    rows = [("parameters (fp32)", plan.parameters, plan.location["parameters"]),
+            ("gradients (fp32)", plan.gradients, plan.location["gradients"]),
+            ("optimizer state", plan.optimizer_state, plan.location["optimizer_state"]),
+            ("activations (peak)", plan.activations, "device"),
+            ("workspace", plan.workspace, plan.location["workspace"]),
+            ("runtime overhead", plan.overhead, "device")]
+    for name, value, where in rows:
+        lines.append(f"  {name:<22}{format_bytes(value):>14}   {where}")
+    lines.append(f"  {'':<22}{'-' * 14}")
+    lines.append(f"  {'device total (peak)':<22}{format_bytes(plan.device_total):>14}")
+    lines.append(f"  {'host total (peak)':<22}{format_bytes(plan.host_total):>14}")
+    lines.append("  (totals are peaks over the step: forward/backward "
+                 f"{format_bytes(plan.phases['forward_backward'])}, optimizer step "
+                 f"{format_bytes(plan.phases['optimizer_step'])}; not the sum of the lines)")
+    if device_memory is not None:
+        verdict = "fits" if plan.fits(device_memory) else "does not fit"
+        lines.append("")
+        lines.append(f"{verdict} in {format_bytes(device_memory)} of device memory "
+                     f"({100 * plan.device_total / device_memory:.0f}% used)")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------ the command
+
+def add_plan_command(sub: Any, config_help: str, epilog: str) -> None:
+    """``bertforge plan``: registered by cli.py next to the other commands."""
+    p = sub.add_parser(
+        "plan", help="memory per rank of a pre-training config, and whether it fits",
+        epilog=epilog + " Exit status: 0, or 1 when --device-memory is given and the plan does "
+                        "not fit; 2 for a mistake in the arguments.",
+        description="Predict per-rank memory (parameters, gradients, optimizer state, "
+                    "activations) of pre-training a config, from the config alone.")
+    p.add_argument("--config", help=config_help + " (default: the built-in defaults)")
+    p.add_argument("--world-size", type=int, default=1, help="ranks (processes), default 1")
+    p.add_argument("--device-memory", help="memory of one device: 80GB, 80GiB, 81920MB or bytes")
+    p.add_argument("--device", choices=("cuda", "cpu"),
+                   help="what runs the step (default: cpu if execution.device is cpu, else cuda)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_plan, takes_overrides=True)
+
+
+def cmd_plan(args: Any, extra: list[str]) -> int:
+    import json
+
+    from .cli import _config_from_args
+
+    device_memory = parse_size(args.device_memory) if args.device_memory is not None else None
+    cfg = _config_from_args(args, extra, default=None)
+    plan = plan_memory(cfg, world_size=args.world_size, device=args.device)
+    fits = plan.fits(device_memory) if device_memory is not None else None
+    if args.json:
+        print(json.dumps({**plan.to_dict(), "device_memory": device_memory, "fits": fits}))
+    else:
+        print(format_plan(plan, device_memory))
+    return 1 if fits is False else 0

@@ -1,0 +1,313 @@
+"""Distributed training on the CPU: torchrun with 2 gloo ranks against one process.
+
+The runs are BERT-tiny on synthetic sequences of 32 tokens, a global batch of
+16 in micro-batches of 4: one process accumulates 4 micro-batches per step,
+two ranks accumulate 2 each. Dropout stays on: its masks are seeded per
+micro-batch of the global batch, so every world size draws the same ones.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from bertforge.checkpoint import CheckpointError, find_checkpoint, load_model
+from bertforge.config import ConfigError, ExecutionConfig
+from bertforge.dist import check_execution
+from bertforge.optim import Lamb
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS = 4
+
+
+# ------------------------------------------------------------ LAMB on shards
+
+def _lamb_on_shards(rank: int, world_size: int, store_path: str, queue) -> None:
+    from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world_size), rank=rank,
+                            world_size=world_size)
+    try:
+        mesh = init_device_mesh("cpu", (world_size,))
+        weights, grads = _lamb_problem()
+        params = [torch.nn.Parameter(distribute_tensor(w, mesh, [Shard(0)])) for w in weights]
+        opt = Lamb(params, lr=0.1, weight_decay=0.01, max_trust_ratio=0.0)
+        for step_grads in grads:
+            for p, g in zip(params, step_grads):
+                p.grad = distribute_tensor(g, mesh, [Shard(0)])
+            opt.step()
+        result = [p.detach().full_tensor() for p in params]
+        if rank == 0:
+            queue.put([t.numpy() for t in result])
+    finally:
+        dist.destroy_process_group()
+
+
+def _lamb_problem():
+    """Weights of uneven shapes (one with fewer rows than ranks) and two steps of gradients."""
+    gen = torch.Generator().manual_seed(3)
+    shapes = [(5, 3), (1, 4), (7,), (2, 2)]
+    weights = [torch.randn(s, generator=gen) * (i + 1) for i, s in enumerate(shapes)]
+    # Rows of very different size: a trust ratio from one rank's part would be far off.
+    weights[0][:3] *= 10.0
+    grads = [[torch.randn(s, generator=gen) for s in shapes] for _ in range(2)]
+    return weights, grads
+
+
+def test_lamb_trust_ratio_on_shards_is_the_whole_tensors(tmp_path):
+    queue = mp.get_context("spawn").SimpleQueue()
+    mp.spawn(_lamb_on_shards, args=(2, str(tmp_path / "store"), queue), nprocs=2)
+    sharded = [torch.from_numpy(a) for a in queue.get()]
+
+    weights, grads = _lamb_problem()
+    params = [torch.nn.Parameter(w.clone()) for w in weights]
+    opt = Lamb(params, lr=0.1, weight_decay=0.01, max_trust_ratio=0.0)
+    for step_grads in grads:
+        for p, g in zip(params, step_grads):
+            p.grad = g.clone()
+        opt.step()
+    for got, want, start in zip(sharded, params, weights):
+        assert torch.allclose(got, want.detach(), rtol=1e-6, atol=1e-7)
+        assert not torch.allclose(got, start, rtol=1e-3)  # the steps moved the weights
+
+    # The same steps with the norms of rank 0's rows only end elsewhere: the check can fail.
+    local = [torch.nn.Parameter(w[:3].clone()) for w in weights[:1]]
+    opt = Lamb(local, lr=0.1, weight_decay=0.01, max_trust_ratio=0.0)
+    for step_grads in grads:
+        local[0].grad = step_grads[0][:3].clone()
+        opt.step()
+    assert not torch.allclose(local[0].detach(), sharded[0][:3], rtol=1e-3)
+
+
+# ------------------------------------------------------------ whole runs
+
+def run_args(run_dir: Path, name: str, parallel: str = "none", *extra: str) -> list[str]:
+    return ["pretrain", "--config", "tiny", "--data.synthetic", "--steps", str(STEPS), "--no-progress",
+            "--run-dir", str(run_dir), "--name", name, "--data.seq_len", "32", "--data.max_predictions", "5",
+            "--train.micro_batch_size", "4", "--train.global_batch_size", "16", "--train.warmup_steps", "1",
+            "--log.every", "1", "--log.tensorboard", "false", "--execution.threads", "1",
+            "--execution.parallel", parallel, "--checkpoint.every", "2", "--checkpoint.keep", "0", *extra]
+
+
+def torchrun(args: list[str], nproc: int = 2) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--standalone",
+           "-m", "bertforge", *args]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+def run_here(args: list[str]) -> None:
+    from bertforge.cli import main
+
+    assert main(args) == 0
+
+
+def train_rows(run_dir: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if r.get("split") != "eval"]
+
+
+def losses(run_dir: Path) -> list[float]:
+    return [r["loss"] for r in train_rows(run_dir)]
+
+
+def interrupted_copy(run_dir: Path, to: Path, at_step: int) -> Path:
+    """The run as it was when checkpoint ``at_step`` was its newest."""
+    shutil.copytree(run_dir, to)
+    for step_dir in (to / "checkpoints").iterdir():
+        if int(step_dir.name.removeprefix("step_")) > at_step:
+            shutil.rmtree(step_dir)
+    rows = train_rows(run_dir)[:at_step]
+    (to / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return to
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One process (accumulating 4 micro-batches), and ddp and fsdp on 2 ranks (2 each)."""
+    root = tmp_path_factory.mktemp("dist")
+    run_here(run_args(root, "single"))
+    for parallel in ("ddp", "fsdp"):
+        result = torchrun(run_args(root, parallel, parallel))
+        assert result.returncode == 0, result.stderr[-4000:]
+    return root
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_two_ranks_give_the_losses_of_one_process(runs, parallel):
+    single, parallel_rows = train_rows(runs / "single"), train_rows(runs / parallel)
+    assert [r["step"] for r in parallel_rows] == list(range(1, STEPS + 1))  # rank 0 alone logs
+    assert len({r["loss"] for r in single}) == STEPS  # the loss moves: the comparison means something
+    assert [r["loss"] for r in parallel_rows] == pytest.approx([r["loss"] for r in single], rel=1e-5)
+    # torch's fp32 norm of a 4M-element gradient is itself only good to ~1e-4.
+    assert [r["grad_norm"] for r in parallel_rows] == pytest.approx([r["grad_norm"] for r in single], rel=1e-4)
+    assert not list((runs / parallel).glob("error_rank*.log"))
+
+
+def test_fsdp_checkpoint_holds_shards_and_full_weights(runs):
+    step = find_checkpoint(runs / "fsdp")
+    assert step.name == f"step_{STEPS:08d}" and not (step / "optimizer.pt").exists()
+    assert sorted(p.name for p in (step / "sharded").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    fsdp, single = load_model(runs / "fsdp").state_dict(), load_model(runs / "single").state_dict()
+    assert fsdp.keys() == single.keys()
+    assert max((fsdp[k] - single[k]).abs().max().item() for k in fsdp) < 1e-5
+
+
+def test_fsdp_resume_is_exact(runs, tmp_path):
+    run = interrupted_copy(runs / "fsdp", tmp_path / "fsdp", at_step=2)
+    result = torchrun(["pretrain", "--resume", str(run), "--no-progress"])
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert losses(run) == losses(runs / "fsdp")
+    resumed, uninterrupted = load_model(run).state_dict(), load_model(runs / "fsdp").state_dict()
+    assert all(torch.equal(v, uninterrupted[k]) for k, v in resumed.items())
+
+
+@pytest.mark.parametrize("saved, resumed", [("ddp", "none"), ("ddp", "fsdp"), ("fsdp", "fsdp"), ("fsdp", "none")])
+def test_resume_on_one_rank_continues_the_two_rank_run(runs, tmp_path, saved, resumed):
+    # The in-memory data position counts micro-batches of all ranks; DCP reshards fsdp's
+    # state, and a full optimizer.pt is sharded on load.
+    run = interrupted_copy(runs / saved, tmp_path / saved, at_step=2)
+    run_here(["pretrain", "--resume", str(run), "--no-progress", "--execution.parallel", resumed])
+    assert losses(run) == pytest.approx(losses(runs / saved), rel=1e-5)
+    # Optimizer moments lost on the way would move the weights by ~lr = 1e-3.
+    after, uninterrupted = load_model(run).state_dict(), load_model(runs / saved).state_dict()
+    assert max((after[k] - uninterrupted[k]).abs().max().item() for k in after) < 1e-5
+
+
+def test_resume_with_record_shards_needs_the_same_world_size(runs):
+    from bertforge.train import check_resume
+
+    step = find_checkpoint(runs / "fsdp")
+    saved = torch.load(step / "trainer.pt", weights_only=True)
+    assert saved["world_size"] == 2 and saved["parallel"] == "fsdp"
+    with pytest.raises(CheckpointError, match=r"saved by 2 rank\(s\) and this run has 4: the position "
+                                              r"in record shards is per rank"):
+        check_resume(step, saved, 4, streamed=True)
+    check_resume(step, saved, 2, streamed=True)
+    check_resume(step, saved, 4, streamed=False)  # in memory: any world size
+
+
+@pytest.mark.parametrize("extra", [("--execution.recompute", "layer"), ("--execution.recompute", "attention"),
+                                   ("--execution.parallel", "fsdp", "--execution.offload", "true")],
+                         ids=["recompute-layer", "recompute-attention", "offload"])
+def test_recompute_and_offload_give_the_same_losses(runs, tmp_path, extra):
+    run_here(run_args(tmp_path, "run", "none", *extra))
+    assert losses(tmp_path / "run") == pytest.approx(losses(runs / "single"), rel=1e-6)
+
+
+def test_a_failing_rank_leaves_its_traceback(tmp_path):
+    # 16 sequences cannot be split into micro-batches of 16 on each of 2 ranks.
+    result = torchrun(run_args(tmp_path, "bad", "ddp", "--train.micro_batch_size", "16"))
+    assert result.returncode != 0
+    message = ("train.global_batch_size=16 is not a multiple of train.micro_batch_size × world size = 32 "
+               "(micro-batch 16 × 2 rank(s))")
+    assert message in result.stderr
+    for rank in (0, 1):
+        assert message in (tmp_path / "bad" / f"error_rank{rank}.log").read_text()
+
+
+# ------------------------------------------------------------ pieces
+
+def test_execution_settings_that_cannot_work_are_config_errors():
+    with pytest.raises(ConfigError, match="2 processes were launched but execution.parallel=none"):
+        check_execution(ExecutionConfig(parallel="none"), world_size=2)
+    with pytest.raises(ConfigError, match="execution.offload=true needs execution.parallel=fsdp, not ddp"):
+        check_execution(ExecutionConfig(parallel="ddp", offload=True), world_size=2)
+    with pytest.raises(ConfigError, match="execution.precision=fp16 is not supported with execution.parallel=fsdp"):
+        check_execution(ExecutionConfig(parallel="fsdp", precision="fp16"), world_size=1)
+    check_execution(ExecutionConfig(parallel="fsdp", offload=True), world_size=1)
+
+
+def test_batch_stream_ranks_split_each_step_of_one_process():
+    from bertforge.data import SyntheticDataset
+    from bertforge.train import BatchStream
+
+    data = SyntheticDataset(size=40, vocab_size=50, seq_len=8, max_predictions=2, seed=1)
+    one = BatchStream(data, batch_size=3, seed=7)  # 13 micro-batches per epoch: steps cross epochs
+    ranks = [BatchStream(data, batch_size=3, seed=7, rank=r, world_size=2) for r in (0, 1)]
+    for _ in range(9):  # steps of 4 micro-batches: 2 per rank
+        expected = [one.next()["input_ids"] for _ in range(4)]
+        got = [[s.next()["input_ids"] for _ in range(2)] for s in ranks]
+        assert all(torch.equal(a, b) for a, b in zip(expected, [got[0][0], got[1][0], got[0][1], got[1][1]]))
+        assert ranks[0].state() == ranks[1].state() == one.state()
+    assert one.state() == {"epoch": 2, "index": 10}
+    resumed = BatchStream(data, batch_size=3, seed=7, rank=1, world_size=2, **one.state())
+    one.next()
+    assert torch.equal(resumed.next()["input_ids"], one.next()["input_ids"])
+
+
+def test_record_shards_give_every_rank_the_same_number_of_batches(tmp_path):
+    from bertforge.data import SyntheticDataset
+    from bertforge.data.loader import RecordStream
+    from bertforge.data.records import write_records
+
+    arrays = SyntheticDataset(size=23, vocab_size=50, seq_len=8, max_predictions=2, seed=1).arrays
+    take = lambda rows: type(arrays)(**{k: getattr(arrays, k)[rows] for k in arrays.__dataclass_fields__})
+    files = [tmp_path / "a.native", tmp_path / "b.native"]
+    write_records(files[0], take(slice(0, 10)), fmt="native")
+    write_records(files[1], take(slice(10, 23)), fmt="native")  # 23 records: one left over for 2 ranks
+    streams = [RecordStream(files, 3, seed=5, rank=r, world_size=2, shuffle_buffer=4) for r in (0, 1)]
+    assert [s.batches_per_epoch for s in streams] == [3, 3]  # 11 records each, 3 batches of 3
+    seen = [[], []]
+    for _ in range(2 * 3):  # two epochs, batch by batch in step on both ranks
+        for r, s in enumerate(streams):
+            seen[r].append(s.next()["input_ids"])
+    assert streams[0].state() == streams[1].state() == {"epoch": 1, "index": 3}
+    first_epoch = [{tuple(row.tolist()) for b in seen[r][:3] for row in b} for r in (0, 1)]
+    assert len(first_epoch[0]) == len(first_epoch[1]) == 9 and not first_epoch[0] & first_epoch[1]
+
+
+# ------------------------------------------------------------ compilation
+
+COMPILE_ONCE = """
+import json, sys, torch
+import torch._dynamo.utils
+from bertforge.config import ExecutionConfig
+from bertforge.dist import DistContext, prepare_model
+torch.set_num_threads(1)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 1))
+model = prepare_model(model, ExecutionConfig(compile=True, compile_cache=sys.argv[1]), DistContext())
+model(torch.randn(4, 8)).sum().backward()
+print(json.dumps(dict(torch._dynamo.utils.counters["inductor"])))
+"""
+
+
+def test_compile_cache_persists_across_processes(tmp_path):
+    cache = tmp_path / "cache"
+
+    def compile_in_a_new_process() -> dict:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+        result = subprocess.run([sys.executable, "-c", COMPILE_ONCE, str(cache)], cwd=REPO, env=env,
+                                capture_output=True, text=True, timeout=300, check=False)
+        assert result.returncode == 0, result.stderr[-4000:]
+        return json.loads(result.stdout.strip().splitlines()[-1])
+
+    first = compile_in_a_new_process()
+    assert first.get("fxgraph_cache_miss", 0) >= 2 and first.get("fxgraph_cache_hit", 0) == 0  # forward, backward
+    assert any(cache.iterdir())
+    second = compile_in_a_new_process()
+    assert second.get("fxgraph_cache_hit", 0) >= 2 and second.get("fxgraph_cache_miss", 0) == 0
+
+
+@pytest.mark.skipif(not os.environ.get("BERTFORGE_SLOW_TESTS"),
+                    reason="compiles BERT-tiny: 40-80 s on 2 CPU cores; set BERTFORGE_SLOW_TESTS=1")
+def test_compiled_training_gives_the_same_losses(runs, tmp_path, monkeypatch):
+    import torch._inductor.config
+
+    # Inductor draws dropout masks with its own RNG unless told to use eager's.
+    monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
+    run_here(run_args(tmp_path, "compiled", "none", "--execution.compile", "true",
+                      "--execution.compile_cache", str(tmp_path / "cache")))
+    assert losses(tmp_path / "compiled") == pytest.approx(losses(runs / "single"), rel=1e-4)

@@ -1,0 +1,253 @@
+"""The memory planner against the model itself: parameter counts, and activation memory measured
+tensor by tensor (saved-tensor hooks and live storages) on the CPU."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from bertforge.bench import LiveTensorBytes
+from bertforge.cli import main
+from bertforge.config import ConfigError, load_config
+from bertforge.data import SyntheticDataset
+from bertforge.model import BertForPreTraining, num_parameters, set_recompute
+from bertforge.optim import build_optimizer, param_groups
+from bertforge.plan import (
+    count_parameters,
+    decayed_parameters,
+    parse_size,
+    plan_memory,
+)
+from bertforge.train import autocast, forward_loss
+
+
+def make_config(preset: str, batch: int = 2, seq_len: int = 128, predictions: int = 20,
+                recompute: str = "none", precision: str = "fp32", **execution):
+    overrides = [("data.seq_len", seq_len), ("data.max_predictions", predictions),
+                 ("train.micro_batch_size", batch), ("train.global_batch_size", batch),
+                 ("execution.recompute", recompute), ("execution.precision", precision),
+                 ("execution.device", "cpu")]
+    overrides += [(f"execution.{key}", value) for key, value in execution.items()]
+    return load_config(preset, overrides)
+
+
+def synthetic_batch(cfg):
+    data = SyntheticDataset(size=cfg.train.micro_batch_size, vocab_size=cfg.model.vocab_size,
+                            seq_len=cfg.data.seq_len, max_predictions=cfg.data.max_predictions)
+    return data.batch(list(range(cfg.train.micro_batch_size)))
+
+
+def measure_step(cfg) -> dict[str, int]:
+    """Bytes of live tensors made by the second training step (the first makes the optimizer
+    state): after the forward, peak through the backward, peak in the optimizer step."""
+    torch.manual_seed(0)
+    model = BertForPreTraining(cfg.model).train()
+    set_recompute(model, cfg.execution.recompute)
+    optimizer = build_optimizer(model, cfg.train)
+    batch = synthetic_batch(cfg)
+    device = torch.device("cpu")
+    result: dict[str, int] = {}
+
+    def step(tracker: LiveTensorBytes | None) -> None:
+        with autocast(device, cfg.execution.precision):
+            loss = forward_loss(model, batch)["loss"]
+        if tracker:
+            result["saved"] = tracker.live
+        loss.backward()
+        if tracker:
+            result["backward_peak"] = tracker.peak
+            tracker.reset_peak()
+        torch.nn.utils.clip_grad_norm_(list(model.parameters()), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if tracker:
+            result["optimizer_peak"] = tracker.peak
+
+    step(None)
+    with LiveTensorBytes() as tracker:
+        step(tracker)
+    return result
+
+
+# ------------------------------------------------------------ parameters and state
+
+@pytest.mark.parametrize("preset", ["tiny", "base", "large"])
+def test_parameter_and_state_bytes_are_exact(preset):
+    cfg = load_config(preset)
+    with torch.device("meta"):
+        model = BertForPreTraining(cfg.model)
+    n = num_parameters(model)
+    decay = sum(p.numel() for p in param_groups(model, 0.01)[0]["params"])
+    plan = plan_memory(cfg)
+    assert count_parameters(cfg.model) == n == plan.num_parameters
+    assert decayed_parameters(cfg.model) == decay
+    assert plan.parameters == plan.gradients == 4 * n
+    assert plan.optimizer_state == 8 * n  # two fp32 moments, LAMB or AdamW
+    assert plan_memory(load_config(preset, [("train.optimizer", "adamw")])).optimizer_state == 8 * n
+
+
+def test_base_and_large_sizes():
+    assert count_parameters(load_config("base").model) == 110_106_428
+    assert count_parameters(load_config("large").model) == 336_226_108
+
+
+def test_fsdp_divides_state_by_world_size():
+    cfg = make_config("large", parallel="fsdp")
+    n = count_parameters(cfg.model)
+    single, sharded = plan_memory(make_config("large")), plan_memory(cfg, world_size=8)
+    assert sharded.parameters == sharded.gradients == math.ceil(n / 8) * 4
+    assert sharded.optimizer_state == 2 * math.ceil(n / 8) * 4
+    assert sharded.activations == single.activations  # each rank still runs a whole micro-batch
+    assert sharded.device_total < single.device_total
+
+
+def test_fsdp_gathered_layers_are_root_plus_two_layers():
+    cfg = make_config("tiny", parallel="fsdp")
+    model = BertForPreTraining(cfg.model)
+    layer = sum(p.numel() for p in model.bert.encoder.layer[0].parameters())
+    root = num_parameters(model) - cfg.model.num_hidden_layers * layer
+    plan = plan_memory(cfg, world_size=4)
+    assert plan.details["fsdp_gathered_parameters"] == 4 * (root + 2 * layer)
+
+
+def test_offload_moves_state_to_host():
+    on_device = plan_memory(make_config("large", parallel="fsdp"), world_size=8)
+    offloaded = plan_memory(make_config("large", parallel="fsdp", offload=True), world_size=8)
+    state = offloaded.parameters + offloaded.gradients + offloaded.optimizer_state
+    assert offloaded.location["parameters"] == offloaded.location["optimizer_state"] == "host"
+    assert on_device.host_total == 0
+    assert offloaded.host_total == state + offloaded.details["optimizer_workspace"]
+    # What left the device is the sharded parameters, their optimizer state and the step's temporaries.
+    assert on_device.device_total - offloaded.device_total >= state - offloaded.gradients
+
+
+def test_offload_needs_fsdp():
+    with pytest.raises(ConfigError, match="fsdp"):
+        plan_memory(make_config("tiny", offload=True))
+
+
+def test_ddp_adds_gradient_buckets():
+    plain = plan_memory(make_config("base"))
+    ddp = plan_memory(make_config("base", parallel="ddp"), world_size=8)
+    assert ddp.parameters == plain.parameters
+    assert ddp.workspace - plain.workspace == plain.gradients
+
+
+def test_recompute_lowers_planned_activations_at_512():
+    none, layer, attention = (plan_memory(make_config("base", batch=8, seq_len=512, predictions=80,
+                                                      recompute=policy)).activations
+                              for policy in ("none", "layer", "attention"))
+    assert layer < attention < none
+    assert none / layer > 5
+
+
+# ------------------------------------------------------------ activations, measured
+
+def test_saved_tensors_match_the_plan():
+    """Sum of the distinct non-parameter storages that autograd saves in the forward
+    (saved-tensor hooks), against the planner's saved activations."""
+    cfg = make_config("mini", batch=2, seq_len=128)
+    torch.manual_seed(0)
+    model = BertForPreTraining(cfg.model).train()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    batch = synthetic_batch(cfg)
+    inputs = {t.untyped_storage().data_ptr() for t in batch.values()}
+    saved: dict[int, int] = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in params | inputs:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        forward_loss(model, batch)
+    planned = plan_memory(cfg).details["saved_activations"]
+    assert sum(saved.values()) == pytest.approx(planned, rel=0.01)
+
+
+@pytest.mark.parametrize("preset,seq_len,policy,precision", [
+    ("tiny", 256, "none", "fp32"),
+    ("tiny", 256, "layer", "fp32"),
+    ("tiny", 256, "attention", "fp32"),
+    ("tiny", 128, "none", "bf16"),
+    ("tiny", 128, "attention", "bf16"),
+])
+def test_step_memory_matches_the_plan(preset, seq_len, policy, precision):
+    cfg = make_config(preset, batch=2, seq_len=seq_len, recompute=policy, precision=precision)
+    measured = measure_step(cfg)
+    plan = plan_memory(cfg)
+    resident = plan.parameters + plan.optimizer_state  # made before the measured step
+    assert measured["saved"] == pytest.approx(plan.details["saved_activations"], rel=0.03)
+    assert measured["backward_peak"] == pytest.approx(plan.phases["forward_backward"] - resident, rel=0.05)
+    assert measured["optimizer_peak"] == pytest.approx(plan.phases["optimizer_step"] - resident, rel=0.01)
+
+
+def test_recompute_lowers_saved_memory_at_512():
+    """BERT-base layers (hidden 768, 12 heads) at sequence 512, four of them and a small vocab:
+    what the forward leaves for the backward, measured, per recompute policy."""
+    measured, planned = {}, {}
+    for policy in ("none", "layer", "attention"):
+        cfg = make_config("base", batch=1, seq_len=512, predictions=80, recompute=policy)
+        cfg.model.num_hidden_layers, cfg.model.vocab_size = 4, 1024
+        torch.manual_seed(0)
+        model = BertForPreTraining(cfg.model).train()
+        set_recompute(model, policy)
+        batch = synthetic_batch(cfg)
+        with LiveTensorBytes() as tracker:
+            loss = forward_loss(model, batch)["loss"]
+            measured[policy] = tracker.live
+        del loss
+        planned[policy] = plan_memory(cfg).details["saved_activations"]
+    assert measured["layer"] < measured["attention"] < measured["none"]
+    assert measured["none"] > 10 * measured["layer"]
+    for policy, saved in measured.items():
+        assert saved == pytest.approx(planned[policy], rel=0.02)
+
+
+# ------------------------------------------------------------ sizes and the command
+
+@pytest.mark.parametrize("text,expected", [
+    ("80GB", 80 * 10**9), ("80GiB", 80 * 2**30), ("80G", 80 * 2**30), ("81920MB", 81920 * 10**6),
+    ("85899345920", 85899345920), ("1.5e9", 1_500_000_000), ("512 mib", 512 * 2**20),
+])
+def test_parse_size(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["80XB", "lots", "", "-5GB", "0"])
+def test_parse_size_rejects(text):
+    with pytest.raises(ConfigError, match="--device-memory"):
+        parse_size(text)
+
+
+def test_plan_command_prints_a_table(capsys):
+    assert main(["plan", "--config", "pretrain_large_512_phase2", "--device-memory", "80GB",
+                 "--world-size", "8", "--execution.parallel", "fsdp",
+                 "--execution.recompute", "layer"]) == 0
+    out = capsys.readouterr().out
+    for line in ("parameters (fp32)", "gradients (fp32)", "optimizer state", "activations (peak)",
+                 "device total (peak)", "host total (peak)", "world size 8, parallel fsdp, recompute layer"):
+        assert line in out
+    assert "\nfits in 74.51 GiB" in out
+
+
+def test_plan_command_json_and_does_not_fit(capsys):
+    assert main(["plan", "--config", "base", "--device-memory", "1GiB", "--json",
+                 "--train.micro_batch_size", "64", "--train.global_batch_size", "64"]) == 1
+    result = json.loads(capsys.readouterr().out)
+    expected = plan_memory(load_config("base", [("train.micro_batch_size", 64),
+                                                ("train.global_batch_size", 64)]))
+    assert result["fits"] is False
+    assert result["device_memory"] == 2**30
+    assert result["device_total"] == expected.device_total
+    assert result["parameters"] == 4 * 110_106_428
+
+
+def test_plan_command_rejects_a_bad_device_memory(capsys):
+    assert main(["plan", "--config", "base", "--device-memory", "eighty"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'eighty'" in err and "--device-memory" in err
