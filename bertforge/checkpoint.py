@@ -26,6 +26,8 @@ looks complete. Everything is read back with safetensors,
 from __future__ import annotations
 
 import contextlib
+import io
+import pickle
 import shutil
 import warnings
 from pathlib import Path
@@ -114,8 +116,75 @@ def load_sharded_checkpoint(checkpoint: Path, model: nn.Module, optimizer: torch
     single = not torch.distributed.is_initialized()  # parallel none: this process reads every shard
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # that is the intent
-        dcp.load(state, checkpoint_id=checkpoint / SHARDED, no_dist=single)
+        dcp.load(state, storage_reader=_safe_reader(checkpoint / SHARDED), planner=_safe_planner(),
+                 no_dist=single)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+# torch.distributed.checkpoint unpickles its ``.metadata`` file and every
+# non-tensor value (the optimizer's step counts and hyperparameters) with no
+# restriction. These two read the same files with an allowlist and with
+# ``weights_only``, so a sharded checkpoint is as safe to resume as optimizer.pt.
+
+_METADATA_MODULES = ("torch.distributed.checkpoint.metadata",)
+_METADATA_GLOBALS = {("torch", "Size"), ("torch.serialization", "_get_layout"),
+                     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+                     ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("collections", "OrderedDict")}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        allowed = (module in _METADATA_MODULES or (module, name) in _METADATA_GLOBALS
+                   or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)))
+        if not allowed:
+            raise CheckpointError(f"sharded checkpoint metadata refers to {module}.{name}, "
+                                  f"which a checkpoint never needs; refusing to load it")
+        return super().find_class(module, name)
+
+
+def read_sharded_metadata(sharded: Path) -> Any:
+    """The ``.metadata`` of a torch.distributed.checkpoint directory, read with the allowlist."""
+    path = sharded / ".metadata"
+    try:
+        with open(path, "rb") as f:
+            return _MetadataUnpickler(f).load()
+    except CheckpointError:
+        raise
+    except (pickle.UnpicklingError, EOFError, AttributeError, ValueError) as err:
+        raise CheckpointError(f"{path}: not a readable checkpoint metadata file ({err})") from None
+
+
+def _safe_reader(sharded: Path) -> Any:
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    read_sharded_metadata(sharded)  # refuse a bad file here, with our error, before DCP wraps it
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:  # as the base, but with the allowlist
+            metadata = read_sharded_metadata(sharded)
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeReader(sharded)
+
+
+def _safe_planner() -> Any:
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+    from torch.distributed.checkpoint._traverse import set_element
+
+    class SafePlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:  # as the base, but weights_only
+            loaded = torch.load(value, weights_only=True)
+            fqn = read_item.dest_index.fqn
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[fqn], loaded)
+            else:
+                self.state_dict[fqn] = loaded
+
+    return SafePlanner()
 
 
 def load_full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer,

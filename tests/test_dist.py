@@ -173,6 +173,25 @@ def test_fsdp_resume_is_exact(runs, tmp_path):
     assert all(torch.equal(v, uninterrupted[k]) for k, v in resumed.items())
 
 
+class _RunsCode:
+    """Unpickling this would run a function: what a tampered checkpoint would carry."""
+
+    def __reduce__(self):
+        return (os.getcwd, ())
+
+
+def test_sharded_checkpoint_metadata_is_not_blindly_unpickled(runs, tmp_path, capsys):
+    import pickle
+
+    from bertforge.cli import main
+
+    run = interrupted_copy(runs / "fsdp", tmp_path / "fsdp", at_step=2)
+    metadata = find_checkpoint(run) / "sharded" / ".metadata"
+    metadata.write_bytes(pickle.dumps({"storage_data": _RunsCode()}))
+    assert main(["pretrain", "--resume", str(run), "--no-progress"]) == 2
+    assert "metadata refers to posix.getcwd, which a checkpoint never needs" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("saved, resumed", [("ddp", "none"), ("ddp", "fsdp"), ("fsdp", "fsdp"), ("fsdp", "none")])
 def test_resume_on_one_rank_continues_the_two_rank_run(runs, tmp_path, saved, resumed):
     # The in-memory data position counts micro-batches of all ranks; DCP reshards fsdp's
