@@ -2,6 +2,7 @@
 
     bertforge pretrain [--config NAME] [--steps N] [--resume RUN] [--section.key VALUE ...]
     bertforge bench pretrain --config tiny --batch-size 16 --seq-len 128 --steps 20 --json
+    bertforge bench squad --model base --batch-size 8 --seq-len 384 --json   # train + infer
     bertforge export CHECKPOINT OUT_DIR        # to a Hugging Face BERT directory
     bertforge config [--config NAME] [--section.key VALUE ...]   # print the resolved config
     bertforge data …                           # Wikipedia / text → records (see data/cli.py)

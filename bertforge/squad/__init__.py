@@ -14,12 +14,28 @@ can only come from the model::
     squad.evaluate(squad.load_json("dev-v1.1.json"), predictions)  # {"exact_match": …, "f1": …}
 """
 
-from .data import (DOC_STRIDE, MAX_QUERY_LENGTH, MAX_SEQ_LENGTH, SkippedAnswer, SquadError,
-                   SquadExample, SquadFeatures, convert_examples_to_features, example_from_text,
-                   load_json, parse_examples, read_examples)
+from .data import (
+    DOC_STRIDE,
+    MAX_QUERY_LENGTH,
+    MAX_SEQ_LENGTH,
+    SkippedAnswer,
+    SquadError,
+    SquadExample,
+    SquadFeatures,
+    convert_examples_to_features,
+    example_from_text,
+    load_json,
+    parse_examples,
+    read_examples,
+)
 from .metric import evaluate, exact_match_score, f1_score, normalize_answer
-from .postprocess import (MAX_ANSWER_LENGTH, N_BEST_SIZE, get_final_text, postprocess,
-                          write_predictions)
+from .postprocess import (
+    MAX_ANSWER_LENGTH,
+    N_BEST_SIZE,
+    get_final_text,
+    postprocess,
+    write_predictions,
+)
 
 __all__ = [
     "DOC_STRIDE", "MAX_ANSWER_LENGTH", "MAX_QUERY_LENGTH", "MAX_SEQ_LENGTH", "N_BEST_SIZE",

@@ -20,6 +20,7 @@ inference runs first, so training's peak includes it.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -66,7 +67,9 @@ def build_model(model: str | Path, cfg: Config) -> BertForQuestionAnswering:
         raise ConfigError(f"--model {model}: neither a preset ({', '.join(MODEL_PRESETS)}) "
                           "nor a model directory")
     torch.manual_seed(cfg.train.seed)  # a QA head the directory lacks is initialised from the seed
-    qa = load_model(model, head="qa")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a new QA head is expected for an encoder
+        qa = load_model(model, head="qa")
     cfg.model = qa.config
     return qa
 

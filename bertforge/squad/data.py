@@ -41,9 +41,9 @@ from __future__ import annotations
 import bisect
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np

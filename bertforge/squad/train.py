@@ -299,6 +299,9 @@ def predict_logits(model: nn.Module, features: SquadFeatures, batch_size: int = 
             start, end = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
         start_logits[rows, :used] = start.float().cpu().numpy()
         end_logits[rows, :used] = end.float().cpu().numpy()
+    if trim_padding:  # the padding of windows shorter than their batch's longest, too
+        padding = features.input_mask == 0
+        start_logits[padding] = end_logits[padding] = PADDING_LOGIT
     model.train(was_training)
     return start_logits, end_logits
 
