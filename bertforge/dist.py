@@ -19,6 +19,7 @@ one-rank process group, so the same config works with and without torchrun.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import traceback
 import warnings
@@ -121,6 +122,10 @@ def destroy_distributed() -> None:
     """Leave the process group if this module joined it (a caller's own group is left alone)."""
     global _owns_group
     if _owns_group and dist.is_initialized():
+        # DDP and FSDP objects hold the group; free them now, while the
+        # interpreter is whole, not in its teardown, where destroying the
+        # group's threads can abort the process.
+        gc.collect()
         dist.destroy_process_group()
     _owns_group = False
 

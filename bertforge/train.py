@@ -35,8 +35,9 @@ from .config import Config, ConfigError, accumulation_steps
 from .data import PretrainingDataset, SyntheticDataset, build_datasets, decode_sample, vocab_size_of
 from .data.loader import Prefetcher, RecordStream, is_records, masking_spec, record_files
 from .data.records import open_records, read_records
-from .dist import (DistContext, check_execution, destroy_distributed, from_main, gradient_sync, init_distributed,
-                   is_sharded, mean_over_ranks, prepare_model, resolve_device, unwrap, write_error)
+from .dist import (DistContext, barrier, check_execution, destroy_distributed, from_main, gradient_sync,
+                   init_distributed, is_sharded, mean_over_ranks, prepare_model, resolve_device, unwrap,
+                   write_error)
 from .log import MetricsLogger, ProgressBar, Throughput
 from .model import BertForPreTraining, num_parameters, pretraining_loss
 from .optim import build_optimizer, build_scheduler
@@ -323,7 +324,9 @@ def pretrain(cfg: Config) -> dict[str, Any]:
 
         resume_from, run_dir = from_main(dist, locate_run)  # one directory, named by rank 0
         try:
-            return train(cfg, dist, run_dir, resume_from, started)
+            summary = train(cfg, dist, run_dir, resume_from, started)
+            barrier(dist)  # no rank leaves the group while another still talks to it
+            return summary
         except Exception:
             write_error(run_dir, dist)
             raise
