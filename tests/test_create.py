@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import random
+
 import pytest
 from conftest import shared_data
 
@@ -23,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
 from data_prep import wiki_sample_text
 
 from bertforge.data import DataError
-from bertforge.data.create import (CreateStats, FastWordPiece, chunk_documents, create,
-                                   expand_inputs, generate, read_documents)
+from bertforge.data.create import (CreateStats, FastWordPiece, _read_ranges, chunk_ranges,
+                                   create, expand_inputs, generate, read_documents)
 from bertforge.data.instances import PretrainingArrays, truncated_lengths
 from bertforge.data.pick_eval import make_eval, pick_eval, pick_indices
 from bertforge.data.records import read_records
@@ -174,18 +176,29 @@ def test_not_utf8_names_file_and_offset(tmp_path, vocab):
     assert not out.parent.exists() or list(out.parent.iterdir()) == []  # no output, no temporary
 
 
-def test_chunks_are_bounded_and_cover_the_input(wiki_path):
+def test_chunks_are_bounded_and_cover_the_input(wiki_path, tmp_path):
     docs = list(read_documents([wiki_path]))
-    chunks = list(chunk_documents(docs, chunk_chars=50_000, min_docs=4))
-    assert [d for chunk in chunks for d in chunk] == docs
-    sizes = [sum(len(s) for d in chunk for s in d) for chunk in chunks]
+    chunks = list(chunk_ranges([wiki_path], chunk_bytes=50_000, min_docs=4))
+    per_chunk = [list(_read_ranges(chunk)) for chunk in chunks]
+    assert [d for chunk in per_chunk for d in chunk] == docs
     assert len(chunks) > 10
-    for chunk, size in zip(chunks[:-1], sizes):
-        assert len(chunk) >= 4 and size >= 50_000
-        # It ends with the document that crossed a bound, no later.
-        assert size - sum(map(len, chunk[-1])) < 50_000 or len(chunk) == 4
-    assert len(chunks[-1]) >= 4
-    assert list(chunk_documents(docs[:3], 10, min_docs=16)) == [docs[:3]]  # short corpus: one chunk
+    for ranges, chunk_docs in zip(chunks[:-1], per_chunk):
+        assert len(chunk_docs) >= 4 and sum(stop - start for _, start, stop in ranges) >= 50_000
+    assert len(per_chunk[-1]) >= 4
+    assert len(list(chunk_ranges([wiki_path], 1 << 40, min_docs=16))) == 1  # short corpus: one chunk
+    # Cuts fall only after blank lines (of spaces too), also across files and read blocks;
+    # a document runs on into the next file, and a remainder of blank lines is dropped.
+    rng = random.Random(0)
+    pieces = ["a b\n", "\n", " \n", "\t\r\n", "\u3000\n", "x\n", "Caf\u00e9\n", " y ", "\x0c\n"]
+    for trial in range(100):
+        files = []
+        for k in range(rng.randint(1, 3)):
+            files.append(tmp_path / f"{trial}-{k}.txt")
+            files[-1].write_text("".join(rng.choice(pieces) for _ in range(rng.randint(0, 40))))
+        docs = list(read_documents(files))
+        for chunk_bytes, min_docs, block in ((1, 1, 3), (10, 2, 7), (30, 3, 1 << 20)):
+            chunks = list(chunk_ranges(files, chunk_bytes, min_docs, block_bytes=block))
+            assert [d for c in chunks for d in _read_ranges(c)] == docs
 
 
 def test_expand_inputs(tmp_path):
@@ -382,7 +395,6 @@ def test_fast_mode_rows_and_document_boundaries(tmp_path, vocab, regrouped, seq_
     assert (arrays.input_ids[:, 0] == CLS).all()
     assert (arrays.input_ids[rows, a_len + 1] == SEP).all()
     assert (arrays.input_ids[rows, length - 1] == SEP).all()
-    assert ((arrays.input_ids == SEP).sum(axis=1) == 2).all()
     assert (arrays.input_ids[col >= length[:, None]] == 0).all()
     # Predictions: the reference's count, sorted distinct positions, never [CLS] or [SEP].
     count = np.minimum(max_predictions, np.maximum(1, np.round(length * 0.15))).astype(int)
@@ -402,6 +414,8 @@ def test_fast_mode_rows_and_document_boundaries(tmp_path, vocab, regrouped, seq_
     np.put_along_axis(original, arrays.masked_lm_positions,
                       np.where(weights > 0, arrays.masked_lm_ids,
                                np.take_along_axis(original, arrays.masked_lm_positions, 1)), 1)
+    # Two [SEP]s before masking (a random replacement may draw one: any id, as in the reference).
+    assert ((original == SEP).sum(axis=1) == 2).all()
     documents = FastWordPiece(vocab).encode_documents(list(read_documents([regrouped]))).as_lists()
     texts = [" " + " ".join(str(t) for s in d for t in s) + " " for d in documents]
     labels = arrays.next_sentence_labels
@@ -418,7 +432,7 @@ def test_fast_mode_rows_and_document_boundaries(tmp_path, vocab, regrouped, seq_
         else:  # B is another document's
             assert homes_b - homes_a, row
         checked[int(labels[row])] += 1
-    assert min(checked.values()) > 100
+    assert min(checked.values()) > 80  # about 300 rows checked, a third of them label 0
 
 
 def test_single_sentence_documents_always_take_a_random_next(tmp_path, vocab, wiki_path):

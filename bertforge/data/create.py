@@ -17,8 +17,8 @@ Two modes:
   (tokenizing is fast, see below).
 * ``fast`` -- the same distributions (next-sentence pairs, short sequences,
   80/10/10 masking; see :func:`.instances.create_arrays_fast`), drawn with
-  numpy, streaming: the documents are cut into chunks of at least
-  ``chunk_chars`` characters and ``MIN_CHUNK_DOCS`` documents, each chunk is
+  numpy, streaming: the input is cut after blank lines into chunks of at least
+  ``chunk_chars`` bytes and ``MIN_CHUNK_DOCS`` documents, each chunk is
   tokenized, paired, masked and shuffled with its own generator seeded by
   ``(seed, chunk index)``, and the chunks are written in order, so the output
   bytes do not depend on ``workers``. A random next sentence comes from
@@ -26,8 +26,9 @@ Two modes:
   their chunk (the loader shuffles across chunks). Memory is bounded by a few chunks,
   the tokenizer's cache and the longest document, whatever the corpus size.
   Each chunk is also encoded where it is made (:class:`.records.RecordEncoder`):
-  with ``workers`` > 1 the worker processes send finished record bytes, and
-  the parent only reads the text, deals out chunks and appends bytes to the files.
+  with ``workers`` > 1 each worker process reads its chunk's byte ranges itself and
+  leaves finished record bytes in a spool file, and the parent, one of the
+  workers itself, scans the input for cut points and appends those bytes to the files.
 
 Tokenization gives the ids of :func:`.tokenizer.encode_texts` (the reference
 ``FullTokenizer``'s), found with numpy and a cache (:class:`FastWordPiece`).
@@ -50,12 +51,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import glob
+import mmap
 import multiprocessing
 import os
 import random
 import re
 import string
 import sys
+import tempfile
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
@@ -71,10 +74,10 @@ from .records import FORMATS, EncodedRecords, RecordEncoder, RecordWriter
 from .tokenizer import MAX_WORD_CHARS, encode_texts, read_vocab, special_ids, tokenizer_for_vocab
 
 MODES = ("reference", "fast")
-CHUNK_CHARS = 1 << 18  # fast mode: characters of text per chunk
+CHUNK_CHARS = 1 << 18  # fast mode: bytes of text per chunk (characters, for ASCII)
 MIN_CHUNK_DOCS = 16  # ... and at least this many documents, so random next sentences vary
 REFERENCE_WRITE_BATCH = 4096  # reference mode pads and writes this many instances at a time
-IN_FLIGHT_PER_WORKER = 2  # fast mode: chunks queued or running per worker process
+IN_FLIGHT_PER_WORKER = 2  # fast mode: chunks queued or running per other worker process
 
 
 @dataclass(frozen=True)
@@ -162,20 +165,34 @@ def read_documents(files: Sequence[Path], block_bytes: int = 1 << 22) -> Iterato
     A document continues across files unless a blank line ends it. Bytes that
     are not UTF-8 are an error naming the file and byte offset.
     """
+    return _read_ranges([(str(path), 0, None) for path in files], block_bytes)
+
+
+def _read_ranges(ranges: Sequence[tuple[str, int, int | None]],
+                 block_bytes: int = 1 << 22) -> Iterator[list[str]]:
+    """:func:`read_documents` of byte ranges ``(path, start, stop)`` (``stop`` None: to the end).
+
+    Each range must start at a line start, and its first document continues the
+    previous range's last one as across files.
+    """
     current: list[str] = []
-    for path in files:
+    for path, start, stop in ranges:
         with open(path, "rb") as handle:
-            offset = 0  # of the first byte not decoded yet
+            handle.seek(start)
+            offset = start  # of the first byte not decoded yet
+            left = None if stop is None else stop - start
             rest = b""
             while True:
-                block = handle.read(block_bytes)
+                block = handle.read(block_bytes if left is None else min(block_bytes, left))
+                if left is not None:
+                    left -= len(block)
                 data = rest + block
                 if block:  # decode whole lines only: up to the last "\n"
                     cut = data.rfind(b"\n") + 1
                     if not cut:
                         rest = data
                         continue
-                elif data:  # the end of the file: its last line has no "\n"
+                elif data:  # the end of the range: its last line may have no "\n"
                     cut = len(data)
                 else:
                     break
@@ -202,31 +219,73 @@ def read_documents(files: Sequence[Path], block_bytes: int = 1 << 22) -> Iterato
         yield current
 
 
-def chunk_documents(documents: Iterable[list[str]], chunk_chars: int = CHUNK_CHARS,
-                    min_docs: int = MIN_CHUNK_DOCS) -> Iterator[list[list[str]]]:
-    """Consecutive documents in chunks of at least ``chunk_chars`` characters and ``min_docs``
-    documents each.
+# A line break, then a blank line of ASCII whitespace only: str.strip() removes all of it,
+# so a document ends there (a line of other Unicode spaces is blank too, but is no cut point).
+# The leading "\n" gives the regex a literal to search for: ten times faster than "^".
+_BLANK_LINE = re.compile(rb"\n[ \t\r\x0b\x0c]*\n")
+_NOT_SPACE = re.compile(rb"[^ \t\r\x0b\x0c\n]")
 
-    A short remainder at the end joins the last chunk rather than stand alone, so
-    that its documents still have others to draw random next sentences from.
+Range = tuple[str, int, int | None]  # (path, start, stop) of input bytes; stop None: to the end
+
+
+def chunk_ranges(files: Sequence[Path], chunk_bytes: int = CHUNK_CHARS,
+                 min_docs: int = MIN_CHUNK_DOCS, block_bytes: int = 1 << 22) -> Iterator[list[Range]]:
+    """The input cut after blank lines into chunks of at least ``chunk_bytes`` bytes and
+    ``min_docs`` documents each, as byte ranges for :func:`_read_ranges`.
+
+    Only bytes are scanned (a regex, no decoding, no Python per line), so a parent
+    of worker processes stays nearly idle: each worker reads its own text. The
+    document count is exact for ASCII blank lines; it only sizes chunks, and cuts
+    are always at true document ends. A short remainder at the end joins the last
+    chunk rather than stand alone, so that its documents still have others to draw
+    random next sentences from; a remainder of blank lines only is dropped.
     """
-    held: list[list[str]] | None = None  # a full chunk, kept until we know whether more follows
-    current: list[list[str]] = []
-    chars = 0
-    for document in documents:
-        current.append(document)
-        chars += sum(map(len, document))
-        if chars >= chunk_chars and len(current) >= min_docs:
-            if held is not None:
-                yield held
-            held, current, chars = current, [], 0
-    if held is not None and current and len(current) < min_docs:
-        held += current
-        current = []
-    if held is not None:
-        yield held
-    if current:
-        yield current
+    held: list[Range] | None = None  # a full chunk, kept until we know whether more follows
+    done: list[Range] = []  # the current chunk's ranges in earlier files
+    size = docs = 0  # bytes of the current chunk in earlier files; its documents so far
+    in_document = False  # a non-blank line since the last document end
+    for path in map(str, files):
+        start = 0  # of the current chunk in this file
+        with open(path, "rb") as handle:
+            base = 0  # the file offset of data[0]
+            rest = b""  # the last line break seen and the partial line after it
+            while True:
+                block = handle.read(block_bytes)
+                data = rest + block
+                if not block:  # the file's last line, when it has no "\n", may be blank
+                    tail = data[data.rfind(b"\n") + 1:]
+                    if _NOT_SPACE.search(tail):
+                        in_document = True
+                    elif tail and in_document:
+                        in_document, docs = False, docs + 1
+                    base += len(data)
+                    break
+                cut = data.rfind(b"\n") + 1  # whole lines only
+                scanned = 0
+                for blank in _BLANK_LINE.finditer(data, 0, cut):
+                    if in_document or _NOT_SPACE.search(data, scanned, blank.start()):
+                        in_document, docs = False, docs + 1
+                        end = base + blank.end()
+                        if size + end - start >= chunk_bytes and docs >= min_docs:
+                            if held is not None:
+                                yield held
+                            held, done, size, docs, start = done + [(path, start, end)], [], 0, 0, end
+                    scanned = blank.end()
+                if _NOT_SPACE.search(data, scanned, cut):
+                    in_document = True
+                keep = max(cut - 1, 0)  # from the last "\n": a blank line may follow it
+                base, rest = base + keep, data[keep:]
+        if base > start:
+            done.append((path, start, base))
+            size += base - start
+    docs += in_document
+    if held is not None and docs and docs < min_docs:
+        yield held + done
+    else:
+        if held is not None:
+            yield held
+        if docs:
+            yield done
 
 
 # ---------------------------------------------------------------- tokenizing
@@ -612,6 +671,33 @@ class ChunkResult:
     sentences: int
     tokens: int
     empty_documents: int
+    spooled: _Spooled | None = None  # records left in a spool file by a worker (then no records)
+
+
+@dataclass
+class _Spooled:
+    """A chunk's records in a file of the spool directory, grouped for round-robin output.
+
+    Group r holds rows r, r + N, r + 2N, … of the chunk (N output files), so
+    that whichever file each row lands in, a file's share is one contiguous run.
+    Files rather than pipes: the bytes cross from worker to parent with one
+    copy each way and no pickling, and the parent, which shares the cores with
+    the workers, does almost nothing but append them.
+    """
+
+    path: str
+    group_bytes: list[int]
+    group_counts: list[int]
+    group_max_ids: list[int]
+
+    @classmethod
+    def write(cls, records: EncodedRecords, path: str, num_files: int) -> _Spooled:
+        groups = [records.take(slice(r, None, num_files)) for r in range(num_files)]
+        with open(path, "wb") as file:
+            for group in groups:
+                file.write(group.data)
+        return cls(path, [len(g.data) for g in groups], [len(g) for g in groups],
+                   [int(g.max_ids.max(initial=-1)) for g in groups])
 
 
 class _ChunkMaker:
@@ -623,9 +709,9 @@ class _ChunkMaker:
         self.key = _maker_key(options, encoder)
         self.tokenizer = FastWordPiece(vocab, options.lowercase)
 
-    def __call__(self, index: int, documents: list[list[str]]) -> ChunkResult:
+    def __call__(self, index: int, ranges: list[Range]) -> ChunkResult:
         o = self.options
-        chunk = self.tokenizer.encode_documents(documents)
+        chunk = self.tokenizer.encode_documents(list(_read_ranges(ranges)))
         rng = np.random.default_rng([o.seed, index])  # depends on the chunk, not the process
         arrays = create_arrays_fast(
             chunk.tokens, chunk.sentence_offsets, chunk.document_offsets, seq_len=o.seq_len,
@@ -655,11 +741,16 @@ def _start_worker(vocab: Path, options: CreateOptions, encoder: RecordEncoder | 
         _WORKER = _ChunkMaker(vocab, options, encoder)
 
 
-def _run_chunk(index: int, documents: list[list[str]]) -> ChunkResult:
+def _run_chunk(index: int, ranges: list[Range], spool: str | None,
+               num_files: int) -> ChunkResult:
     assert _WORKER is not None, "worker not initialised"
-    result = _WORKER(index, documents)
+    result = _WORKER(index, ranges)
     if result.arrays is not None:
         result.arrays = _Compact.of(result.arrays)  # type: ignore[assignment]
+    if result.records is not None and spool is not None:
+        result.spooled = _Spooled.write(result.records, os.path.join(spool, f"{index}.part"),
+                                        num_files)
+        result.records = None
     return result
 
 
@@ -708,36 +799,67 @@ def _default_start_method() -> str:
     return "fork" if sys.platform == "linux" else "spawn"
 
 
-def _fast_chunks(chunks: Iterator[list[list[str]]], vocab: Path, options: CreateOptions,
-                 encoder: RecordEncoder | None, workers: int,
-                 start_method: str | None) -> Iterator[ChunkResult]:
-    """Results in chunk order; with workers > 1, IN_FLIGHT_PER_WORKER × workers chunks in flight."""
+def _fast_chunks(chunks: Iterator[list[Range]], vocab: Path, options: CreateOptions,
+                 encoder: RecordEncoder | None, workers: int, start_method: str | None,
+                 spool: str | None = None, num_files: int = 1) -> Iterator[ChunkResult]:
+    """Results in chunk order, made by ``workers`` processes: this one and workers - 1 others.
+
+    This process is one of the workers rather than a dispatcher beside them:
+    with as many workers as cores, a third busy process would take turns with
+    them. Its own share of the work fills the time it would spend waiting: it
+    makes a chunk itself whenever the others have IN_FLIGHT_PER_WORKER queued
+    each and the next result is not ready. The others leave encoded records in
+    ``spool`` (a directory), when given, grouped for ``num_files`` output files.
+    """
     global _WORKER
+    maker = _ChunkMaker(vocab, options, encoder)
     if workers <= 1:
-        maker = _ChunkMaker(vocab, options, encoder)
-        for index, documents in enumerate(chunks):
-            yield maker(index, documents)
+        for index, ranges in enumerate(chunks):
+            yield maker(index, ranges)
         return
     method = start_method or _default_start_method()
-    if method == "fork":  # build the tokenizer once, here; the workers get a copy when forked
-        _WORKER = _ChunkMaker(vocab, options, encoder)
+    if method == "fork":  # the workers get a copy of the tokenizer when forked
+        _WORKER = maker
+    queued_per_pool = IN_FLIGHT_PER_WORKER * (workers - 1)
     try:
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method),
+        with ProcessPoolExecutor(workers - 1, mp_context=multiprocessing.get_context(method),
                                  initializer=_start_worker,
                                  initargs=(vocab, options, encoder)) as pool:
-            pending: deque[Future[ChunkResult]] = deque()
+            # In chunk order: the pool's futures, and results (or errors) made here.
+            pending: deque[Future[ChunkResult] | ChunkResult | Exception] = deque()
             try:
-                for index, documents in enumerate(chunks):
-                    pending.append(pool.submit(_run_chunk, index, documents))
-                    if len(pending) >= IN_FLIGHT_PER_WORKER * workers:
-                        yield _unpack(pending.popleft().result())
+                for index, ranges in enumerate(chunks):
+                    while pending and _is_ready(pending[0]):
+                        yield _result(pending.popleft())
+                    running = sum(isinstance(p, Future) and not p.done() for p in pending)
+                    if running < queued_per_pool:
+                        pending.append(pool.submit(_run_chunk, index, ranges, spool, num_files))
+                    else:
+                        try:
+                            pending.append(maker(index, ranges))
+                        except Exception as error:  # raised in order, as with one process
+                            pending.append(error)
+                            break
+                    if len(pending) >= 2 * IN_FLIGHT_PER_WORKER * workers:  # bounds memory
+                        yield _result(pending.popleft())
                 while pending:
-                    yield _unpack(pending.popleft().result())
+                    yield _result(pending.popleft())
             finally:
                 for future in pending:
-                    future.cancel()
+                    if isinstance(future, Future):
+                        future.cancel()
     finally:
         _WORKER = None
+
+
+def _is_ready(pending: Future[ChunkResult] | ChunkResult | Exception) -> bool:
+    return not isinstance(pending, Future) or pending.done()
+
+
+def _result(pending: Future[ChunkResult] | ChunkResult | Exception) -> ChunkResult:
+    if isinstance(pending, Exception):
+        raise pending
+    return _unpack(pending.result()) if isinstance(pending, Future) else pending
 
 
 def _unpack(result: ChunkResult) -> ChunkResult:
@@ -784,6 +906,23 @@ class _RoundRobin:
         for writer, rows in self._first_rows(len(records)):
             writer.write_encoded(records.take(rows))
 
+    def write_spooled(self, spooled: _Spooled, layout: tuple) -> None:
+        # Mapped, not read: the bytes are copied once, from the spool's pages to the output's.
+        with open(spooled.path, "rb") as file, contextlib.ExitStack() as stack:
+            os.unlink(spooled.path)  # before its pages are written back: disk sees only the output
+            size = sum(spooled.group_bytes)
+            data = (np.frombuffer(stack.enter_context(mmap.mmap(file.fileno(), size,
+                                                                access=mmap.ACCESS_READ)), np.uint8)
+                    if size else np.zeros(0, np.uint8))
+            ends = np.cumsum(spooled.group_bytes)
+            for writer, rows in self._first_rows(sum(spooled.group_counts)):
+                group = rows.start  # the rows of the chunk that go to this file
+                writer.write_encoded_bytes(layout, data[ends[group] - spooled.group_bytes[group]:
+                                                        ends[group]],
+                                           spooled.group_counts[group],
+                                           spooled.group_max_ids[group])
+            del data  # the map closes only when no array views it
+
 
 def _rows(arrays: PretrainingArrays, rows: slice) -> PretrainingArrays:
     if rows == slice(0, None, 1):
@@ -828,9 +967,20 @@ def create(inputs: Sequence[str | Path], vocab: str | Path, output: str | Path, 
         if mode == "reference":
             _create_reference(files, vocab, options, out, stats)
         else:
-            for result in _generate(files, vocab, options, writers[0].encoder, workers,
-                                    chunk_chars, start_method, stats):
-                out.write_encoded(result.records)
+            spool = None
+            if workers > 1:  # workers leave their records here for us to append
+                spool = stack.enter_context(tempfile.TemporaryDirectory(
+                    prefix=f".{paths[0].name}.spool-", dir=paths[0].parent))
+            encoder = writers[0].encoder
+            # Closed before the spool goes: no worker writes into it any more.
+            results = stack.enter_context(contextlib.closing(_generate(
+                files, vocab, options, encoder, workers, chunk_chars, start_method, stats,
+                spool, len(paths))))
+            for result in results:
+                if result.spooled is not None:
+                    out.write_spooled(result.spooled, encoder.layout)
+                else:
+                    out.write_encoded(result.records)
         stats.instances = out.count
         if stats.instances == 0:
             # Leaving the block by an exception discards the temporary files.
@@ -872,9 +1022,11 @@ def _check(options: CreateOptions, mode: str, workers: int, chunk_chars: int) ->
 
 def _generate(files: list[Path], vocab: Path, options: CreateOptions,
               encoder: RecordEncoder | None, workers: int, chunk_chars: int,
-              start_method: str | None, stats: CreateStats) -> Iterator[ChunkResult]:
-    chunks = chunk_documents(read_documents(files), chunk_chars)
-    for result in _fast_chunks(chunks, vocab, options, encoder, workers, start_method):
+              start_method: str | None, stats: CreateStats, spool: str | None = None,
+              num_files: int = 1) -> Iterator[ChunkResult]:
+    chunks = chunk_ranges(files, chunk_chars)
+    for result in _fast_chunks(chunks, vocab, options, encoder, workers, start_method, spool,
+                               num_files):
         stats.chunks += 1
         stats.documents += result.documents
         stats.sentences += result.sentences
@@ -932,7 +1084,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", dest="fmt", choices=("tfrecord", "native"), default="tfrecord")
     parser.add_argument("--num-output-files", type=int, default=1)
     parser.add_argument("--chunk-chars", type=int, default=CHUNK_CHARS,
-                        help="fast mode: characters of text per chunk")
+                        help="fast mode: bytes of text per chunk")
 
 
 def run(args: argparse.Namespace) -> int:

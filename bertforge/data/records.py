@@ -280,13 +280,22 @@ class RecordWriter:
 
     def write_encoded(self, records: EncodedRecords) -> None:
         """Append records encoded (and validated) by a :class:`RecordEncoder` of this layout."""
+        self.write_encoded_bytes(records.layout, records.data, len(records),
+                                 int(records.max_ids.max(initial=-1)))
+
+    def write_encoded_bytes(self, layout: tuple, data: np.ndarray, count: int, max_id: int) -> None:
+        """Append ``count`` whole records, ``data`` (uint8), that an encoder of ``layout`` made.
+
+        :meth:`write_encoded` without the per-record arrays: for records that
+        come as bytes from a file, with only their count and largest token id.
+        """
         self._check_open()
-        if records.layout != self.encoder.layout:
-            raise ValueError(f"{self.path}: records encoded for {records.layout} do not fit "
+        if layout != self.encoder.layout:
+            raise ValueError(f"{self.path}: records encoded for {layout} do not fit "
                              f"this file ({self.encoder.layout})")
         self._flush()
-        self.count += len(records)
-        self._append(records)
+        self.count += count
+        self._append_bytes(data, count, max_id)
 
     def _check_open(self) -> None:
         if not self._open:
@@ -302,12 +311,15 @@ class RecordWriter:
             self._append(self.encoder.encode(_rows(arrays, start, start + _CHUNK_ROWS), check=False))
 
     def _append(self, records: EncodedRecords) -> None:
-        if not len(records):
+        self._append_bytes(records.data, len(records), int(records.max_ids.max(initial=-1)))
+
+    def _append_bytes(self, data: np.ndarray, count: int, max_id: int) -> None:
+        if not count:
             return
         if self._native is not None:
-            self._native.append(records.data, len(records), int(records.max_ids.max()))
+            self._native.append(data, count, max_id)
         else:
-            self._file.write(records.data)
+            self._file.write(data)
 
     def close(self) -> Path:
         """Complete the file and move it into place."""
