@@ -29,9 +29,6 @@ import json
 import os
 import subprocess
 import sys
-import time
-
-import torch
 
 ROWS = ("none", "layer", "attention", "offload")
 
@@ -50,57 +47,15 @@ def make_config(args: argparse.Namespace, row: str):
 
 
 def worker(args: argparse.Namespace) -> dict:
-    from bertforge.bench import PeakMemory
-    from bertforge.data import SyntheticDataset
-    from bertforge.model import BertForPreTraining, set_recompute
-    from bertforge.optim import build_optimizer, build_scheduler
-    from bertforge.train import StepContext, train_step
+    from bertforge.bench import bench_pretrain
 
-    torch.set_num_threads(args.threads)
     cfg = make_config(args, args.worker)
-    device = torch.device("cpu")
-    data = SyntheticDataset(size=args.batch_size, vocab_size=cfg.model.vocab_size, seq_len=args.seq_len,
-                            max_predictions=args.predictions)
-    batch = data.batch(list(range(args.batch_size)))
-    if args.worker == "offload":
-        from bertforge.dist import (
-            destroy_distributed,
-            init_distributed,
-            prepare_model,
-            unwrap,
-        )
-
-        dist_ctx = init_distributed("cpu")
-    memory = PeakMemory(device)
-    torch.manual_seed(0)
-    model = BertForPreTraining(cfg.model).train()
-    if args.worker == "offload":
-        model = prepare_model(model, cfg.execution, dist_ctx)
-        optimizer = build_optimizer(unwrap(model), cfg.train)
-    else:
-        set_recompute(model, cfg.execution.recompute)
-        optimizer = build_optimizer(model, cfg.train)
-    ctx = StepContext(model, optimizer, build_scheduler(optimizer, cfg.train, args.steps), device,
-                      "fp32", cfg.train.grad_clip)
-    times = []
-    for _ in range(args.steps):
-        start = time.perf_counter()
-        loss = train_step(ctx, [batch])["loss"].item()
-        times.append(time.perf_counter() - start)
-    if args.worker == "offload":
-        destroy_distributed()
-    # The first step also allocates the optimizer state; time the later ones.
-    timed = times[1:] or times
-    return {"row": args.worker, "peak_mb": round(memory.peak_mb(), 1),
-            "step_s": round(sum(timed) / len(timed), 2), "loss": round(loss, 4)}
-
-
-def offload_available() -> bool:
-    try:
-        from bertforge import dist
-    except ImportError:
-        return False
-    return all(hasattr(dist, name) for name in ("init_distributed", "prepare_model", "unwrap"))
+    cfg.execution.threads = args.threads
+    # The first step also allocates the optimizer state: it runs untimed, the later ones are timed.
+    timed = max(args.steps - 1, 1)
+    result = bench_pretrain(cfg, args.batch_size, args.seq_len, timed, warmup=args.steps - timed)
+    return {"row": args.worker, "peak_mb": result["peak_mem_mb"],
+            "step_s": round(result["step_ms"] / 1000, 2), "loss": result["final_loss"]}
 
 
 FIXED_MMAP_THRESHOLD = {"MALLOC_MMAP_THRESHOLD_": str(128 * 1024)}
@@ -149,9 +104,6 @@ def main() -> None:
           f"{'plan: fwd/bwd':>15}{'optimizer':>11}{extra}  compared")
     results = []
     for row in args.rows:
-        if row == "offload" and not offload_available():
-            print("offload: not available (bertforge.dist missing)")
-            continue
         plan = plan_memory(make_config(args, row), world_size=1, device="cpu")
         # On the CPU the device and the host are one memory: their joint peak.
         planned = plan.combined_peak

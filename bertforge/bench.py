@@ -21,9 +21,16 @@ from torch.utils._pytree import tree_flatten
 
 from .config import Config
 from .data import SyntheticDataset
+from .dist import (
+    DistContext,
+    destroy_distributed,
+    prepare_model,
+    resolve_device,
+    unwrap,
+)
 from .model import BertForPreTraining, num_parameters
 from .optim import build_optimizer, build_scheduler
-from .train import StepContext, resolve_device, to_device, train_step
+from .train import StepContext, to_device, train_step
 
 
 def current_rss_mb() -> float:
@@ -112,25 +119,33 @@ def bench_pretrain(cfg: Config, batch_size: int, seq_len: int, steps: int,
     batch = to_device(data.batch(list(range(batch_size))), device)
     memory = PeakMemory(device)
     torch.manual_seed(cfg.train.seed)
-    model = BertForPreTraining(cfg.model).to(device).train()
-    optimizer = build_optimizer(model, cfg.train)
-    ctx = StepContext(model, optimizer, build_scheduler(optimizer, cfg.train, steps + warmup),
-                      device, cfg.execution.precision, cfg.train.grad_clip,
-                      torch.amp.GradScaler(device.type) if cfg.execution.precision == "fp16" else None)
-    for _ in range(warmup):
-        train_step(ctx, [batch])
-    synchronize(device)
-    start = time.perf_counter()
-    for _ in range(steps):
-        out = train_step(ctx, [batch])
-    loss = out["loss"].item()  # also waits for the device
-    elapsed = time.perf_counter() - start
+    dist = DistContext(device=device)
+    try:
+        # The execution settings (recompute, fsdp, offload, compile) as pretrain applies them.
+        model = prepare_model(BertForPreTraining(cfg.model).train(), cfg.execution, dist)
+        optimizer = build_optimizer(unwrap(model), cfg.train)
+        ctx = StepContext(model, optimizer, build_scheduler(optimizer, cfg.train, steps + warmup),
+                          device, cfg.execution.precision, cfg.train.grad_clip,
+                          torch.amp.GradScaler(device.type) if cfg.execution.precision == "fp16" else None,
+                          dist=dist)
+        for _ in range(warmup):
+            train_step(ctx, [batch])
+        synchronize(device)
+        start = time.perf_counter()
+        for _ in range(steps):
+            out = train_step(ctx, [batch])
+        loss = out["loss"].item()  # also waits for the device
+        elapsed = time.perf_counter() - start
+    finally:
+        destroy_distributed()
     seq_per_s = steps * batch_size / elapsed
     return {
         "model": "bertforge",
         "layers": cfg.model.num_hidden_layers, "hidden": cfg.model.hidden_size,
-        "params_m": round(num_parameters(model) / 1e6, 2),
+        "params_m": round(num_parameters(unwrap(model)) / 1e6, 2),
         "device": str(device), "precision": cfg.execution.precision,
+        "parallel": cfg.execution.parallel, "recompute": cfg.execution.recompute,
+        "offload": cfg.execution.offload, "compile": cfg.execution.compile,
         "threads": torch.get_num_threads(),
         "batch_size": batch_size, "seq_len": seq_len, "max_predictions": cfg.data.max_predictions,
         "optimizer": cfg.train.optimizer, "steps": steps,

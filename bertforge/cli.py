@@ -64,6 +64,16 @@ def cmd_pretrain(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
+def print_result(result: dict, as_json: bool) -> None:
+    """A benchmark's result: one JSON object, or one aligned line per key."""
+    if as_json:
+        print(json.dumps(result))
+        return
+    width = max(map(len, result))
+    for key, value in result.items():
+        print(f"{key:>{width}}: {value}")
+
+
 def cmd_bench(args: argparse.Namespace, extra: list[str]) -> int:
     from .bench import bench_pretrain
 
@@ -74,11 +84,7 @@ def cmd_bench(args: argparse.Namespace, extra: list[str]) -> int:
         if getattr(args, flag) is not None:
             setattr(getattr(cfg, section), key, getattr(args, flag))
     result = bench_pretrain(cfg, args.batch_size, args.seq_len, args.steps, warmup=args.warmup)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for key, value in result.items():
-            print(f"{key:>16}: {value}")
+    print_result(result, args.json)
     return 0
 
 
@@ -94,11 +100,7 @@ def cmd_bench_squad(args: argparse.Namespace, extra: list[str]) -> int:
     cfg, squad = load_squad_config(args.config, overrides)
     result = bench_squad(cfg, squad, args.model, args.batch_size, args.seq_len, args.steps,
                          warmup=args.warmup, mode=args.mode)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for key, value in result.items():
-            print(f"{key:>18}: {value}")
+    print_result(result, args.json)
     return 0
 
 

@@ -36,8 +36,7 @@ from .data import PretrainingDataset, SyntheticDataset, build_datasets, decode_s
 from .data.loader import Prefetcher, RecordStream, is_records, masking_spec, record_files
 from .data.records import open_records, read_records
 from .dist import (DistContext, barrier, check_execution, destroy_distributed, from_main, gradient_sync,
-                   init_distributed, is_sharded, mean_over_ranks, prepare_model, resolve_device, unwrap,
-                   write_error)
+                   init_distributed, is_sharded, mean_over_ranks, prepare_model, unwrap, write_error)
 from .log import MetricsLogger, ProgressBar, Throughput
 from .model import BertForPreTraining, num_parameters, pretraining_loss
 from .optim import build_optimizer, build_scheduler
@@ -161,6 +160,15 @@ def train_step(ctx: StepContext, micro_batches: list[dict[str, torch.Tensor]],
         for key in ("loss", "mlm_loss", "nsp_loss"):
             totals[key] = totals.get(key, 0.0) + out[key].detach() / n
     totals = mean_over_ranks(ctx.dist, totals)
+    totals["grad_norm"] = apply_gradients(ctx)
+    return totals
+
+
+def apply_gradients(ctx: StepContext) -> torch.Tensor:
+    """After the backward passes: unscale, clip by global norm, step, schedule, clear.
+
+    Returns the global gradient norm (before clipping) as a 0-dim tensor.
+    """
     if ctx.scaler is not None:
         ctx.scaler.unscale_(ctx.optimizer)
     params = [p for p in ctx.model.parameters() if p.grad is not None]
@@ -168,7 +176,6 @@ def train_step(ctx: StepContext, micro_batches: list[dict[str, torch.Tensor]],
     grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
     if ctx.grad_clip > 0:
         torch.nn.utils.clip_grads_with_norm_(params, ctx.grad_clip, grad_norm)
-    totals["grad_norm"] = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
     if ctx.scaler is not None:
         ctx.scaler.step(ctx.optimizer)
         ctx.scaler.update()
@@ -176,7 +183,7 @@ def train_step(ctx: StepContext, micro_batches: list[dict[str, torch.Tensor]],
         ctx.optimizer.step()
     ctx.scheduler.step()
     ctx.optimizer.zero_grad(set_to_none=True)
-    return totals
+    return grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
 
 
 @torch.no_grad()

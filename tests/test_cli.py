@@ -10,7 +10,8 @@ import yaml
 
 from bertforge.cli import build_parser, main
 
-SUBCOMMANDS = [["pretrain"], ["bench"], ["bench", "pretrain"], ["bench", "squad"], ["plan"], ["export"], ["config"], ["data"],
+SUBCOMMANDS = [["pretrain"], ["bench"], ["bench", "pretrain"], ["bench", "squad"], ["plan"], ["export"],
+               ["config"], ["data"],
                ["data", "wikipedia"], ["data", "wikipedia", "download"], ["data", "wikipedia", "extract"],
                ["data", "preprocess"], ["data", "vocab"], ["data", "create"], ["data", "pick-eval"],
                ["data", "index"], ["data", "inspect"], ["squad"], ["squad", "train"], ["squad", "predict"],
@@ -72,6 +73,16 @@ def test_bench_pretrain_json(capsys):
     assert (result["batch_size"], result["seq_len"], result["max_predictions"], result["layers"]) == (4, 32, 20, 2)
     assert result["seq_per_s"] > 0 and result["peak_mem_mb"] >= 0
     assert result["tokens_per_s"] == pytest.approx(result["seq_per_s"] * 32, rel=1e-2)
+
+
+def test_bench_pretrain_applies_the_execution_settings(capsys):
+    results = []
+    for recompute in ("none", "layer"):
+        assert main(["bench", "pretrain", "--config", "tiny", "--batch-size", "4", "--seq-len", "32",
+                     "--steps", "2", "--warmup", "1", "--json", "--execution.recompute", recompute]) == 0
+        results.append(json.loads(capsys.readouterr().out))
+    assert [r["recompute"] for r in results] == ["none", "layer"]
+    assert results[0]["final_loss"] == results[1]["final_loss"]  # recomputation changes memory, not results
 
 
 def test_leftover_flags_are_rejected_unless_the_command_takes_overrides(capsys):

@@ -29,9 +29,10 @@ import torch
 
 from ..bench import PeakMemory, synchronize
 from ..config import MODEL_PRESETS, Config, ConfigError, apply_model_preset
+from ..dist import resolve_device
 from ..model import BertForQuestionAnswering, num_parameters
 from ..optim import build_optimizer, build_scheduler
-from ..train import StepContext, autocast, resolve_device
+from ..train import StepContext, autocast
 from .postprocess import MAX_ANSWER_LENGTH
 from .train import SquadConfig, qa_train_step
 

@@ -67,9 +67,10 @@ from ..config import (
     validate,
 )
 from ..data.tokenizer import load_tokenizer, vocab_size_of
+from ..dist import resolve_device
 from ..fileio import atomic_directory
 from ..model import BertForQuestionAnswering
-from ..train import StepContext, autocast, resolve_device
+from ..train import StepContext, apply_gradients, autocast
 from .data import (
     SquadError,
     SquadExample,
@@ -245,17 +246,7 @@ def qa_train_step(ctx: StepContext, micro_batches: Sequence[dict[str, torch.Tens
         loss = qa_loss(start, end, batch["start_positions"], batch["end_positions"]) / len(micro_batches)
         (ctx.scaler.scale(loss) if ctx.scaler is not None else loss).backward()
         step_loss += loss.detach()
-    if ctx.scaler is not None:
-        ctx.scaler.unscale_(ctx.optimizer)
-    if ctx.grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(ctx.model.parameters(), ctx.grad_clip)
-    if ctx.scaler is not None:
-        ctx.scaler.step(ctx.optimizer)
-        ctx.scaler.update()
-    else:
-        ctx.optimizer.step()
-    ctx.scheduler.step()
-    ctx.optimizer.zero_grad(set_to_none=True)
+    apply_gradients(ctx)
     return step_loss
 
 
