@@ -19,8 +19,16 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from .config import (CheckpointConfig, Config, DataConfig, ExecutionConfig, LogConfig, ModelConfig,
-                     TrainConfig, load_config)
+from .config import (
+    CheckpointConfig,
+    Config,
+    DataConfig,
+    ExecutionConfig,
+    LogConfig,
+    ModelConfig,
+    TrainConfig,
+    load_config,
+)
 
 if TYPE_CHECKING:
     from .checkpoint import load_model

@@ -28,9 +28,10 @@ from .dist import (
     resolve_device,
     unwrap,
 )
+from .engine import Engine, set_threads, to_device
 from .model import BertForPreTraining, num_parameters
 from .optim import build_optimizer, build_scheduler
-from .train import StepContext, to_device, train_step
+from .train import training_loss
 
 
 def current_rss_mb() -> float:
@@ -108,8 +109,7 @@ def synchronize(device: torch.device) -> None:
 def bench_pretrain(cfg: Config, batch_size: int, seq_len: int, steps: int,
                    warmup: int = 3) -> dict[str, Any]:
     """Sequences and tokens per second of our pre-training step on synthetic batches."""
-    if cfg.execution.threads > 0:
-        torch.set_num_threads(cfg.execution.threads)
+    set_threads(cfg.execution.threads)
     device = resolve_device(cfg.execution.device)
     cfg.train.micro_batch_size = cfg.train.global_batch_size = batch_size
     cfg.data.seq_len = seq_len
@@ -124,16 +124,14 @@ def bench_pretrain(cfg: Config, batch_size: int, seq_len: int, steps: int,
         # The execution settings (recompute, fsdp, offload, compile) as pretrain applies them.
         model = prepare_model(BertForPreTraining(cfg.model).train(), cfg.execution, dist)
         optimizer = build_optimizer(unwrap(model), cfg.train)
-        ctx = StepContext(model, optimizer, build_scheduler(optimizer, cfg.train, steps + warmup),
-                          device, cfg.execution.precision, cfg.train.grad_clip,
-                          torch.amp.GradScaler(device.type) if cfg.execution.precision == "fp16" else None,
-                          dist=dist)
+        engine = Engine(model, optimizer, build_scheduler(optimizer, cfg.train, steps + warmup), training_loss,
+                        cfg.execution.precision, cfg.train.grad_clip, dist)
         for _ in range(warmup):
-            train_step(ctx, [batch])
+            engine.step([batch], 1)
         synchronize(device)
         start = time.perf_counter()
         for _ in range(steps):
-            out = train_step(ctx, [batch])
+            out = engine.step([batch], 1)
         loss = out["loss"].item()  # also waits for the device
         elapsed = time.perf_counter() - start
     finally:

@@ -8,51 +8,47 @@
     bertforge data …                           # Wikipedia / text → records (see data/cli.py)
     bertforge squad train|predict|evaluate|ask # SQuAD v1.1 (see squad/cli.py)
 
-Mistakes a user can make end with a one-line ``error: …`` and exit status 2.
+Every command handler takes ``(args, extra)`` and returns an exit status. ``main``
+is the one place that turns errors into exits: a mistake a user can make (see
+:func:`user_errors`) ends with one ``error: …`` line on stderr and exit status 2.
+It also configures ``logging`` once: ``--log-level`` (default: the
+``BERTFORGE_LOG_LEVEL`` environment variable, else INFO) for the ``bertforge.*``
+loggers, on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import typing
 from pathlib import Path
 
 from . import __version__
-from .config import MODEL_PRESETS, Config, ConfigError, load_config, parse_overrides
+from .config import (
+    MODEL_PRESETS,
+    ConfigError,
+    Head,
+    Precision,
+    config_from_args,
+    parse_overrides,
+)
 from .data.cli import add_data_commands
+from .log import LOG_LEVELS, console_logging
 from .plan import add_plan_command
 from .squad.cli import add_squad_commands
+
+LOG_LEVEL_ENV = "BERTFORGE_LOG_LEVEL"
 
 OVERRIDES_HELP = ("Any config field can be set with a dotted flag, e.g. --train.lr 1e-4 "
                   "--data.input corpus.txt --execution.precision bf16 (see `bertforge config`).")
 
 
-def _config_from_args(args: argparse.Namespace, extra: list[str], default: str | None) -> Config:
-    overrides = parse_overrides(extra)
-    for flag, key in (("steps", "train.steps"), ("epochs", "train.epochs"),
-                      ("resume", "checkpoint.resume"), ("init", "checkpoint.init"),
-                      ("run_dir", "log.run_dir"), ("name", "log.name")):
-        value = getattr(args, flag, None)
-        if value is not None:
-            overrides.append((key, value))
-    if getattr(args, "wandb", False):
-        overrides.append(("log.wandb", True))
-    if getattr(args, "no_progress", False):
-        overrides.append(("log.progress", False))
-    name = args.config
-    resume = getattr(args, "resume", None)
-    if name is None and resume:
-        # A resumed run continues with the config it was saved with, plus the overrides.
-        from .checkpoint import find_checkpoint
-        name = str(find_checkpoint(resume) / "config.yaml")
-    return load_config(name or default, overrides)
-
-
 def cmd_pretrain(args: argparse.Namespace, extra: list[str]) -> int:
     from .train import pretrain
 
-    cfg = _config_from_args(args, extra, default="pretrain_tiny")
+    cfg = config_from_args(args, extra, default="pretrain_tiny")
     summary = pretrain(cfg)
     if summary["rank"] != 0:  # under torchrun, rank 0 speaks for the run
         return 0
@@ -77,7 +73,7 @@ def print_result(result: dict, as_json: bool) -> None:
 def cmd_bench(args: argparse.Namespace, extra: list[str]) -> int:
     from .bench import bench_pretrain
 
-    cfg = _config_from_args(args, extra, default="tiny")
+    cfg = config_from_args(args, extra, default="tiny")
     if args.max_predictions is not None:
         cfg.data.max_predictions = args.max_predictions
     for flag, section, key in (("precision", "execution", "precision"), ("device", "execution", "device")):
@@ -117,15 +113,26 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def cmd_config(args: argparse.Namespace, extra: list[str]) -> int:
-    cfg = _config_from_args(args, extra, default=None)
+    cfg = config_from_args(args, extra, default=None)
     print(cfg.to_yaml(), end="")
     return 0
+
+
+def _log_level(text: str) -> str:
+    level = text.strip().upper()
+    if level not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a log level ({', '.join(LOG_LEVELS)}); "
+                                         f"it may come from ${LOG_LEVEL_ENV}")
+    return level
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bertforge", description="BERT pre-training and fine-tuning.",
                                      epilog=OVERRIDES_HELP, allow_abbrev=False)
     parser.add_argument("--version", action="version", version=f"bertforge {__version__}")
+    parser.add_argument("--log-level", type=_log_level, default=os.environ.get(LOG_LEVEL_ENV) or "INFO",
+                        metavar="{" + ",".join(LOG_LEVELS) + "}",
+                        help=f"messages shown on stderr (default: ${LOG_LEVEL_ENV}, else INFO)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     config_help = (f"a config shipped in bertforge/configs (e.g. pretrain_base_128), a YAML path, "
@@ -154,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-predictions", type=int, help="masked positions per sequence (default 20)")
     p.add_argument("--steps", type=int, default=20, help="timed steps")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
-    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"))
+    p.add_argument("--precision", choices=typing.get_args(Precision))
     p.add_argument("--device", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_bench, takes_overrides=True)
@@ -169,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=10, help="timed steps (training) and batches (inference)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     p.add_argument("--mode", choices=("train", "infer", "both"), default="both")
-    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"))
+    p.add_argument("--precision", choices=typing.get_args(Precision))
     p.add_argument("--device", help="auto, cpu, cuda, cuda:N")
     p.add_argument("--threads", type=int, help="torch CPU threads (execution.threads)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -178,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="export a checkpoint to a Hugging Face BERT directory")
     p.add_argument("checkpoint", help="run or step directory")
     p.add_argument("out", type=Path, help="output directory (must not exist)")
-    p.add_argument("--head", choices=("pretraining", "qa", "encoder"), default="pretraining")
+    p.add_argument("--head", choices=typing.get_args(Head), default="pretraining")
     p.set_defaults(func=cmd_export)
 
     add_data_commands(sub)
@@ -196,28 +203,37 @@ def user_errors() -> tuple[type[Exception], ...]:
     from .data import DataError
     from .squad import SquadError
 
-    errors = [ConfigError, DataError, SquadError, FileNotFoundError]
+    errors: list[type[Exception]] = [ConfigError, DataError, SquadError, FileNotFoundError]
     # These modules import torch: only a command that loaded them can have raised their errors.
     for module, name in (("bertforge.checkpoint", "CheckpointError"),
-                         ("bertforge.convert", "ConversionError")):
+                         ("bertforge.convert", "ConversionError"),
+                         ("bertforge.engine", "NonFiniteError")):
         if module in sys.modules:
             errors.append(getattr(sys.modules[module], name))
     return tuple(errors)
 
 
+def error_line(err: BaseException) -> str:
+    """The whole message of ``err`` on one line (a multi-line message has its lines joined)."""
+    message = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
+    return f"error: {message or type(err).__name__}"
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; the exit status. The only error handler of every command."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args, "takes_overrides", False):  # only config-driven commands take --a.b flags
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    try:
-        return args.func(args, extra)
-    except user_errors() as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    with console_logging(args.log_level):
+        try:
+            return args.func(args, extra)
+        except user_errors() as err:
+            print(error_line(err), file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            return 130
 
 
 if __name__ == "__main__":

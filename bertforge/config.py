@@ -19,11 +19,25 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
+if TYPE_CHECKING:
+    import argparse
+
 CONFIG_DIR = Path(__file__).parent / "configs"
+
+# The values a field may take: one definition each. The dataclass fields are
+# typed with them, set_value checks against them, and the command-line flags
+# take their ``choices=`` from them via ``typing.get_args``.
+Precision = Literal["fp32", "bf16", "fp16"]  # fp16 only on GPU
+Parallel = Literal["none", "ddp", "fsdp"]
+Recompute = Literal["none", "layer", "attention"]
+Optimizer = Literal["lamb", "adamw"]
+Schedule = Literal["poly", "exp", "table", "constant"]
+HiddenAct = Literal["gelu", "relu", "gelu_new"]
+Head = Literal["pretraining", "qa", "encoder"]  # what a checkpoint is loaded or exported as
 
 
 class ConfigError(ValueError):
@@ -40,7 +54,7 @@ class ModelConfig:
     num_hidden_layers: int = 12
     num_attention_heads: int = 12
     intermediate_size: int = 3072
-    hidden_act: str = "gelu"
+    hidden_act: HiddenAct = "gelu"
     hidden_dropout_prob: float = 0.1
     attention_probs_dropout_prob: float = 0.1
     max_position_embeddings: int = 512
@@ -51,8 +65,8 @@ class ModelConfig:
 
 
 def _shape(layers: int, hidden: int, heads: int) -> dict[str, int]:
-    return dict(num_hidden_layers=layers, hidden_size=hidden,
-                num_attention_heads=heads, intermediate_size=4 * hidden)
+    return {"num_hidden_layers": layers, "hidden_size": hidden,
+            "num_attention_heads": heads, "intermediate_size": 4 * hidden}
 
 
 # The standard BERT shapes (Turc et al. 2019 for the small ones, Devlin et al. 2018).
@@ -92,7 +106,7 @@ class DataConfig:
 class TrainConfig:
     """Optimisation. global_batch_size = micro_batch_size × accumulation × world size."""
 
-    optimizer: str = "lamb"  # lamb | adamw
+    optimizer: Optimizer = "lamb"
     lr: float = 1e-3
     weight_decay: float = 0.01
     beta1: float = 0.9
@@ -106,7 +120,7 @@ class TrainConfig:
     epochs: int = 0  # > 0: stop after this many passes over the data instead
     warmup_steps: int = 0
     warmup_proportion: float = 0.0  # used when warmup_steps is 0
-    schedule: str = "poly"  # poly | exp | table | constant
+    schedule: Schedule = "poly"
     decay_power: float = 1.0  # poly: 1.0 is linear decay
     end_lr: float = 0.0  # poly: lr reached at the last step
     exp_decay_rate: float = 0.5  # exp: lr × exp(-rate × step / exp_decay_steps)
@@ -123,9 +137,9 @@ class ExecutionConfig:
     """Where and how the model runs."""
 
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    precision: str = "fp32"  # fp32 | bf16 | fp16 (fp16 only on GPU)
-    parallel: str = "none"  # none | ddp | fsdp (FSDP2: parameters, gradients, optimizer state sharded)
-    recompute: str = "none"  # none | layer (checkpoint every encoder layer) | attention (only attention)
+    precision: Precision = "fp32"  # fp16 only on GPU
+    parallel: Parallel = "none"  # fsdp: FSDP2, parameters, gradients and optimizer state sharded
+    recompute: Recompute = "none"  # layer: checkpoint every encoder layer; attention: only attention
     offload: bool = False  # parameters and optimizer state in host memory, streamed to the device
     compile: bool = False  # torch.compile the model
     compile_cache: str = ""  # persistent compile cache directory; "" = ~/.cache/bertforge/compile
@@ -171,16 +185,6 @@ class Config:
         return accumulation_steps(self.train, world_size=1)
 
 
-CHOICES = {
-    "train.optimizer": ("lamb", "adamw"),
-    "train.schedule": ("poly", "exp", "table", "constant"),
-    "execution.precision": ("fp32", "bf16", "fp16"),
-    "execution.parallel": ("none", "ddp", "fsdp"),
-    "execution.recompute": ("none", "layer", "attention"),
-    "model.hidden_act": ("gelu", "relu", "gelu_new"),
-}
-
-
 def accumulation_steps(train: TrainConfig, world_size: int) -> int:
     per_step = train.micro_batch_size * world_size
     if train.global_batch_size % per_step:
@@ -195,6 +199,11 @@ def accumulation_steps(train: TrainConfig, world_size: int) -> int:
 def _coerce(key: str, value: Any, typ: Any) -> Any:
     """Check (YAML) or convert (command-line strings) one value to a field's type."""
     origin = typing.get_origin(typ)
+    if origin is Literal:
+        choices = typing.get_args(typ)
+        if value not in choices:
+            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(str, choices))}")
+        return value
     if origin is dict:
         if isinstance(value, str):
             value = yaml.safe_load(value) or {}
@@ -263,11 +272,7 @@ def set_value(cfg: Config, dotted: str, value: Any) -> None:
     if name not in fields:
         raise ConfigError(f"unknown config key {dotted!r} "
                           f"(keys of {section_name}: {', '.join(fields)})")
-    value = _coerce(dotted, value, fields[name])
-    choices = CHOICES.get(dotted)
-    if choices and value not in choices:
-        raise ConfigError(f"{dotted}: {value!r} is not one of {', '.join(choices)}")
-    setattr(section, name, value)
+    setattr(section, name, _coerce(dotted, value, fields[name]))
 
 
 def apply_model_preset(cfg: Config, preset: Any) -> None:
@@ -315,11 +320,20 @@ def resolve_config_path(name: str) -> Path | None:
     raise ConfigError(f"unknown config {name!r} (a YAML path, or one of: {', '.join(known)})")
 
 
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """One line for a YAML parse error: what is wrong and where (PyYAML's own text is several)."""
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None)
+    if problem and mark is not None:
+        return f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
+    return " ".join(line.strip() for line in str(err).splitlines() if line.strip())
+
+
 def load_yaml(path: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: not valid YAML ({err})") from None
+        raise ConfigError(f"{path}: not valid YAML ({_yaml_problem(err)})") from None
     return data or {}
 
 
@@ -358,6 +372,34 @@ def load_config(name: str | None = None, overrides: list[tuple[str, Any]] | None
         set_value(cfg, key, value)
     validate(cfg)
     return cfg
+
+
+def config_from_args(args: argparse.Namespace, extra: list[str], default: str | None) -> Config:
+    """The config of a command: ``--config`` (else the config saved with the run being
+    resumed, else ``default``), then the dotted overrides in ``extra``, then the command's own
+    flags (``--steps``, ``--resume``, …; one that the command does not define is skipped).
+
+    Used by the ``bertforge`` commands (cli.py, plan.py). Imports torch only to find the
+    checkpoint of ``--resume``."""
+    overrides: list[tuple[str, Any]] = parse_overrides(extra)  # flags add non-string values
+    for flag, key in (("steps", "train.steps"), ("epochs", "train.epochs"),
+                      ("resume", "checkpoint.resume"), ("init", "checkpoint.init"),
+                      ("run_dir", "log.run_dir"), ("name", "log.name")):
+        value = getattr(args, flag, None)
+        if value is not None:
+            overrides.append((key, value))
+    if getattr(args, "wandb", False):
+        overrides.append(("log.wandb", True))
+    if getattr(args, "no_progress", False):
+        overrides.append(("log.progress", False))
+    name = getattr(args, "config", None)
+    resume = getattr(args, "resume", None)
+    if name is None and resume:
+        # A resumed run continues with the config it was saved with, plus the overrides.
+        from .checkpoint import find_checkpoint  # imports torch: only when resuming
+
+        name = str(find_checkpoint(resume) / "config.yaml")
+    return load_config(name or default, overrides)
 
 
 def config_from_dict(data: dict[str, Any]) -> Config:

@@ -32,19 +32,15 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .config import ModelConfig
+from .config import Head, ModelConfig
 from .fileio import atomic_directory
 from .model import ACTIVATIONS, BertForPreTraining, BertForQuestionAnswering, BertModel, init_weights
 
-HEADS = ("pretraining", "qa", "encoder")
+HEADS = typing.get_args(Head)
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 PICKLE = "pytorch_model.bin"
 PICKLE_INDEX = "pytorch_model.bin.index.json"
-
-# Weights outside the encoder proper: a checkpoint may lack them (they are then
-# freshly initialised) or carry ones the target model has no place for.
-_HEAD_PREFIXES = ("cls.", "qa_outputs.", "classifier.", "bert.pooler.", "pooler.")
 
 
 class ConversionError(ValueError):
@@ -75,6 +71,8 @@ def model_config_from_hf(config_json: dict, source: str) -> ModelConfig:
         if value is None:  # absent, or null (e.g. pad_token_id): keep our default
             continue
         typ = hints[f.name]
+        if typing.get_origin(typ) is typing.Literal:  # hidden_act: a string, its value checked below
+            typ = str
         allowed = (int, float) if typ is float else typ  # JSON may write 1.0 as 1
         if isinstance(value, bool) or not isinstance(value, allowed):
             raise ConversionError(f"{source}: {f.name}={value!r} is not of type {typ.__name__}")
@@ -198,8 +196,19 @@ def _build(head: str, cfg: ModelConfig, with_pooler: bool) -> nn.Module:
     return model
 
 
-def _is_head(key: str) -> bool:
-    return key.startswith(_HEAD_PREFIXES)
+def read_hf_config(path: Path | str) -> ModelConfig:
+    """Our model shape from a Hugging Face directory's ``config.json``."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ConversionError(f"{path}: no such directory")
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ConversionError(f"{config_file}: missing (not a Hugging Face model directory?)")
+    try:
+        config_json = json.loads(config_file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ConversionError(f"{config_file}: not valid JSON ({err})") from None
+    return model_config_from_hf(config_json, str(config_file))
 
 
 def load_hf(path: Path | str, head: str = "pretraining", allow_pickle: bool = False) -> nn.Module:
@@ -212,40 +221,18 @@ def load_hf(path: Path | str, head: str = "pretraining", allow_pickle: bool = Fa
     missing encoder weights, unknown weights and wrong shapes are errors.
     Weights are cast to the model's float32. The model is returned in eval mode.
     """
+    from .checkpoint import assign_weights
+
     path = Path(path)
     if head not in HEADS:
         raise ConversionError(f"unknown head {head!r} (one of {', '.join(HEADS)})")
-    if not path.is_dir():
-        raise ConversionError(f"{path}: no such directory")
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise ConversionError(f"{config_file}: missing (not a Hugging Face model directory?)")
-    try:
-        config_json = json.loads(config_file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise ConversionError(f"{config_file}: not valid JSON ({err})") from None
-    cfg = model_config_from_hf(config_json, str(config_file))
-
+    cfg = read_hf_config(path)
     state = hf_to_ours(load_hf_state_dict(path, allow_pickle), head)
     model = _build(head, cfg, with_pooler="pooler.dense.weight" in state)
-    expected = model.state_dict()
-    for key, value in state.items():
-        if key in expected and value.shape != expected[key].shape:
-            raise ConversionError(
-                f"{path}: weight {key} has shape {tuple(value.shape)} in the checkpoint but "
-                f"{tuple(expected[key].shape)} from config.json")
-
-    result = model.load_state_dict(state, strict=False)
-    # Other tasks' heads (an MLM head when loading for QA, a pooler the model lacks) are ignorable.
-    unexpected = [k for k in result.unexpected_keys if not _is_head(k)]
-    if unexpected:
-        raise ConversionError(f"{path}: weights unknown to a BERT {head} model: {', '.join(unexpected)}")
-    missing_encoder = [k for k in result.missing_keys if not _is_head(k)]
-    if missing_encoder:
-        raise ConversionError(f"{path}: checkpoint lacks encoder weights: {', '.join(missing_encoder)}")
-    if result.missing_keys:
+    missing = assign_weights(model, state, path, error=ConversionError)
+    if missing:
         warnings.warn(f"{path}: not in the checkpoint, newly initialised: "
-                      f"{', '.join(result.missing_keys)}", NewlyInitializedWarning, stacklevel=2)
+                      f"{', '.join(missing)}", NewlyInitializedWarning, stacklevel=2)
     return model.eval()
 
 
@@ -274,6 +261,7 @@ def export_hf(model: nn.Module, out_dir: Path | str, vocab_path: Path | str | No
     if out_dir.exists() and not overwrite:
         raise ConversionError(f"{out_dir}: already exists (pass overwrite=True to replace it)")
     architecture = _architecture(model)
+    assert isinstance(model, (BertForPreTraining, BertForQuestionAnswering, BertModel))  # _architecture checked
     # Cloned, contiguous CPU tensors: safetensors refuses views and shared storage.
     state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
     config = hf_config_from_model_config(model.config, [architecture])

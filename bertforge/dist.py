@@ -177,6 +177,7 @@ def mean_over_ranks(ctx: DistContext, values: dict[str, torch.Tensor]) -> dict[s
 def write_error(run_dir: Path, ctx: DistContext) -> Path:
     """The current exception's traceback in ``run_dir/error_rank{N}.log``: one file per rank."""
     path = Path(run_dir) / f"error_rank{ctx.rank}.log"
+    path.parent.mkdir(parents=True, exist_ok=True)  # a run may fail before it wrote anything
     path.write_text(traceback.format_exc(), encoding="utf-8")
     return path
 
@@ -218,7 +219,8 @@ def prepare_model(model: nn.Module, execution: ExecutionConfig, ctx: DistContext
         model = model.to(ctx.device)
     if execution.compile:
         use_compile_cache(execution.compile_cache)
-        model = torch.compile(model)
+        # torch's stub says a callable; compiling a module gives a module (an OptimizedModule)
+        model = torch.compile(model)  # type: ignore[assignment]
     return model
 
 

@@ -6,36 +6,117 @@ object per line (training rows have ``step``, ``loss``, ``mlm_loss``,
 ``mlm_accuracy`` and ``nsp_accuracy``). TensorBoard gets the same scalars when
 the ``tensorboard`` package is installed, and wandb when ``--log.wandb`` is set.
 Only the main process logs.
+
+Python ``logging`` records of the ``bertforge`` loggers go to stderr through
+:func:`configure_logging`, which the command line calls once; they share the
+progress bar's console, so a log line never tears the bar.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import IO, TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+)
 
-from .config import Config
+from .config import Config, ConfigError
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
+    from typing_extensions import Self
 
 console = Console(stderr=True, highlight=False)
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
-class MetricsLogger:
-    """Fans one row of metrics out to every enabled sink."""
+class ConsoleHandler(logging.Handler):
+    """Log records as plain lines on :data:`console` (stderr), above a live progress bar."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            console.print(self.format(record), markup=False, highlight=False, emoji=False,
+                          soft_wrap=True)
+        except Exception:  # noqa: BLE001 - logging must not raise
+            self.handleError(record)
+
+
+def configure_logging(level: str | int = "INFO") -> ConsoleHandler:
+    """Show the ``bertforge.*`` loggers' records at ``level`` and above on stderr.
+
+    Calling it again replaces the handler it added before instead of adding a second.
+    """
+    logger = logging.getLogger("bertforge")
+    for old in [h for h in logger.handlers if isinstance(h, ConsoleHandler)]:
+        logger.removeHandler(old)
+    handler = ConsoleHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(level.upper() if isinstance(level, str) else level)
+    return handler
+
+
+@contextlib.contextmanager
+def console_logging(level: str | int = "INFO") -> Iterator[None]:
+    """:func:`configure_logging` for the length of a ``with`` block (one command), then the
+    ``bertforge`` logger as it was, so that calling ``main`` in a process leaves nothing behind."""
+    logger = logging.getLogger("bertforge")
+    before = logger.level
+    handler = configure_logging(level)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(before)
+
+
+class _Closing:
+    """``with obj:`` closes it on every exit path; ``close`` may be called more than once."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+class MetricsLogger(_Closing):
+    """Fans one row of metrics out to every enabled sink. A context manager: leaving the
+    ``with`` block closes the sinks."""
 
     def __init__(self, run_dir: Path, cfg: Config, enabled: bool = True):
         self.enabled = enabled
-        self.tensorboard = None
-        self.wandb_run = None
-        self.jsonl = None
+        self.tensorboard: SummaryWriter | None = None
+        self.wandb_run: Any = None  # a wandb Run; wandb is optional
+        self.jsonl: IO[str] | None = None
         if not enabled:
             return
+        try:
+            self._open(run_dir, cfg)
+        except BaseException:
+            self.close()  # what was opened before the failure
+            raise
+
+    def _open(self, run_dir: Path, cfg: Config) -> None:
         # Appending keeps the history of a resumed run in one file.
-        self.jsonl = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
+        self.jsonl = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
         if cfg.log.tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -47,12 +128,12 @@ class MetricsLogger:
             try:
                 import wandb
             except ImportError:
-                raise SystemExit("error: --log.wandb needs the wandb package (pip install wandb)") from None
+                raise ConfigError("--log.wandb needs the wandb package (pip install wandb)") from None
             self.wandb_run = wandb.init(project=cfg.log.wandb_project, name=run_dir.name,
                                         dir=str(run_dir), config=cfg.to_dict(), resume="allow")
 
     def log(self, row: dict[str, Any]) -> None:
-        if not self.enabled:
+        if not self.enabled or self.jsonl is None:
             return
         row = {k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v) for k, v in row.items()}
         self.jsonl.write(json.dumps(row) + "\n")
@@ -67,28 +148,36 @@ class MetricsLogger:
             self.wandb_run.log({f"{prefix}/{k}": v for k, v in scalars.items()}, step=step)
 
     def close(self) -> None:
-        if self.jsonl is not None:
-            self.jsonl.close()
-        if self.tensorboard is not None:
-            self.tensorboard.close()
-        if self.wandb_run is not None:
-            self.wandb_run.finish()
+        """Flush and close every sink; later calls do nothing."""
+        jsonl, tensorboard, wandb_run = self.jsonl, self.tensorboard, self.wandb_run
+        self.jsonl = self.tensorboard = self.wandb_run = None
+        try:
+            if jsonl is not None:
+                jsonl.close()
+        finally:
+            try:
+                if tensorboard is not None:
+                    tensorboard.close()
+            finally:
+                if wandb_run is not None:
+                    wandb_run.finish()
 
 
-class ProgressBar:
+class ProgressBar(_Closing):
     """A rich progress bar over optimizer steps showing the latest loss and throughput.
 
     Messages are printed even without the bar, but only by the main process
-    (``main=False`` silences both on the other ranks).
+    (``main=False`` silences both on the other ranks). A context manager: leaving
+    the ``with`` block stops the bar.
     """
 
-    def __init__(self, total: int, start: int, enabled: bool, main: bool = True):
+    def __init__(self, total: int, start: int, enabled: bool, main: bool = True, label: str = "pretrain"):
         self.progress = None
         self.main = main
         if not (enabled and main):
             return
         self.progress = Progress(
-            TextColumn("[bold]pretrain"), BarColumn(), MofNCompleteColumn(),
+            TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(),
             TextColumn("{task.fields[status]}"), TimeRemainingColumn(),
             console=console, transient=False)
         self.task = self.progress.add_task("steps", total=total, completed=start, status="")
@@ -96,7 +185,7 @@ class ProgressBar:
 
     def update(self, step: int, status: str | None = None) -> None:
         if self.progress is not None:
-            fields = {"status": status} if status is not None else {}
+            fields: dict[str, Any] = {"status": status} if status is not None else {}
             self.progress.update(self.task, completed=step, **fields)
 
     def print(self, message: str) -> None:
@@ -108,8 +197,10 @@ class ProgressBar:
             console.print(message)
 
     def close(self) -> None:
-        if self.progress is not None:
-            self.progress.stop()
+        """Stop the bar (it stays on screen); later calls do nothing."""
+        progress, self.progress = self.progress, None
+        if progress is not None:
+            progress.stop()
 
 
 class Throughput:

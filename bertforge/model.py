@@ -11,6 +11,8 @@ sequence, V vocab size.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -18,7 +20,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .config import ModelConfig
 
-ACTIVATIONS = {
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": F.gelu,
     "relu": F.relu,
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),

@@ -24,6 +24,7 @@ import copy
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from typing import TypeGuard
 
 import torch
 from torch import nn
@@ -32,8 +33,9 @@ from .config import ConfigError, TrainConfig
 
 try:  # the parameters of a model sharded by FSDP2
     from torch.distributed.tensor import DTensor, Shard
+    _HAVE_DTENSOR = True
 except ImportError:  # a torch built without distributed support
-    DTensor = Shard = None
+    _HAVE_DTENSOR = False
 
 # google-research/bert excludes these (by regex search) from weight decay;
 # "layer_norm" covers models whose LayerNorm modules are named in snake case.
@@ -51,7 +53,8 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     present (possibly empty) so that the group order of a saved optimizer state
     does not depend on the model.
     """
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for name, param in model.named_parameters():  # tied weights are listed once
         if not param.requires_grad:
             continue
@@ -92,8 +95,8 @@ def _shard_group(t: torch.Tensor):
     return t.device_mesh.get_group()
 
 
-def _is_dtensor(t: torch.Tensor) -> bool:
-    return DTensor is not None and isinstance(t, DTensor)
+def _is_dtensor(t: torch.Tensor) -> TypeGuard[DTensor]:
+    return _HAVE_DTENSOR and isinstance(t, DTensor)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -113,12 +116,13 @@ class _AdamMoments(torch.optim.Optimizer):
     ranks that hold the other parts, for updates that need whole-tensor norms.
     """
 
-    def _apply(self, group: dict, params: list[torch.Tensor], updates: list[torch.Tensor],
+    def _apply(self, group: dict, params: list[torch.Tensor], updates: tuple[torch.Tensor, ...],
                shard_group) -> None:
         raise NotImplementedError
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
+    def step(  # type: ignore[override]  # torch's stub says closures return a float; they return the loss tensor
+            self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -133,7 +137,9 @@ class _AdamMoments(torch.optim.Optimizer):
         beta1, beta2 = group["betas"]
         grads, exp_avgs, exp_avg_sqs, steps = [], [], [], []
         for p in params:
-            if p.grad.is_sparse:
+            grad = p.grad
+            assert grad is not None  # step() passes only parameters with a gradient
+            if grad.is_sparse:
                 raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
             state = self.state[p]
             if not state:
@@ -142,7 +148,7 @@ class _AdamMoments(torch.optim.Optimizer):
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             state["step"] += 1
-            grads.append(_local(p.grad))
+            grads.append(_local(grad))
             exp_avgs.append(_local(state["exp_avg"]))
             exp_avg_sqs.append(_local(state["exp_avg_sq"]))
             steps.append(state["step"])
@@ -153,6 +159,7 @@ class _AdamMoments(torch.optim.Optimizer):
         torch._foreach_mul_(exp_avg_sqs, beta2)
         torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
 
+        m_hat: list[torch.Tensor] | tuple[torch.Tensor, ...]
         if group.get("bias_correction", False):
             # Steps may differ between parameters (one without a gradient on
             # some step), so the corrections are per tensor.
@@ -194,7 +201,7 @@ class Lamb(_AdamMoments):
         """``||w|| / ||update||`` of a whole tensor as a 0-dim tensor on w's device."""
         return _ratio(torch.linalg.vector_norm(w), torch.linalg.vector_norm(update))
 
-    def _sharded_trust_ratios(self, params: list[torch.Tensor], updates: list[torch.Tensor],
+    def _sharded_trust_ratios(self, params: list[torch.Tensor], updates: tuple[torch.Tensor, ...],
                               shard_group) -> list[torch.Tensor]:
         """The trust ratios of tensors of which this rank holds one part each.
 
@@ -209,7 +216,7 @@ class Lamb(_AdamMoments):
         w_norms, u_norms = squares.sqrt().unbind()
         return [r.to(p.dtype) for r, p in zip(_ratio(w_norms, u_norms).unbind(), params)]
 
-    def _apply(self, group: dict, params: list[torch.Tensor], updates: list[torch.Tensor],
+    def _apply(self, group: dict, params: list[torch.Tensor], updates: tuple[torch.Tensor, ...],
                shard_group) -> None:
         if group["weight_decay"] != 0:
             torch._foreach_add_(updates, params, alpha=group["weight_decay"])
@@ -250,7 +257,7 @@ class AdamWNoBiasCorrection(_AdamMoments):
         _check_hyperparameters(lr, betas, eps, weight_decay)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
 
-    def _apply(self, group: dict, params: list[torch.Tensor], updates: list[torch.Tensor],
+    def _apply(self, group: dict, params: list[torch.Tensor], updates: tuple[torch.Tensor, ...],
                shard_group) -> None:
         # Elementwise: each rank updates its own shard, no communication needed.
         if group["weight_decay"] != 0:

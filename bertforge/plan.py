@@ -49,7 +49,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .config import Config, ConfigError, ModelConfig
+from .config import Config, ConfigError, ModelConfig, config_from_args
 
 FP32 = 4
 # What the runtime holds besides tensors. CUDA: context, cuBLAS/cuDNN and NCCL
@@ -425,10 +425,8 @@ def add_plan_command(sub: Any, config_help: str, epilog: str) -> None:
 def cmd_plan(args: Any, extra: list[str]) -> int:
     import json
 
-    from .cli import _config_from_args
-
     device_memory = parse_size(args.device_memory) if args.device_memory is not None else None
-    cfg = _config_from_args(args, extra, default=None)
+    cfg = config_from_args(args, extra, default=None)
     plan = plan_memory(cfg, world_size=args.world_size, device=args.device)
     fits = plan.fits(device_memory) if device_memory is not None else None
     if args.json:

@@ -19,13 +19,13 @@ masks, and gives the same loss, at any world size.
 from __future__ import annotations
 
 import contextlib
-import math
+import itertools
 import random
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -35,155 +35,34 @@ from .config import Config, ConfigError, accumulation_steps
 from .data import PretrainingDataset, SyntheticDataset, build_datasets, decode_sample, vocab_size_of
 from .data.loader import Prefetcher, RecordStream, is_records, masking_spec, record_files
 from .data.records import open_records, read_records
-from .dist import (DistContext, barrier, check_execution, destroy_distributed, from_main, gradient_sync,
-                   init_distributed, is_sharded, mean_over_ranks, prepare_model, unwrap, write_error)
+from .dist import (
+    DistContext,
+    barrier,
+    check_execution,
+    destroy_distributed,
+    from_main,
+    init_distributed,
+    prepare_model,
+    unwrap,
+    write_error,
+)
+from .engine import BatchStream, Engine, autocast, set_threads, to_device
 from .log import MetricsLogger, ProgressBar, Throughput
 from .model import BertForPreTraining, num_parameters, pretraining_loss
 from .optim import build_optimizer, build_scheduler
 
 
-def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    if precision == "fp16" and device.type != "cuda":
-        raise ConfigError("execution.precision=fp16 needs a CUDA device; use bf16 on the CPU")
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device.type, dtype=dtype)
-
-
-class BatchStream:
-    """Micro-batches in a seeded random order per epoch; the last partial batch is dropped.
-
-    The position (epoch, index) is all the state there is: a resumed stream
-    computes the same permutation and starts at the same batch.
-
-    Split over ``world_size`` ranks, rank r reads the micro-batches r, r + W,
-    r + 2W, … of that one order. The position counts the micro-batches of all
-    ranks together, so it is the same on every rank and means the same at any
-    world size: after one step it has moved by the whole global batch.
-    """
-
-    def __init__(self, dataset: PretrainingDataset | SyntheticDataset, batch_size: int, seed: int,
-                 epoch: int = 0, index: int = 0, rank: int = 0, world_size: int = 1):
-        if len(dataset) < batch_size * world_size:
-            ranks = f" × world size {world_size}" if world_size > 1 else ""
-            raise ConfigError(f"the training set has {len(dataset)} sequences, fewer than "
-                              f"train.micro_batch_size={batch_size}{ranks}")
-        self.dataset, self.batch_size, self.seed = dataset, batch_size, seed
-        self.rank, self.world_size = rank, world_size
-        self.batches_in_order = len(dataset) // batch_size  # per epoch, all ranks together
-        self.batches_per_epoch = self.batches_in_order // world_size  # what each rank reads, as RecordStream
-        self.num_sequences = len(dataset)
-        self._consumed = epoch * self.batches_in_order + index  # micro-batches, all ranks together
-        self._order_epoch, self._order = -1, None
-
-    @property
-    def epoch(self) -> int:
-        return self._consumed // self.batches_in_order
-
-    def _permutation(self, epoch: int) -> torch.Tensor:
-        if epoch != self._order_epoch:
-            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-            self._order_epoch, self._order = epoch, torch.randperm(len(self.dataset), generator=generator)
-        return self._order
-
-    def next(self) -> dict[str, torch.Tensor]:
-        epoch, index = divmod(self._consumed + self.rank, self.batches_in_order)
-        self._consumed += self.world_size
-        start = index * self.batch_size
-        return self.dataset.batch(self._permutation(epoch)[start:start + self.batch_size].numpy())
-
-    def state(self) -> dict[str, int]:
-        epoch, index = divmod(self._consumed, self.batches_in_order)
-        return {"epoch": epoch, "index": index}
-
-    def close(self) -> None:
-        pass
-
-
-def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    non_blocking = device.type == "cuda"
-    return {k: v.to(device, non_blocking=non_blocking) for k, v in batch.items()}
-
-
 def forward_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The pre-training losses and accuracy counts of one batch (see ``pretraining_loss``)."""
     mlm_logits, nsp_logits = model(batch["input_ids"], batch["token_type_ids"],
                                    batch["attention_mask"], batch["masked_lm_positions"])
     return pretraining_loss(mlm_logits, nsp_logits, batch)
 
 
-@dataclass
-class StepContext:
-    """What one optimizer step needs besides the batches."""
-
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    device: torch.device
-    precision: str
-    grad_clip: float
-    scaler: torch.amp.GradScaler | None = None
-    dist: DistContext = field(default_factory=DistContext)
-    seed: int | None = None  # seed dropout per micro-batch (see micro_batch_seed); None = leave the RNG alone
-
-
-def micro_batch_seed(seed: int, step: int, index: int) -> int:
-    """The RNG seed of micro-batch ``index`` of the global batch of step ``step``.
-
-    Dropout masks then depend on nothing else: not on the world size, nor on
-    what ran before, so a resumed run needs no RNG state to draw the same ones.
-    """
-    return (seed * 1_000_003 + step) * 65_537 + index
-
-
-def train_step(ctx: StepContext, micro_batches: list[dict[str, torch.Tensor]],
-               step: int = 0) -> dict[str, torch.Tensor]:
-    """Forward and backward over this rank's micro-batches, then one optimizer step.
-
-    Returns the step's mean losses over all ranks and its global gradient
-    norm as tensors, so the caller decides when to pay for a device sync.
-    """
-    n = len(micro_batches)
-    rank, world_size = ctx.dist.rank, ctx.dist.world_size
-    totals: dict[str, torch.Tensor] = {}
-    for i, batch in enumerate(micro_batches):
-        if ctx.seed is not None:
-            torch.manual_seed(micro_batch_seed(ctx.seed, step, rank + i * world_size))
-        # DDP all-reduces the accumulated gradients once, after the last micro-batch.
-        with gradient_sync(ctx.model, enabled=i == n - 1):
-            with autocast(ctx.device, ctx.precision):
-                out = forward_loss(ctx.model, batch)
-            loss = out["loss"] / n
-            if ctx.scaler is not None:
-                loss = ctx.scaler.scale(loss)
-            loss.backward()
-        for key in ("loss", "mlm_loss", "nsp_loss"):
-            totals[key] = totals.get(key, 0.0) + out[key].detach() / n
-    totals = mean_over_ranks(ctx.dist, totals)
-    totals["grad_norm"] = apply_gradients(ctx)
-    return totals
-
-
-def apply_gradients(ctx: StepContext) -> torch.Tensor:
-    """After the backward passes: unscale, clip by global norm, step, schedule, clear.
-
-    Returns the global gradient norm (before clipping) as a 0-dim tensor.
-    """
-    if ctx.scaler is not None:
-        ctx.scaler.unscale_(ctx.optimizer)
-    params = [p for p in ctx.model.parameters() if p.grad is not None]
-    # Under FSDP the gradients are shards (DTensors) and this is the norm of the whole.
-    grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
-    if ctx.grad_clip > 0:
-        torch.nn.utils.clip_grads_with_norm_(params, ctx.grad_clip, grad_norm)
-    if ctx.scaler is not None:
-        ctx.scaler.step(ctx.optimizer)
-        ctx.scaler.update()
-    else:
-        ctx.optimizer.step()
-    ctx.scheduler.step()
-    ctx.optimizer.zero_grad(set_to_none=True)
-    return grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+def training_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The engine's loss function: the losses a training step reports."""
+    out = forward_loss(model, batch)
+    return {key: out[key] for key in ("loss", "mlm_loss", "nsp_loss")}
 
 
 @torch.no_grad()
@@ -219,20 +98,6 @@ def evaluate(model: nn.Module, dataset: PretrainingDataset, batch_size: int, dev
     }
 
 
-def rng_state(device: torch.device) -> dict[str, Any]:
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
-
-
 def make_run_dir(cfg: Config) -> Path:
     name = cfg.log.name or datetime.now().strftime("pretrain-%Y%m%d-%H%M%S")
     run_dir = Path(cfg.log.run_dir) / name
@@ -253,7 +118,9 @@ def load_data(cfg: Config, run_dir: Path, rank: int = 0,
     ``model.vocab_size`` in cfg where the data decides them.
     """
     d, batch_size, seed = cfg.data, cfg.train.micro_batch_size, cfg.train.seed
-    split = {"rank": rank, "world_size": world_size}
+    split: dict[str, Any] = {"rank": rank, "world_size": world_size}
+    train: SyntheticDataset | PretrainingDataset
+    eval_set: PretrainingDataset | None
     if d.synthetic:
         train = SyntheticDataset(size=max(cfg.train.global_batch_size * 64, 1024),
                                  vocab_size=cfg.model.vocab_size, seq_len=d.seq_len,
@@ -319,8 +186,7 @@ def pretrain(cfg: Config) -> dict[str, Any]:
     ``error_rank{N}.log`` in the run directory.
     """
     started = time.perf_counter()
-    if cfg.execution.threads > 0:
-        torch.set_num_threads(cfg.execution.threads)
+    set_threads(cfg.execution.threads)
     dist = init_distributed(cfg.execution.device)
     try:
         check_execution(cfg.execution, dist.world_size)
@@ -344,7 +210,6 @@ def pretrain(cfg: Config) -> dict[str, Any]:
 def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | None,
           started: float) -> dict[str, Any]:
     """The body of ``pretrain`` on one rank, given the run directory."""
-    device = dist.device
     loaded = []
 
     def load_on_main() -> tuple[str, int]:
@@ -361,119 +226,89 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
 
     torch.manual_seed(cfg.train.seed)  # every rank builds the same initial weights
     random.seed(cfg.train.seed)
-    model = BertForPreTraining(cfg.model)
+    model: nn.Module = BertForPreTraining(cfg.model)  # then wrapped by prepare_model
     if cfg.checkpoint.init and resume_from is None:
-        init = ckpt.find_checkpoint(cfg.checkpoint.init)
-        ckpt.check_model_config(ckpt.read_config(init).model, cfg.model, init)
-        ckpt.load_weights(model, init)
-
+        ckpt.load_weights(model, cfg.checkpoint.init)
     try:
         accumulation = accumulation_steps(cfg.train, world_size=dist.world_size)
     except ConfigError as err:
         raise ConfigError(f"{err} (micro-batch {cfg.train.micro_batch_size} × {dist.world_size} "
                           f"rank(s))") from None
-    optimizer_state, resumed = ckpt.load_trainer_state(resume_from) if resume_from else (None, None)
-    stream = make_stream(resumed["data"] if resumed else {})
+    saved = ckpt.read_trainer_state(resume_from) if resume_from else None
+    stream = make_stream(saved["data"] if saved else {})
     if resume_from is not None:
-        check_resume(resume_from, resumed, dist.world_size, streamed=not isinstance(stream, BatchStream))
-        if optimizer_state is not None:  # full weights: load before DDP copies them or FSDP shards them
-            ckpt.load_weights(model, resume_from)
+        assert saved is not None  # read above
+        check_resume(resume_from, saved, dist.world_size, streamed=not isinstance(stream, BatchStream))
     model = prepare_model(model.train(), cfg.execution, dist)
     steps = total_steps(cfg, stream.batches_per_epoch, accumulation)
     optimizer = build_optimizer(unwrap(model), cfg.train)
-    scheduler = build_scheduler(optimizer, cfg.train, steps)
-    scaler = torch.amp.GradScaler(device.type) if cfg.execution.precision == "fp16" else None
-    ctx = StepContext(model, optimizer, scheduler, device, cfg.execution.precision,
-                      cfg.train.grad_clip, scaler, dist=dist, seed=cfg.train.seed)
+    engine = Engine(model, optimizer, build_scheduler(optimizer, cfg.train, steps), training_loss,
+                    cfg.execution.precision, cfg.train.grad_clip, dist, seed=cfg.train.seed)
+    step = ckpt.resume(resume_from, engine)["step"] if resume_from is not None else 0
 
-    step = 0
-    if resume_from is not None:
-        if optimizer_state is None:  # shards, for any world size and parallel mode
-            ckpt.load_sharded_checkpoint(resume_from, unwrap(model), optimizer)
-        elif is_sharded(model):
-            ckpt.load_full_optimizer_state(unwrap(model), optimizer, optimizer_state)
-        else:
-            optimizer.load_state_dict(optimizer_state)
-        scheduler.load_state_dict(resumed["scheduler"])
-        if scaler is not None and "scaler" in resumed:
-            scaler.load_state_dict(resumed["scaler"])
-        set_rng_state(resumed["rng"], device)
-        step = resumed["step"]
+    with contextlib.ExitStack() as stack:
+        stack.callback(stream.close)
+        logger = stack.enter_context(MetricsLogger(run_dir, cfg, enabled=dist.is_main))
+        bar = stack.enter_context(ProgressBar(steps, step, enabled=cfg.log.progress, main=dist.is_main))
+        bar.print(f"run directory: {run_dir}")
+        ranks = f" × {dist.world_size} ranks ({cfg.execution.parallel})" if dist.world_size > 1 else ""
+        bar.print(f"model: {num_parameters(unwrap(model)) / 1e6:.2f}M parameters, "
+                  f"{cfg.model.num_hidden_layers} layers, hidden {cfg.model.hidden_size}; "
+                  f"{stream.num_sequences} training sequences of {cfg.data.seq_len}; "
+                  f"global batch {cfg.train.global_batch_size} = {cfg.train.micro_batch_size} × "
+                  f"{accumulation}{ranks}")
 
-    logger = MetricsLogger(run_dir, cfg, enabled=dist.is_main)
-    bar = ProgressBar(steps, step, enabled=cfg.log.progress, main=dist.is_main)
-    bar.print(f"run directory: {run_dir}")
-    ranks = f" × {dist.world_size} ranks ({cfg.execution.parallel})" if dist.world_size > 1 else ""
-    bar.print(f"model: {num_parameters(unwrap(model)) / 1e6:.2f}M parameters, "
-              f"{cfg.model.num_hidden_layers} layers, hidden {cfg.model.hidden_size}; "
-              f"{stream.num_sequences} training sequences of {cfg.data.seq_len}; "
-              f"global batch {cfg.train.global_batch_size} = {cfg.train.micro_batch_size} × {accumulation}{ranks}")
+        def run_eval() -> dict[str, float] | None:
+            if eval_set is None:
+                return None
+            # Every rank evaluates the whole set: FSDP's forward needs all ranks.
+            result = evaluate(model, eval_set, cfg.train.micro_batch_size, dist.device,
+                              cfg.execution.precision, cfg.train.eval_batches)
+            logger.log({"step": step, "split": "eval", **result})
+            bar.print(f"step {step}: eval mlm_accuracy {result['mlm_accuracy']:.4f} "
+                      f"nsp_accuracy {result['nsp_accuracy']:.4f} loss {result['loss']:.4f}")
+            return result
 
-    def run_eval() -> dict[str, float] | None:
-        if eval_set is None:
-            return None
-        # Every rank evaluates the whole set: FSDP's forward needs all ranks.
-        result = evaluate(model, eval_set, cfg.train.micro_batch_size, device,
-                          cfg.execution.precision, cfg.train.eval_batches)
-        logger.log({"step": step, "split": "eval", **result})
-        bar.print(f"step {step}: eval mlm_accuracy {result['mlm_accuracy']:.4f} "
-                  f"nsp_accuracy {result['nsp_accuracy']:.4f} loss {result['loss']:.4f}")
-        return result
+        def save() -> Path:
+            return ckpt.save(run_dir, step, engine, cfg, {"data": stream.state()})
 
-    def save() -> Path:
-        state = {"step": step, "scheduler": scheduler.state_dict(), "data": stream.state(),
-                 "rng": rng_state(device), "world_size": dist.world_size,
-                 "parallel": cfg.execution.parallel}
-        if scaler is not None:
-            state["scaler"] = scaler.state_dict()
-        if is_sharded(model):
-            return ckpt.save_sharded_checkpoint(run_dir, step, unwrap(model), optimizer, state, cfg, dist,
-                                                keep=cfg.checkpoint.keep)
-        return from_main(dist, lambda: ckpt.save_checkpoint(run_dir, step, unwrap(model), optimizer, state,
-                                                            cfg, keep=cfg.checkpoint.keep))
-
-    first_eval = run_eval() if step == 0 else None
-    first_loss = last_loss = None
-    throughput = Throughput()
-    last_eval = first_eval
-    while step < steps:
-        lr = scheduler.get_last_lr()[0]
-        micro_batches = [stream.next() for _ in range(accumulation)]
-        if step == 0 and cfg.data.vocab and not cfg.data.synthetic:  # what the model is fed, for a person
-            bar.print(f"sample: {decode_sample(micro_batches[0], cfg.data.vocab)[:400]}")
-        micro_batches = [to_device(b, device) for b in micro_batches]
-        out = train_step(ctx, micro_batches, step)
-        step += 1
-        throughput.add(cfg.train.global_batch_size)
-        if step % cfg.log.every == 0 or step == steps or step == 1:
-            values = {k: v.item() for k, v in out.items()}
-            if not math.isfinite(values["loss"]):
-                raise FloatingPointError(f"loss is {values['loss']} at step {step}; "
-                                         f"lower train.lr or use execution.precision=fp32")
-            first_loss = values["loss"] if first_loss is None else first_loss
-            last_loss = values["loss"]
-            seq_per_s = throughput.rate()
-            logger.log({"step": step, **values, "lr": lr, "seq_per_s": seq_per_s,
-                        "epoch": stream.epoch})
-            bar.update(step, f"loss {values['loss']:.3f} mlm {values['mlm_loss']:.3f} "
-                             f"nsp {values['nsp_loss']:.3f} {seq_per_s:.0f} seq/s")
-        else:
-            bar.update(step)
-        if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < steps:
-            last_eval = run_eval()
-        if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < steps:
-            save()
-    final_checkpoint = save()
-    last_eval = run_eval() or last_eval
-    stream.close()
-    bar.close()
-    logger.close()
-    summary = {
-        "run_dir": str(run_dir), "checkpoint": str(final_checkpoint), "steps": step,
-        "first_loss": first_loss, "last_loss": last_loss,
-        "first_eval": first_eval, "last_eval": last_eval,
-        "wall_s": round(time.perf_counter() - started, 1),
-        "rank": dist.rank, "world_size": dist.world_size,
-    }
-    bar.print(f"done in {summary['wall_s']} s; checkpoint: {final_checkpoint}")
+        first_eval = last_eval = run_eval() if step == 0 else None
+        first_loss = last_loss = None
+        throughput = Throughput()
+        micro_batches: Iterable[dict[str, torch.Tensor]]
+        while step < steps:
+            lr = engine.lr
+            if step == 0 and cfg.data.vocab and not cfg.data.synthetic:  # what the model is fed, for a person
+                first = stream.next()
+                bar.print(f"sample: {decode_sample(first, cfg.data.vocab)[:400]}")
+                micro_batches = itertools.chain([first], (stream.next() for _ in range(accumulation - 1)))
+            else:
+                micro_batches = (stream.next() for _ in range(accumulation))
+            out = engine.step(micro_batches, accumulation, step)
+            step += 1
+            throughput.add(cfg.train.global_batch_size)
+            if step % cfg.log.every == 0 or step == steps or step == 1:
+                values = {k: v.item() for k, v in out.items()}
+                first_loss = values["loss"] if first_loss is None else first_loss
+                last_loss = values["loss"]
+                seq_per_s = throughput.rate()
+                logger.log({"step": step, **values, "lr": lr, "seq_per_s": seq_per_s, "epoch": stream.epoch})
+                bar.update(step, f"loss {values['loss']:.3f} mlm {values['mlm_loss']:.3f} "
+                                 f"nsp {values['nsp_loss']:.3f} {seq_per_s:.0f} seq/s")
+            else:
+                bar.update(step)
+            if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < steps:
+                last_eval = run_eval()
+            if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < steps:
+                save()
+        final_checkpoint = save()
+        last_eval = run_eval() or last_eval
+        summary = {
+            "run_dir": str(run_dir), "checkpoint": str(final_checkpoint), "steps": step,
+            "first_loss": first_loss, "last_loss": last_loss,
+            "first_eval": first_eval, "last_eval": last_eval,
+            "wall_s": round(time.perf_counter() - started, 1),
+            "rank": dist.rank, "world_size": dist.world_size,
+        }
+        bar.print(f"done in {summary['wall_s']} s; checkpoint: {final_checkpoint}")
     return summary

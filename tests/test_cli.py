@@ -42,7 +42,8 @@ def test_help(words, capsys):
 
 
 def test_console_script_runs_as_a_module():
-    out = subprocess.run([sys.executable, "-m", "bertforge", "--version"], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "bertforge", "--version"], capture_output=True, text=True,
+                         check=False)
     assert out.returncode == 0 and out.stdout.startswith("bertforge ")
 
 
@@ -90,3 +91,154 @@ def test_leftover_flags_are_rejected_unless_the_command_takes_overrides(capsys):
         main(["export", "/no/such/run", "/tmp/out", "--train.lr", "1"])
     assert exit_info.value.code == 2
     assert "unrecognized arguments: --train.lr 1" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------ one error handler: cli.main
+
+
+def test_a_squad_error_is_one_line_and_exit_2_through_main(tmp_path, capsys):
+    missing = tmp_path / "missing.json"
+    assert main(["squad", "evaluate", str(missing), str(missing)]) == 2
+    assert capsys.readouterr().err == f"error: file not found: {missing}\n"
+
+
+def test_a_multi_line_message_is_printed_whole_on_one_line(tmp_path, capsys, monkeypatch):
+    import bertforge.squad.metric
+    from bertforge.squad import SquadError
+
+    def evaluate(dataset, predictions):
+        raise SquadError("predictions.json: 2 questions unknown:\n  q1\n  q2\n")
+
+    monkeypatch.setattr(bertforge.squad.metric, "evaluate", evaluate)
+    (tmp_path / "dev.json").write_text('{"data": []}')
+    (tmp_path / "p.json").write_text('{"q1": "a"}')
+    assert main(["squad", "evaluate", str(tmp_path / "dev.json"), str(tmp_path / "p.json")]) == 2
+    assert capsys.readouterr().err == "error: predictions.json: 2 questions unknown: q1 q2\n"
+
+
+def test_squad_handlers_raise_and_leave_the_exit_to_main(tmp_path):
+    import bertforge.squad.cli as squad_cli
+    from bertforge.squad import SquadError
+
+    assert not hasattr(squad_cli, "_handler") and not hasattr(squad_cli, "_user_errors")
+    args = argparse.Namespace(dataset=str(tmp_path / "none.json"), predictions=str(tmp_path / "none.json"))
+    with pytest.raises(SquadError, match="file not found"):
+        squad_cli.cmd_evaluate(args, [])
+
+
+def test_an_empty_message_names_the_error(capsys, monkeypatch):
+    from bertforge.data import DataError
+
+    def fail(args, extra):
+        raise DataError()
+
+    monkeypatch.setattr(sys.modules["bertforge.cli"], "cmd_config", fail)
+    assert main(["config"]) == 2
+    assert capsys.readouterr().err == "error: DataError\n"
+
+
+# ------------------------------------------------------------ choices come from the config's types
+
+
+def find_action(parser, words, dest):
+    for word in words:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = sub.choices[word]
+    return next(a for a in parser._actions if a.dest == dest)
+
+
+def test_flag_choices_are_the_config_literals():
+    import typing
+
+    from bertforge.config import Head, Precision
+
+    parser = build_parser()
+    assert typing.get_args(Precision) == ("fp32", "bf16", "fp16")
+    assert tuple(find_action(parser, ["bench", "pretrain"], "precision").choices) == ("fp32", "bf16", "fp16")
+    assert tuple(find_action(parser, ["bench", "squad"], "precision").choices) == ("fp32", "bf16", "fp16")
+    assert tuple(find_action(parser, ["squad", "predict"], "precision").choices) == ("fp32", "bf16")
+    assert typing.get_args(Head) == ("pretraining", "qa", "encoder")
+    assert tuple(find_action(parser, ["export"], "head").choices) == ("pretraining", "qa", "encoder")
+
+
+def test_checkpoint_heads_are_the_config_literal():
+    from bertforge.checkpoint import HEADS
+
+    assert HEADS == ("pretraining", "qa", "encoder")
+
+
+# ------------------------------------------------------------ logging, configured in main
+
+
+@pytest.fixture
+def downloaded(tmp_path):
+    """A dump already in place: ``data wikipedia download`` logs that it is and does nothing else."""
+    (tmp_path / "dump.xml.bz2").write_bytes(b"BZh9")
+    return ["data", "wikipedia", "download", str(tmp_path), "--url", "http://127.0.0.1:9/dump.xml.bz2",
+            "--no-verify"], tmp_path / "dump.xml.bz2"
+
+
+def test_library_info_lines_are_shown_by_default(downloaded, capsys, monkeypatch):
+    monkeypatch.delenv("BERTFORGE_LOG_LEVEL", raising=False)
+    argv, path = downloaded
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert out == f"{path}\n"
+    assert err == f"INFO bertforge.data.wikipedia: {path} is already here\n"
+
+
+@pytest.mark.parametrize("level, shown", [("DEBUG", True), ("debug", True), ("INFO", True),
+                                          ("WARNING", False), ("ERROR", False)])
+def test_log_level_flag(level, shown, downloaded, capsys):
+    argv, path = downloaded
+    assert main(["--log-level", level, *argv]) == 0
+    expected = f"INFO bertforge.data.wikipedia: {path} is already here\n" if shown else ""
+    assert capsys.readouterr().err == expected
+
+
+def test_log_level_from_the_environment_and_the_flag_wins(downloaded, capsys, monkeypatch):
+    argv, path = downloaded
+    monkeypatch.setenv("BERTFORGE_LOG_LEVEL", "warning")
+    assert main(argv) == 0
+    assert capsys.readouterr().err == ""
+    assert main(["--log-level", "INFO", *argv]) == 0
+    assert capsys.readouterr().err == f"INFO bertforge.data.wikipedia: {path} is already here\n"
+
+
+def test_a_bad_log_level_is_a_usage_error(capsys, monkeypatch):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--log-level", "loud", "config"])
+    assert exit_info.value.code == 2
+    assert "argument --log-level: 'loud' is not a log level (DEBUG, INFO, WARNING, ERROR, CRITICAL)" in \
+        capsys.readouterr().err
+    monkeypatch.setenv("BERTFORGE_LOG_LEVEL", "verbose")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["config"])
+    assert exit_info.value.code == 2
+    assert "'verbose' is not a log level" in capsys.readouterr().err
+
+
+def test_main_leaves_the_logging_setup_as_it_found_it(downloaded):
+    import logging
+
+    logger = logging.getLogger("bertforge")
+    before = (list(logger.handlers), logger.level)
+    assert main(["--log-level", "DEBUG", *downloaded[0]]) == 0
+    assert (list(logger.handlers), logger.level) == before
+
+
+# ------------------------------------------------------------ no import circle
+
+
+def test_plan_does_not_import_the_command_line():
+    code = ("import sys, bertforge.plan, bertforge.config; "
+            "print(sorted(m for m in ('bertforge.cli', 'bertforge.squad.cli', 'torch') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_plan_command_still_runs_through_main(capsys):
+    assert main(["plan", "--config", "tiny", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["fits"] is None and result["device_memory"] is None

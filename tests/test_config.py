@@ -1,10 +1,30 @@
 """Config: presets, shipped YAML files, dotted overrides and the errors they raise."""
 
+import argparse
+import typing
+
 import pytest
 import yaml
 
-from bertforge.config import (CONFIG_DIR, MODEL_PRESETS, Config, ConfigError, config_from_dict,
-                              load_config, parse_overrides)
+from bertforge.config import (
+    CONFIG_DIR,
+    MODEL_PRESETS,
+    Config,
+    ConfigError,
+    ExecutionConfig,
+    HiddenAct,
+    ModelConfig,
+    Optimizer,
+    Parallel,
+    Precision,
+    Recompute,
+    Schedule,
+    TrainConfig,
+    config_from_args,
+    config_from_dict,
+    load_config,
+    parse_overrides,
+)
 
 SHIPPED = sorted(p.stem for p in CONFIG_DIR.glob("pretrain_*.yaml"))  # squad_*: tests/test_squad_train.py
 
@@ -32,8 +52,10 @@ def test_every_shipped_config_parses_and_round_trips(name):
 def test_phase_configs_have_the_published_recipe():
     p1, p2 = load_config("pretrain_large_128_phase1"), load_config("pretrain_large_512_phase2")
     assert (p1.model.num_hidden_layers, p1.model.hidden_size) == (24, 1024)
-    assert (p1.data.seq_len, p1.data.max_predictions, p1.train.global_batch_size, p1.train.lr) == (128, 20, 65536, 0.006)
-    assert (p2.data.seq_len, p2.data.max_predictions, p2.train.global_batch_size, p2.train.lr) == (512, 80, 32768, 0.004)
+    shape = (p1.data.seq_len, p1.data.max_predictions, p1.train.global_batch_size, p1.train.lr)
+    assert shape == (128, 20, 65536, 0.006)
+    shape = (p2.data.seq_len, p2.data.max_predictions, p2.train.global_batch_size, p2.train.lr)
+    assert shape == (512, 80, 32768, 0.004)
     assert p1.accumulation_steps == 1024 and p2.accumulation_steps == 2048
 
 
@@ -94,3 +116,114 @@ def test_parse_overrides_rejects_positional_junk():
 def test_defaults_are_bert_base():
     cfg = Config()
     assert (cfg.model.num_hidden_layers, cfg.model.hidden_size, cfg.model.vocab_size) == (12, 768, 30522)
+
+
+# ------------------------------------------------------------ choices: Literal-typed fields
+
+
+def literal_fields() -> dict[str, tuple]:
+    """``section.field`` → choices, for every Literal-typed field of Config."""
+    found = {}
+    for section, section_type in typing.get_type_hints(Config).items():
+        for name, typ in typing.get_type_hints(section_type).items():
+            if typing.get_origin(typ) is typing.Literal:
+                found[f"{section}.{name}"] = typing.get_args(typ)
+    return found
+
+
+def test_choices_are_the_literal_types_of_the_fields():
+    assert typing.get_type_hints(ExecutionConfig)["precision"] is Precision
+    assert typing.get_type_hints(ExecutionConfig)["parallel"] is Parallel
+    assert typing.get_type_hints(ExecutionConfig)["recompute"] is Recompute
+    assert typing.get_type_hints(TrainConfig)["optimizer"] is Optimizer
+    assert typing.get_type_hints(TrainConfig)["schedule"] is Schedule
+    assert typing.get_type_hints(ModelConfig)["hidden_act"] is HiddenAct
+    assert literal_fields() == {
+        "model.hidden_act": ("gelu", "relu", "gelu_new"),
+        "train.optimizer": ("lamb", "adamw"),
+        "train.schedule": ("poly", "exp", "table", "constant"),
+        "execution.precision": ("fp32", "bf16", "fp16"),
+        "execution.parallel": ("none", "ddp", "fsdp"),
+        "execution.recompute": ("none", "layer", "attention"),
+    }
+
+
+def test_literal_defaults_are_among_their_choices():
+    cfg = Config()
+    for key, choices in literal_fields().items():
+        section, name = key.split(".")
+        assert getattr(getattr(cfg, section), name) == choices[0], key
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("execution.precision", "fp8", "execution.precision: 'fp8' is not one of fp32, bf16, fp16"),
+    ("execution.parallel", "zero3", "execution.parallel: 'zero3' is not one of none, ddp, fsdp"),
+    ("execution.recompute", "all", "execution.recompute: 'all' is not one of none, layer, attention"),
+    ("train.schedule", "cosine", "train.schedule: 'cosine' is not one of poly, exp, table, constant"),
+    ("model.hidden_act", "silu", "model.hidden_act: 'silu' is not one of gelu, relu, gelu_new"),
+    ("execution.precision", "BF16", "execution.precision: 'BF16' is not one of fp32, bf16, fp16"),
+])
+def test_a_bad_choice_names_the_key_and_the_choices(key, value, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [(key, value)])
+    assert str(info.value) == message
+
+
+def test_a_bad_choice_in_yaml_names_the_key_the_choices_and_the_file(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text("execution:\n  parallel: 2\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(str(path))
+    assert str(info.value) == f"execution.parallel: 2 is not one of none, ddp, fsdp in {path}"
+
+
+def test_good_choices_are_kept_and_round_trip():
+    cfg = load_config("tiny", [("execution.precision", "bf16"), ("execution.parallel", "fsdp"),
+                               ("execution.recompute", "attention"), ("train.optimizer", "adamw"),
+                               ("train.schedule", "exp"), ("model.hidden_act", "relu")])
+    assert (cfg.execution.precision, cfg.execution.parallel, cfg.execution.recompute,
+            cfg.train.optimizer, cfg.train.schedule, cfg.model.hidden_act) == \
+        ("bf16", "fsdp", "attention", "adamw", "exp", "relu")
+    saved = cfg.to_yaml()
+    assert "precision: bf16\n" in saved and "hidden_act: relu\n" in saved
+    assert config_from_dict(yaml.safe_load(saved)) == cfg
+
+
+def test_invalid_yaml_is_a_one_line_error_with_the_position(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("train:\n  lr: [1\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(str(path))
+    assert str(info.value) == (f"{path}: not valid YAML (expected ',' or ']', but got '<stream end>' "
+                               "at line 3, column 1)")
+
+
+# ------------------------------------------------------------ config_from_args
+
+
+def test_config_from_args_applies_the_overrides_then_the_flags():
+    args = argparse.Namespace(config="tiny", steps=7, epochs=None, resume=None, init=None,
+                              run_dir="/tmp/runs", name="mine", wandb=True, no_progress=True)
+    cfg = config_from_args(args, ["--train.lr", "5e-4", "--train.steps", "9"], default="base")
+    assert cfg.model.hidden_size == 128  # --config wins over the default
+    assert (cfg.train.steps, cfg.train.lr) == (7, 5e-4)  # --steps beats --train.steps
+    assert (cfg.log.run_dir, cfg.log.name, cfg.log.wandb, cfg.log.progress) == ("/tmp/runs", "mine", True, False)
+
+
+def test_config_from_args_uses_the_default_and_skips_flags_a_command_lacks():
+    cfg = config_from_args(argparse.Namespace(config=None), [], default="mini")
+    assert (cfg.model.num_hidden_layers, cfg.model.hidden_size) == (4, 256)
+    assert (cfg.train.steps, cfg.log.progress, cfg.log.wandb) == (1000, True, False)
+
+
+def test_config_from_args_resumes_with_the_saved_config(tmp_path):
+    step = tmp_path / "run" / "checkpoints" / "step_00000010"
+    step.mkdir(parents=True)
+    saved = load_config("tiny", [("train.lr", "2e-4"), ("execution.recompute", "layer")])
+    (step / "config.yaml").write_text(saved.to_yaml())
+    for name in ("model.safetensors", "trainer.pt", "optimizer.pt"):
+        (step / name).write_bytes(b"")
+    args = argparse.Namespace(config=None, steps=20, resume=str(step))
+    cfg = config_from_args(args, [], default="pretrain_tiny")
+    assert (cfg.model.hidden_size, cfg.train.lr, cfg.execution.recompute) == (128, 2e-4, "layer")
+    assert (cfg.train.steps, cfg.checkpoint.resume) == (20, str(step))

@@ -15,8 +15,15 @@ transformers = pytest.importorskip("transformers")
 
 from bertforge.config import ModelConfig  # noqa: E402
 from bertforge.convert import (  # noqa: E402
-    ConversionError, NewlyInitializedWarning, export_hf, hf_config_from_model_config, hf_to_ours,
-    load_hf, load_hf_state_dict, model_config_from_hf)
+    ConversionError,
+    NewlyInitializedWarning,
+    export_hf,
+    hf_config_from_model_config,
+    hf_to_ours,
+    load_hf,
+    load_hf_state_dict,
+    model_config_from_hf,
+)
 from bertforge.model import BertForPreTraining, BertModel  # noqa: E402
 
 SMALL = dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,

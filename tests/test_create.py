@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import bz2
 import json
+import random
 import sys
 from pathlib import Path
 
 import numpy as np
-import random
-
 import pytest
 from conftest import shared_data
 
@@ -25,12 +24,13 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
 from data_prep import wiki_sample_text
 
 from bertforge.data import DataError
-from bertforge.data.create import (CreateStats, FastWordPiece, _read_ranges, chunk_ranges,
-                                   create, expand_inputs, generate, read_documents)
+from bertforge.data.create import CreateStats, create, generate
 from bertforge.data.instances import PretrainingArrays, truncated_lengths
 from bertforge.data.pick_eval import make_eval, pick_eval, pick_indices
 from bertforge.data.records import read_records
+from bertforge.data.text import chunk_ranges, expand_inputs, read_documents, read_lines, read_ranges
 from bertforge.data.tokenizer import load_tokenizer, tokenize_documents
+from bertforge.data.wordpiece import FastWordPiece
 
 VOCAB = "vocab/bert-base-uncased-vocab.txt"
 SAMPLE = "text/sample_text.txt"
@@ -161,6 +161,11 @@ def test_read_documents_like_the_reference(tmp_path):
                                                            "into the next file."], ["Third."]]
     for block in (1, 3, 7, 64):  # lines cut by the read blocks come out whole
         assert list(read_documents([one, two], block_bytes=block)) == docs
+    # As the corpus readers of pretrain and preprocess read: each file on its own, no BOM.
+    assert list(read_documents([one, two], across_files=False, strip_bom=True)) == [
+        ["First doc.", "Still first."], ["Second\xa0doc.", "Runs on"], ["into the next file."],
+        ["Third."]]
+    assert list(read_lines(two)) == [(1, "into the next file."), (2, "\x0c"), (3, "Third.")]
 
 
 def test_not_utf8_names_file_and_offset(tmp_path, vocab):
@@ -169,6 +174,11 @@ def test_not_utf8_names_file_and_offset(tmp_path, vocab):
     for block in (5, 1 << 20):
         with pytest.raises(DataError, match=r"bad\.txt: not valid UTF-8 at byte offset 34$"):
             list(read_documents([bad], block_bytes=block))
+        # The documents before the bad line come first, as from a line-by-line reader.
+        documents = read_documents([bad], block_bytes=block)
+        assert next(documents) == ["Fine line one.", "Fine line two."]
+        with pytest.raises(DataError, match="byte offset 34"):
+            next(documents)
     out = tmp_path / "out" / "records.tfrecord"
     for mode in ("reference", "fast"):
         with pytest.raises(DataError, match="byte offset 34"):
@@ -179,7 +189,7 @@ def test_not_utf8_names_file_and_offset(tmp_path, vocab):
 def test_chunks_are_bounded_and_cover_the_input(wiki_path, tmp_path):
     docs = list(read_documents([wiki_path]))
     chunks = list(chunk_ranges([wiki_path], chunk_bytes=50_000, min_docs=4))
-    per_chunk = [list(_read_ranges(chunk)) for chunk in chunks]
+    per_chunk = [list(read_ranges(chunk)) for chunk in chunks]
     assert [d for chunk in per_chunk for d in chunk] == docs
     assert len(chunks) > 10
     for ranges, chunk_docs in zip(chunks[:-1], per_chunk):
@@ -198,7 +208,7 @@ def test_chunks_are_bounded_and_cover_the_input(wiki_path, tmp_path):
         docs = list(read_documents(files))
         for chunk_bytes, min_docs, block in ((1, 1, 3), (10, 2, 7), (30, 3, 1 << 20)):
             chunks = list(chunk_ranges(files, chunk_bytes, min_docs, block_bytes=block))
-            assert [d for c in chunks for d in _read_ranges(c)] == docs
+            assert [d for c in chunks for d in read_ranges(c)] == docs
 
 
 def test_expand_inputs(tmp_path):
@@ -209,6 +219,20 @@ def test_expand_inputs(tmp_path):
         tmp_path / "a.txt", tmp_path / "b.txt", tmp_path / "c.md"]
     with pytest.raises(DataError, match="input not found: .*nothing"):
         expand_inputs([tmp_path / "nothing*.txt"])
+    # The other callers' rules: no globs, other patterns, no directories, skipped names.
+    (tmp_path / "sub.txt").mkdir()  # a directory is never one of a directory's files
+    (tmp_path / "d.jsonl").write_text("{}\n", encoding="utf-8")
+    (tmp_path / ".hidden.txt").write_text("x\n", encoding="utf-8")
+    assert expand_inputs([tmp_path], patterns=("*.jsonl", "*.txt"), skip=(".*",)) == [
+        tmp_path / "a.txt", tmp_path / "b.txt", tmp_path / "d.jsonl"]
+    with pytest.raises(DataError, match=r"corpus not found: .*\*\.txt$"):
+        expand_inputs([tmp_path / "*.txt"], globs=False, what="corpus")
+    with pytest.raises(DataError, match=r"sub\.txt: no \*\.jsonl or \*\.md files in this directory"):
+        expand_inputs([tmp_path / "sub.txt"], patterns=("*.jsonl", "*.md"))
+    with pytest.raises(DataError, match=r"is a directory; name the files"):
+        expand_inputs([tmp_path], patterns=())
+    with pytest.raises(DataError, match="no input files given"):
+        expand_inputs([])
 
 
 # ---------------------------------------------------------------- reference mode

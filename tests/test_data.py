@@ -20,8 +20,15 @@ from bertforge.data import DataError, PretrainingDataset, SyntheticDataset, buil
 from bertforge.data.corpus import builtin_corpus, read_text_corpus, split_sentences
 from bertforge.data.dataset import split_documents
 from bertforge.data.instances import create_instances, to_arrays
-from bertforge.data.tokenizer import (SPECIAL_TOKENS, load_tokenizer, read_vocab, special_ids,
-                                      tokenize_documents, train_wordpiece, vocab_size_of)
+from bertforge.data.tokenizer import (
+    SPECIAL_TOKENS,
+    load_tokenizer,
+    read_vocab,
+    special_ids,
+    tokenize_documents,
+    train_wordpiece,
+    vocab_size_of,
+)
 
 DATA = Path(os.environ.get("BERTFORGE_TEST_DATA",
                            Path(__file__).parents[1] / ".." / "shared" / "data"))
@@ -92,7 +99,7 @@ def test_read_directory_in_sorted_order(tmp_path):
 
 def test_bad_corpus_errors(tmp_path):
     bad = tmp_path / "bad.txt"
-    bad.write_bytes("Fine line.\nCaf".encode() + b"\xe9 au lait.\n")
+    bad.write_bytes(b"Fine line.\nCaf" + b"\xe9 au lait.\n")
     with pytest.raises(DataError, match=r"bad\.txt: not valid UTF-8 at byte offset 14$"):
         read_text_corpus(bad)
     empty = tmp_path / "empty.txt"

@@ -250,7 +250,7 @@ def test_execution_settings_that_cannot_work_are_config_errors():
 
 def test_batch_stream_ranks_split_each_step_of_one_process():
     from bertforge.data import SyntheticDataset
-    from bertforge.train import BatchStream
+    from bertforge.engine import BatchStream
 
     data = SyntheticDataset(size=40, vocab_size=50, seq_len=8, max_predictions=2, seed=1)
     one = BatchStream(data, batch_size=3, seed=7)  # 13 micro-batches per epoch: steps cross epochs
@@ -272,10 +272,9 @@ def test_record_shards_give_every_rank_the_same_number_of_batches(tmp_path):
     from bertforge.data.records import write_records
 
     arrays = SyntheticDataset(size=23, vocab_size=50, seq_len=8, max_predictions=2, seed=1).arrays
-    take = lambda rows: type(arrays)(**{k: getattr(arrays, k)[rows] for k in arrays.__dataclass_fields__})
     files = [tmp_path / "a.native", tmp_path / "b.native"]
-    write_records(files[0], take(slice(0, 10)), fmt="native")
-    write_records(files[1], take(slice(10, 23)), fmt="native")  # 23 records: one left over for 2 ranks
+    write_records(files[0], arrays.take(slice(0, 10)), fmt="native")
+    write_records(files[1], arrays.take(slice(10, 23)), fmt="native")  # 23 records: one left over for 2 ranks
     streams = [RecordStream(files, 3, seed=5, rank=r, world_size=2, shuffle_buffer=4) for r in (0, 1)]
     assert [s.batches_per_epoch for s in streams] == [3, 3]  # 11 records each, 3 batches of 3
     seen = [[], []]

@@ -5,11 +5,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
-from bertforge.data.instances import PretrainingArrays
-from bertforge.data.loader import MaskingSpec, RecordStream, arrays_to_batch, is_records, record_files, remask
-from bertforge.data.records import read_records, write_records
 from conftest import shared_data
+
+from bertforge.data.errors import DataError
+from bertforge.data.instances import PretrainingArrays
+from bertforge.data.loader import MaskingSpec, RecordStream, is_records, record_files, remask
+from bertforge.data.records import read_records, write_records
 
 BERT_SPECIALS = MaskingSpec(vocab_size=30522, cls_id=101, sep_id=102, mask_id=103)
 
@@ -71,7 +72,8 @@ def test_resume_mid_epoch_gives_the_same_batches(shards):
         got = resumed.next()
         assert all(torch.equal(got[k], expected[k]) for k in expected)
     # a new epoch orders the records differently
-    assert sum(map(record_numbers, batches[:7]), []) != sum(map(record_numbers, batches[7:12] + [whole.next(), whole.next()]), [])
+    second_epoch = batches[7:12] + [whole.next(), whole.next()]
+    assert sum(map(record_numbers, batches[:7]), []) != sum(map(record_numbers, second_epoch), [])
 
 
 def test_remask_restores_originals_and_masks_like_the_reference():
@@ -123,7 +125,7 @@ def test_static_masks_are_passed_through_unchanged():
     src = shared_data("tfrecord/graphcore_sample_text.tfrecord")
     records = read_records(src)
     batch = RecordStream([src], batch_size=45, seed=1, shuffle_buffer=1).next()  # a window of 1: file order
-    expected = arrays_to_batch(records)
+    expected = records.to_torch()
     assert all(torch.equal(batch[k], expected[k]) for k in expected)
 
 
@@ -131,6 +133,12 @@ def test_record_discovery(shards, tmp_path):
     assert record_files(str(shards[0].parent)) == sorted(shards)
     assert record_files(str(shards[0].parent / "shard*")) == sorted(shards)
     assert is_records(str(shards[0].parent))
+    # A directory's TFRecord indexes and hidden files (a writer's temporary) are not shards.
+    (shards[0].parent / "shard0.index").write_text("0 10\n")
+    (shards[0].parent / ".shard3.tmp").write_bytes(b"")
+    assert record_files(str(shards[0].parent)) == sorted(shards)
+    with pytest.raises(DataError, match="no record files found at .*nothing"):
+        record_files(str(tmp_path / "nothing*"))
     text = tmp_path / "corpus.txt"
     text.write_text("One sentence.\nAnother one.\n")
     assert not is_records(str(text))

@@ -12,8 +12,7 @@ from torch import nn
 
 from bertforge.config import ConfigError, ModelConfig, TrainConfig
 from bertforge.model import BertForPreTraining
-from bertforge.optim import (AdamWNoBiasCorrection, Lamb, build_optimizer, build_scheduler, lr_at,
-                             param_groups)
+from bertforge.optim import AdamWNoBiasCorrection, Lamb, build_optimizer, build_scheduler, lr_at, param_groups
 
 SQRT_0_001 = math.sqrt(0.001)  # sqrt(1 - beta2) for beta2 = 0.999
 

@@ -5,10 +5,10 @@ extract → preprocess → vocab → create (both modes, both formats) → index
 import json
 
 import pytest
+from conftest import shared_data
 
 from bertforge.cli import main
 from bertforge.data.records import open_records
-from conftest import shared_data
 
 pytest.importorskip("wikiextractor")
 pytest.importorskip("sentencex")

@@ -13,6 +13,7 @@ from bertforge.bench import LiveTensorBytes
 from bertforge.cli import main
 from bertforge.config import ConfigError, load_config
 from bertforge.data import SyntheticDataset
+from bertforge.engine import autocast
 from bertforge.model import BertForPreTraining, num_parameters, set_recompute
 from bertforge.optim import build_optimizer, param_groups
 from bertforge.plan import (
@@ -21,7 +22,7 @@ from bertforge.plan import (
     parse_size,
     plan_memory,
 )
-from bertforge.train import autocast, forward_loss
+from bertforge.train import forward_loss
 
 
 def make_config(preset: str, batch: int = 2, seq_len: int = 128, predictions: int = 20,

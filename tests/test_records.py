@@ -14,11 +14,28 @@ from conftest import shared_data
 
 from bertforge.data.errors import DataError
 from bertforge.data.instances import PretrainingArrays
-from bertforge.data.records import (FEATURES, FORMATS, RecordEncoder, RecordWriter, concat_arrays, describe,
-                                    detect_format, index_path_for, open_records, read_records,
-                                    write_index, write_records)
-from bertforge.data.tfrecord import (FLOAT, INT64, FormatError, encode_records, example_features,
-                                    example_spans, masked_crc)
+from bertforge.data.records import (
+    FEATURES,
+    FORMATS,
+    RecordEncoder,
+    RecordWriter,
+    describe,
+    detect_format,
+    index_path_for,
+    open_records,
+    read_records,
+    write_index,
+    write_records,
+)
+from bertforge.data.tfrecord import (
+    FLOAT,
+    INT64,
+    FormatError,
+    encode_records,
+    example_features,
+    example_spans,
+    masked_crc,
+)
 
 SAMPLE = "tfrecord/graphcore_sample_text.tfrecord"
 SAMPLE_INDEX = "tfrecord/graphcore_sample_text.index"
@@ -53,10 +70,6 @@ def framed(data: bytes) -> bytes:
     return length + struct.pack("<I", masked_crc(length)) + data + struct.pack("<I", masked_crc(data))
 
 
-def rows(arrays: PretrainingArrays, index) -> PretrainingArrays:
-    return PretrainingArrays(**{name: getattr(arrays, name)[index] for name in FEATURES})
-
-
 @pytest.fixture(scope="module")
 def sample() -> Path:
     return shared_data(SAMPLE)
@@ -71,7 +84,7 @@ def sample_arrays(sample) -> PretrainingArrays:
 def many(sample_arrays) -> PretrainingArrays:
     """3000 real records: the sample's 45 repeated, with the order shuffled."""
     order = np.random.default_rng(0).permutation(np.arange(3000) % 45)
-    return rows(sample_arrays, order)
+    return sample_arrays.take(order)
 
 
 # ---------------------------------------------------------------- TFRecord framing and other tools' files
@@ -251,14 +264,14 @@ def test_round_trip(tmp_path, fmt, many):
         assert_equal_arrays(records.take(np.arange(3000)), many)
         # Any order, repeats allowed; an empty take has the right shapes.
         picks = [2999, 0, 17, 17, 1500, 3]
-        assert_equal_arrays(records.take(picks), rows(many, picks))
+        assert_equal_arrays(records.take(picks), many.take(picks))
         empty = records.take([])
         assert empty.input_ids.shape == (0, 128) and empty.masked_lm_weights.shape == (0, 20)
         with pytest.raises(IndexError, match="record index 3000 out of range"):
             records.take([0, 3000])
         # Loader workers get the file by pickling.
         clone = pickle.loads(pickle.dumps(records))
-        assert_equal_arrays(clone.take(picks), rows(many, picks))
+        assert_equal_arrays(clone.take(picks), many.take(picks))
         clone.close()
 
 
@@ -270,7 +283,7 @@ def test_tfrecord_to_native_to_tfrecord(tmp_path, sample, sample_arrays):
 
 
 def test_native_ids_wider_than_uint16(tmp_path, sample_arrays):
-    a = rows(sample_arrays, slice(0, 5))
+    a = sample_arrays.take(slice(0, 5))
     a.input_ids = a.input_ids.copy()
     a.input_ids[3, 7] = 70000  # a large vocab: ids no longer fit 16 bits
     path = write_records(tmp_path / "wide.bfrec", a, "native")
@@ -288,7 +301,7 @@ def test_streaming_writer_equals_write_records(tmp_path, fmt, many):
     cuts = [0, 1, 1, 700, 2999, 3000]  # includes an empty write
     with RecordWriter(tmp_path / f"parts.{fmt}", fmt, 128, 20, vocab_size=30522) as writer:
         for start, stop in itertools.pairwise(cuts):
-            writer.write(rows(many, slice(start, stop)))
+            writer.write(many.take(slice(start, stop)))
         assert writer.count == 3000
     assert (tmp_path / f"parts.{fmt}").read_bytes() == whole.read_bytes()
 
@@ -297,14 +310,14 @@ def test_streaming_writer_equals_write_records(tmp_path, fmt, many):
 def test_encoded_records_appended_round_robin_equal_written_rows(tmp_path, fmt, many):
     """What worker processes do: encode batches elsewhere; the writers only append the bytes."""
     files = 3
-    expected = [write_records(tmp_path / f"rows{k}.{fmt}", rows(many, slice(k, None, files)), fmt,
+    expected = [write_records(tmp_path / f"rows{k}.{fmt}", many.take(slice(k, None, files)), fmt,
                               vocab_size=30522) for k in range(files)]
     encoder = RecordEncoder(fmt, 128, 20, vocab_size=30522)
     paths = [tmp_path / f"encoded{k}.{fmt}" for k in range(files)]
     writers = [RecordWriter(path, fmt, 128, 20, vocab_size=30522) for path in paths]
     done = 0
     for start, stop in itertools.pairwise([0, 1, 1, 700, 2999, 3000]):  # includes an empty batch
-        records = encoder.encode(rows(many, slice(start, stop)), where="batch", first=start)
+        records = encoder.encode(many.take(slice(start, stop)), where="batch", first=start)
         assert len(records) == stop - start and records.data.dtype == np.uint8
         assert records.ends[-1:].tolist() == ([len(records.data)] if stop > start else [])
         for k, writer in enumerate(writers):
@@ -316,19 +329,19 @@ def test_encoded_records_appended_round_robin_equal_written_rows(tmp_path, fmt, 
     for path, want in zip(paths, expected, strict=True):
         assert path.read_bytes() == want.read_bytes()
     with open_records(paths[1]) as records:
-        assert records.offset(1) == int(encoder.encode(rows(many, slice(1, 2))).ends[0]) + (
+        assert records.offset(1) == int(encoder.encode(many.take(slice(1, 2))).ends[0]) + (
             0 if fmt == "tfrecord" else 64)  # native rows start after the 64-byte preamble
 
 
 def test_encoder_checks_rows_and_layouts(tmp_path, sample_arrays):
     encoder = RecordEncoder("native", 128, 20, vocab_size=30522)
-    bad = rows(sample_arrays, slice(0, 4))
+    bad = sample_arrays.take(slice(0, 4))
     bad.input_ids = bad.input_ids.copy()
     bad.input_ids[2, 9] = 30522
     with pytest.raises(DataError, match=r"^chunk 7: record 12 \(row 2 of this write\): input_ids\[9\] = 30522 "
                                         r"is not a token id in \[0, 30522\) \(vocab_size\)$"):
         encoder.encode(bad, where="chunk 7", first=10)
-    records = encoder.encode(rows(sample_arrays, slice(0, 4)))
+    records = encoder.encode(sample_arrays.take(slice(0, 4)))
     assert records.max_ids.tolist() == np.maximum(sample_arrays.input_ids[:4].max(axis=1),
                                                   sample_arrays.masked_lm_ids[:4].max(axis=1)).tolist()
     for other in (RecordWriter(tmp_path / "x.tfrecord", "tfrecord", 128, 20, vocab_size=30522),
@@ -392,7 +405,7 @@ def test_corrupt_record_is_named_by_offset_and_skipping_is_bounded(tmp_path, sam
     with open_records(path, max_bad=1) as records:
         assert (len(records), records.skipped) == (44, 1)
         assert records.errors == [str(err.value)]
-        assert_equal_arrays(records.take(np.arange(44)), rows(sample_arrays, [i for i in range(45) if i != 3]))
+        assert_equal_arrays(records.take(np.arange(44)), sample_arrays.take([i for i in range(45) if i != 3]))
         assert records.offset(3) == offsets[4]
     # Without verification the data checksums are not read: the damage goes unnoticed here.
     _flip(path, offsets[3] + 12 + 40)
@@ -421,7 +434,7 @@ def test_damaged_length_and_truncation(tmp_path, sample, sample_arrays):
         open_records(path)
     with open_records(path, max_bad=1) as records:
         assert (len(records), records.skipped) == (44, 1)
-        assert_equal_arrays(records.take(np.arange(44)), rows(sample_arrays, slice(0, 44)))
+        assert_equal_arrays(records.take(np.arange(44)), sample_arrays.take(slice(0, 44)))
     with open(path, "r+b") as file:
         file.truncate(offsets[44] + 5)  # inside the header of the last record
     with pytest.raises(DataError, match="truncated record: 5 bytes left"):
@@ -431,7 +444,7 @@ def test_damaged_length_and_truncation(tmp_path, sample, sample_arrays):
 
 
 def test_token_ids_beyond_the_vocab_and_wrong_lengths(tmp_path, sample_arrays):
-    a = rows(sample_arrays, slice(0, 6))
+    a = sample_arrays.take(slice(0, 6))
     a.masked_lm_ids = a.masked_lm_ids.copy()
     a.masked_lm_ids[4, 2] = 30522
     for fmt in FORMATS:
@@ -450,7 +463,7 @@ def test_token_ids_beyond_the_vocab_and_wrong_lengths(tmp_path, sample_arrays):
     short = PretrainingArrays(**{name: getattr(a, name)[:, :64] if name in ("input_ids", "input_mask", "segment_ids")
                                  else getattr(a, name) for name in FEATURES})
     short.masked_lm_positions = np.minimum(short.masked_lm_positions, 63)
-    first = write_records(tmp_path / "128.tfrecord", rows(a, slice(0, 2)))
+    first = write_records(tmp_path / "128.tfrecord", a.take(slice(0, 2)))
     second = write_records(tmp_path / "64.tfrecord", short)
     mixed = tmp_path / "mixed.tfrecord"
     mixed.write_bytes(first.read_bytes() + second.read_bytes())
@@ -473,21 +486,21 @@ def test_token_ids_beyond_the_vocab_and_wrong_lengths(tmp_path, sample_arrays):
 def test_writer_rejects_bad_rows_and_shapes(tmp_path, sample_arrays):
     path = tmp_path / "x.tfrecord"
     with RecordWriter(path, "tfrecord", 128, 20, vocab_size=30522) as writer:
-        writer.write(rows(sample_arrays, slice(0, 3)))
-        bad = rows(sample_arrays, slice(3, 6))
+        writer.write(sample_arrays.take(slice(0, 3)))
+        bad = sample_arrays.take(slice(3, 6))
         bad.segment_ids = bad.segment_ids.copy()
         bad.segment_ids[1, 5] = 2
         with pytest.raises(DataError, match=r"record 4 \(row 1 of this write\): segment_ids\[5\] = 2 is not 0 or 1"):
             writer.write(bad)
         with pytest.raises(DataError, match=r"input_ids has shape \(3, 64\), expected \(3, 128\)"):
-            writer.write(PretrainingArrays(**{**vars(rows(sample_arrays, slice(0, 3))),
+            writer.write(PretrainingArrays(**{**vars(sample_arrays.take(slice(0, 3))),
                                               "input_ids": sample_arrays.input_ids[:3, :64]}))
-        positions = rows(sample_arrays, slice(0, 2))
+        positions = sample_arrays.take(slice(0, 2))
         positions.masked_lm_positions = positions.masked_lm_positions + 128
         with pytest.raises(DataError, match=r"masked_lm_positions\[0\] = 130 is not a position in \[0, 128\)"):
             writer.write(positions)
         assert writer.count == 3
-    assert_equal_arrays(read_records(path), rows(sample_arrays, slice(0, 3)))
+    assert_equal_arrays(read_records(path), sample_arrays.take(slice(0, 3)))
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -571,7 +584,7 @@ def test_unusual_but_valid_protobuf_layouts(tmp_path, sample_arrays):
 
     path = tmp_path / "odd.tfrecord"
     path.write_bytes(b"".join(record(i, swap=i % 2 == 0, extra=i % 3 == 0) for i in range(6)))
-    assert_equal_arrays(read_records(path), rows(sample_arrays, slice(0, 6)))
+    assert_equal_arrays(read_records(path), sample_arrays.take(slice(0, 6)))
 
     # Unpacked values (legal protobuf, written by no BERT tool) are refused by name.
     unpacked = b"".join(varint(1 << 3) + varint(int(v)) for v in sample_arrays.segment_ids[0])
@@ -603,9 +616,24 @@ def test_describe(tmp_path, sample):
     assert text.split("\n")[3].startswith("  A: 101 1996 103 2013 2010 3536 8632 4188 2000 103 103")
 
 
-def test_concat_arrays(sample_arrays):
-    both = concat_arrays([rows(sample_arrays, slice(0, 10)), rows(sample_arrays, slice(10, 45))])
+def test_take_concat_and_to_torch(sample_arrays):
+    picks = np.array([44, 0, 7, 7])
+    for name in FEATURES:
+        np.testing.assert_array_equal(getattr(sample_arrays.take(picks), name),
+                                      getattr(sample_arrays, name)[picks], err_msg=name)
+    both = PretrainingArrays.concat([sample_arrays.take(slice(0, 10)), sample_arrays.take(slice(10, 45))])
     assert_equal_arrays(both, sample_arrays)
+    torch = pytest.importorskip("torch")
+    batch = sample_arrays.take(slice(1, None, 2)).to_torch()  # strided rows: made contiguous
+    names = {"input_ids": "input_ids", "token_type_ids": "segment_ids", "attention_mask": "input_mask",
+             "masked_lm_positions": "masked_lm_positions", "masked_lm_ids": "masked_lm_ids",
+             "masked_lm_weights": "masked_lm_weights", "next_sentence_labels": "next_sentence_labels"}
+    assert sorted(batch) == sorted(names)
+    for key, name in names.items():
+        tensor = batch[key]
+        assert tensor.dtype == (torch.float32 if key == "masked_lm_weights" else torch.int64), key
+        assert tensor.is_contiguous()
+        np.testing.assert_array_equal(tensor.numpy(), getattr(sample_arrays, name)[1::2], err_msg=key)
 
 
 def test_damaged_examples_with_valid_checksums(tmp_path, sample):
@@ -668,7 +696,7 @@ def test_any_integer_dtypes_are_written(tmp_path, fmt, sample_arrays):
 def test_writer_memory_does_not_grow_with_rows(tmp_path, fmt, many):
     import tracemalloc
 
-    batch = rows(many, slice(0, 500))
+    batch = many.take(slice(0, 500))
 
     def peak_bytes(batches: int) -> int:
         tracemalloc.start()

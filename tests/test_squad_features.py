@@ -12,8 +12,14 @@ from bert_reference import reference
 from conftest import shared_data
 
 from bertforge.data.tokenizer import load_tokenizer
-from bertforge.squad import (SquadError, SquadFeatures, convert_examples_to_features,
-                             example_from_text, parse_examples, read_examples)
+from bertforge.squad import (
+    SquadError,
+    SquadFeatures,
+    convert_examples_to_features,
+    example_from_text,
+    parse_examples,
+    read_examples,
+)
 
 VOCAB = "vocab/bert-base-uncased-vocab.txt"
 DEV = "squad/dev-v1.1.json"

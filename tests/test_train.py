@@ -11,7 +11,8 @@ from safetensors.torch import load_file
 
 from bertforge.checkpoint import CheckpointError, find_checkpoint, load_model
 from bertforge.config import load_config
-from bertforge.train import BatchStream, pretrain
+from bertforge.engine import BatchStream
+from bertforge.train import pretrain
 
 
 def small_config(tmp_path: Path, name: str, **overrides):
@@ -187,13 +188,15 @@ def test_epochs_set_the_number_of_steps():
 
 def test_bf16_autocast_on_cpu_matches_fp32_closely():
     from bertforge.data import SyntheticDataset
+    from bertforge.engine import autocast
     from bertforge.model import BertForPreTraining
-    from bertforge.train import autocast, forward_loss
+    from bertforge.train import forward_loss
 
     cfg = load_config("tiny")
     torch.manual_seed(0)
     model = BertForPreTraining(cfg.model).eval()
-    batch = SyntheticDataset(size=4, vocab_size=cfg.model.vocab_size, seq_len=64, max_predictions=10).batch([0, 1, 2, 3])
+    data = SyntheticDataset(size=4, vocab_size=cfg.model.vocab_size, seq_len=64, max_predictions=10)
+    batch = data.batch([0, 1, 2, 3])
     fp32 = forward_loss(model, batch)["loss"].item()
     with autocast(torch.device("cpu"), "bf16"):
         bf16 = forward_loss(model, batch)["loss"].item()

@@ -2,8 +2,10 @@
 
 Modules, in pipeline order:
 
+* ``text``       -- text input: files, globs and directories; blank-line documents; byte ranges
 * ``corpus``     -- documents as lists of sentences (built-in corpus, text files)
 * ``tokenizer``  -- train / load a WordPiece vocab, tokenize documents
+* ``wordpiece``  -- the same ids, fast, for whole corpora (``bertforge data create``)
 * ``instances``  -- BERT's instance creation and masking, padded into numpy arrays
 * ``dataset``    -- the datasets the trainer reads, and ``build_datasets``
 

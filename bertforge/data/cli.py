@@ -10,6 +10,8 @@
     bertforge data index records/*.tfrecord
     bertforge data inspect records/train-00000-of-00064.tfrecord --vocab vocab.txt
 """
+# (The docstring is the help of ``bertforge data``.) The handlers raise; bertforge.cli.main
+# turns a user's mistake into one ``error: …`` line and exit status 2, as for every command.
 
 from __future__ import annotations
 
@@ -33,7 +35,8 @@ def cmd_inspect(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def _command(run):
-    """A command handler, (args, extra) -> status, from a function of args alone."""
+    """A command handler, (args, extra) -> status, from a function of args alone.
+    It only adapts the signature; errors are main's."""
     def command(args: argparse.Namespace, extra: list[str]) -> int:
         return run(args)
     return command

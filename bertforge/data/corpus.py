@@ -5,8 +5,9 @@ Two sources:
 * :func:`builtin_corpus` -- English prose that ships inside CPython (the help
   topics of ``pydoc_data`` and the module docstrings of the standard library),
   so that ``bertforge pretrain`` runs offline with no download.
-* :func:`read_text_corpus` -- google-research/bert's input format: one sentence
-  per line, a blank line between documents.
+* :func:`read_text_corpus` (and :func:`iter_text_corpus`, streamed) --
+  google-research/bert's input format: one sentence per line, a blank line
+  between documents (read by :mod:`.text`).
 
 Document boundaries matter: next-sentence pairs never cross them.
 """
@@ -17,9 +18,11 @@ import ast
 import functools
 import re
 import sysconfig
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from .errors import DataError
+from .text import expand_inputs, read_documents
 
 Document = list[str]
 
@@ -153,45 +156,25 @@ def builtin_corpus() -> list[Document]:
 
 # ------------------------------------------------------------ text files
 
-def _text_files(path: Path) -> list[Path]:
-    if path.is_dir():
-        files = sorted(path.glob("*.txt"))
-        if not files:
-            raise DataError(f"{path}: no *.txt files in this directory")
-        return files
-    if not path.is_file():
-        raise DataError(f"corpus not found: {path}")
-    return [path]
+def iter_text_corpus(inputs: Iterable[str | Path]) -> Iterator[Document]:
+    """The documents of files, or of every ``*.txt`` file of directories in sorted order, streamed.
 
-
-def _read_utf8(path: Path) -> str:
-    data = path.read_bytes()
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise DataError(f"{path}: not valid UTF-8 at byte offset {err.start}") from None
+    Format (google-research/bert's): one sentence per line, a blank line between
+    documents. Unlike ``bertforge data create`` (the reference's reading), the
+    end of a file also ends its last document and a leading byte order mark is
+    dropped. Empty documents are skipped. No globs: a path names a corpus.
+    """
+    files = expand_inputs(inputs, globs=False, what="corpus")
+    yield from read_documents(files, across_files=False, strip_bom=True)
 
 
 def read_text_corpus(path: str | Path) -> list[Document]:
-    """Read one file, or every ``*.txt`` file of a directory in sorted order.
+    """Read one file, or every ``*.txt`` file of a directory in sorted order (:func:`iter_text_corpus`).
 
-    Format (google-research/bert's): one sentence per line, a blank line between
-    documents. The end of a file also ends its last document. Empty documents
-    are dropped; a corpus with none left is an error.
+    A corpus with no document is an error.
     """
     path = Path(path)
-    documents: list[Document] = []
-    for file in _text_files(path):
-        current: Document = []
-        for line in _read_utf8(file).lstrip("\ufeff").split("\n"):
-            line = line.strip()
-            if line:
-                current.append(line)
-            elif current:
-                documents.append(current)
-                current = []
-        if current:
-            documents.append(current)
+    documents = list(iter_text_corpus([path]))
     if not documents:
         raise DataError(f"{path}: the corpus is empty (no non-blank lines)")
     return documents

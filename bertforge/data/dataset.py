@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -21,8 +22,7 @@ from ..config import DataConfig
 from .corpus import builtin_corpus, read_text_corpus
 from .errors import DataError
 from .instances import PretrainingArrays, create_instances, to_arrays
-from .tokenizer import (load_tokenizer, read_vocab, special_ids, tokenize_documents, train_wordpiece,
-                        vocab_size_of)
+from .tokenizer import load_tokenizer, read_vocab, special_ids, tokenize_documents, train_wordpiece, vocab_size_of
 
 log = logging.getLogger(__name__)
 
@@ -46,21 +46,7 @@ class PretrainingDataset(torch.utils.data.Dataset):
         return {key: value[0] for key, value in self.batch([index]).items()}
 
     def batch(self, indices: Sequence[int] | np.ndarray) -> dict[str, torch.Tensor]:
-        rows = np.asarray(indices, dtype=np.int64)
-        a = self.arrays
-
-        def take(array: np.ndarray, dtype: type) -> torch.Tensor:
-            return torch.from_numpy(array[rows].astype(dtype, copy=False))
-
-        return {
-            "input_ids": take(a.input_ids, np.int64),
-            "token_type_ids": take(a.segment_ids, np.int64),
-            "attention_mask": take(a.input_mask, np.int64),
-            "masked_lm_positions": take(a.masked_lm_positions, np.int64),
-            "masked_lm_ids": take(a.masked_lm_ids, np.int64),
-            "masked_lm_weights": take(a.masked_lm_weights, np.float32),
-            "next_sentence_labels": take(a.next_sentence_labels, np.int64),
-        }
+        return self.arrays.take(np.asarray(indices, dtype=np.int64)).to_torch()
 
 
 class SyntheticDataset(PretrainingDataset):
@@ -143,7 +129,7 @@ def build_datasets(data: DataConfig, work_dir: Path) -> tuple[PretrainingDataset
         vocab_path = train_wordpiece(train_docs, data.vocab_size, Path(work_dir) / "vocab.txt",
                                      lowercase=data.lowercase)
     tokenizer = load_tokenizer(vocab_path, lowercase=data.lowercase)
-    options = dict(seq_len=data.seq_len, max_predictions=data.max_predictions,
+    options: dict[str, Any] = dict(seq_len=data.seq_len, max_predictions=data.max_predictions,
                    masked_lm_prob=data.masked_lm_prob, short_seq_prob=data.short_seq_prob,
                    vocab_size=vocab_size_of(vocab_path), specials=special_ids(tokenizer))
 

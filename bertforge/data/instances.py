@@ -19,11 +19,16 @@ same document or, half of the time, a span of another document
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .tokenizer import SpecialIds
+
+if TYPE_CHECKING:
+    import torch
 
 TokenDocument = list[list[int]]  # token ids per sentence
 
@@ -64,6 +69,43 @@ class PretrainingArrays:
 
     def __len__(self) -> int:
         return len(self.input_ids)
+
+    def take(self, rows: slice | Sequence[int] | np.ndarray) -> PretrainingArrays:
+        """These rows of every field: a slice gives views, indices give copies.
+
+        Fields may be any array-likes (a writer takes them so); the result's are arrays.
+        """
+        return PretrainingArrays(**{f.name: np.asarray(getattr(self, f.name))[rows]
+                                    for f in fields(self)})
+
+    @staticmethod
+    def concat(parts: Iterable[PretrainingArrays]) -> PretrainingArrays:
+        """The rows of several PretrainingArrays, one after the other."""
+        parts = list(parts)
+        return PretrainingArrays(**{f.name: np.concatenate([getattr(p, f.name) for p in parts])
+                                    for f in fields(PretrainingArrays)})
+
+    def to_torch(self) -> dict[str, torch.Tensor]:
+        """The model's batch dict (see ``bertforge.model.pretraining_loss``): int64, weights float32.
+
+        torch is imported here, not with the module: the ``bertforge data``
+        commands use these arrays and never need torch.
+        """
+        import torch
+
+        def as_long(x: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(x, dtype=np.int64))
+
+        return {
+            "input_ids": as_long(self.input_ids),
+            "token_type_ids": as_long(self.segment_ids),
+            "attention_mask": as_long(self.input_mask),
+            "masked_lm_positions": as_long(self.masked_lm_positions),
+            "masked_lm_ids": as_long(self.masked_lm_ids),
+            "masked_lm_weights": torch.from_numpy(np.ascontiguousarray(self.masked_lm_weights,
+                                                                       dtype=np.float32)),
+            "next_sentence_labels": as_long(self.next_sentence_labels),
+        }
 
 
 def create_instances(documents: list[TokenDocument], *, seq_len: int, max_predictions: int,

@@ -24,7 +24,6 @@ the batch, so every epoch sees different masks and resuming stays exact.
 
 from __future__ import annotations
 
-import glob
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +33,7 @@ import torch
 from .errors import DataError
 from .instances import PretrainingArrays
 from .records import RecordFile, detect_format, open_records
+from .text import expand_inputs
 from .tokenizer import read_vocab
 
 
@@ -46,22 +46,6 @@ class MaskingSpec:
     sep_id: int
     mask_id: int
     masked_lm_prob: float = 0.15
-
-
-def arrays_to_batch(a: PretrainingArrays) -> dict[str, torch.Tensor]:
-    """PretrainingArrays → the model's batch dict (int64 ids, float32 weights)."""
-    def as_long(x: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(x, dtype=np.int64))
-
-    return {
-        "input_ids": as_long(a.input_ids),
-        "token_type_ids": as_long(a.segment_ids),
-        "attention_mask": as_long(a.input_mask),
-        "masked_lm_positions": as_long(a.masked_lm_positions),
-        "masked_lm_ids": as_long(a.masked_lm_ids),
-        "masked_lm_weights": torch.from_numpy(np.ascontiguousarray(a.masked_lm_weights, dtype=np.float32)),
-        "next_sentence_labels": as_long(a.next_sentence_labels),
-    }
 
 
 def remask(a: PretrainingArrays, spec: MaskingSpec, rng: np.random.Generator) -> PretrainingArrays:
@@ -141,7 +125,7 @@ class RecordStream:
         shard_order = self._rng(epoch, 0).permutation(len(self.files))
         self._shard_order = shard_order
         self._starts = np.concatenate([[0], np.cumsum(self.sizes[shard_order])])  # in epoch order
-        self._window = (-1, None)
+        self._window: tuple[int, np.ndarray | None] = (-1, None)  # (window, its records): one at a time
 
     def _global_to_file(self, sequence_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Positions in this epoch's concatenation → (file index, record index in file)."""
@@ -158,7 +142,9 @@ class RecordStream:
             stop = min(start + self.shuffle_buffer, self.records_per_rank)
             perm = self._rng(self.epoch, 1, self.rank, window).permutation(stop - start)
             self._window = (window, self._rank_records(start, stop)[perm])
-        return self._window[1]
+        records = self._window[1]
+        assert records is not None  # set for this window above
+        return records
 
     def _batch_records(self, index: int) -> np.ndarray:
         """This epoch's batch ``index`` as positions in the concatenation (may span two windows)."""
@@ -177,19 +163,13 @@ class RecordStream:
     def read(self, sequence_ids: np.ndarray) -> PretrainingArrays:
         """Records by their positions in the epoch's concatenation, in the given order."""
         files, local = self._global_to_file(sequence_ids)
-        parts: list[tuple[np.ndarray, PretrainingArrays]] = []
-        for f in np.unique(files):
-            where = np.nonzero(files == f)[0]
-            parts.append((where, self.readers[f].take(local[where])))
-        fields = PretrainingArrays.__dataclass_fields__
-        merged = {}
-        for name in fields:
-            first = getattr(parts[0][1], name)
-            out = np.empty((len(sequence_ids),) + first.shape[1:], dtype=first.dtype)
-            for where, arrays in parts:
-                out[where] = getattr(arrays, name)
-            merged[name] = out
-        return PretrainingArrays(**merged)
+        shards = np.unique(files)
+        if len(shards) == 1:
+            return self.readers[shards[0]].take(local)
+        # Read file by file, then put the rows back in the asked order.
+        where = [np.flatnonzero(files == f) for f in shards]
+        parts = [self.readers[f].take(local[rows]) for f, rows in zip(shards, where)]
+        return PretrainingArrays.concat(parts).take(np.argsort(np.concatenate(where)))
 
     def next(self) -> dict[str, torch.Tensor]:
         if self.index == self.batches_per_epoch:
@@ -199,7 +179,7 @@ class RecordStream:
         if self.masking is not None:
             arrays = remask(arrays, self.masking, self._rng(self.epoch, 2, self.rank, self.index))
         self.index += 1
-        return arrays_to_batch(arrays)
+        return arrays.to_torch()
 
     def state(self) -> dict[str, int]:
         return {"epoch": self.epoch, "index": self.index}
@@ -210,19 +190,14 @@ class RecordStream:
 
 
 def record_files(pattern: str) -> list[Path]:
-    """A directory (its record files, sorted), a glob, or one file."""
-    path = Path(pattern)
-    if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix != ".index"
-                       and not p.name.startswith("."))
-    elif any(c in pattern for c in "*?["):
-        files = sorted(Path(p) for p in glob.glob(pattern))
-    else:
-        files = [path] if path.is_file() else []
-    if not files:
-        raise DataError(f"no record files found at {pattern}")
-    return files
+    """A directory (its files but TFRecord indexes and hidden ones, sorted), a glob, or one file.
 
+    Hidden files are writers' temporary files (see :class:`.records.RecordWriter`).
+    """
+    try:
+        return expand_inputs([pattern], patterns=("*",), skip=(".*", "*.index"))
+    except DataError:
+        raise DataError(f"no record files found at {pattern}") from None
 
 
 def is_records(pattern: str) -> bool:

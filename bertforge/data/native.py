@@ -73,6 +73,7 @@ def id_dtype_for(bound: int | None) -> np.dtype:
 def to_rows(arrays: PretrainingArrays, dtype: np.dtype) -> np.ndarray:
     """Validated arrays → structured rows."""
     rows = np.zeros(len(arrays), dtype)
+    assert dtype.names is not None  # a structured dtype (row_dtype's)
     for name in dtype.names:
         values = getattr(arrays, name)
         if name in ("input_mask", "segment_ids"):
@@ -122,7 +123,8 @@ class NativeWriter:
         self.max_id = max(self.max_id, max_id)
         data = data.view()
         data.flags.writeable = False  # google_crc32c reads only read-only buffers
-        self.file.write(data)
+        # numpy's stubs give ndarray its __buffer__ only for Python >= 3.12; it is a buffer on every version
+        self.file.write(data)  # type: ignore[call-overload]
         self.count += count
         # Extend the running block checksums, starting a new one every BLOCK_BYTES.
         while len(data):
@@ -134,6 +136,7 @@ class NativeWriter:
             data = data[take:]
 
     def finish(self) -> None:
+        assert self.dtype.names is not None and self.dtype.fields is not None  # row_dtype is structured
         names = list(self.dtype.names)
         header = {
             "format": "bertforge-records", "version": VERSION,

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .create import expand_inputs
 from .errors import DataError
 from .records import FORMATS, RecordWriter, open_records
+from .text import expand_inputs
 
 MLPERF_EVAL = {"seq_len": 512, "max_predictions": 76, "masked_lm_prob": 0.15,
                "short_seq_prob": 0.1, "dupe_factor": 10, "seed": 12345}
@@ -63,7 +63,7 @@ def pick_eval(inputs: Sequence[str | Path], output: str | Path, num: int = 10_00
         raise DataError(f"num={num} must be at least 1")
     if fmt not in FORMATS:
         raise DataError(f"format={fmt!r} must be one of {', '.join(FORMATS)}")
-    files = [open_records(path) for path in expand_inputs(inputs, directory_pattern=None)]
+    files = [open_records(path) for path in expand_inputs(inputs, patterns=())]
     try:
         first = files[0]
         for other in files[1:]:

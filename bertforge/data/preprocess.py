@@ -46,12 +46,15 @@ from pathlib import Path
 from typing import IO
 
 from ..fileio import atomic_directory, fsync
+from .corpus import iter_text_corpus
 from .errors import DataError
+from .text import expand_inputs, read_lines
+from .text import read_documents as read_text_documents
 from .tokenizer import train_wordpiece
 
 SENTENCEX_VERSION = "1.0.32"
 TRAIN_DIR, EVAL_DIR, EVAL_FILE = "train", "eval", "eval.txt"
-_INPUT_SUFFIXES = (".jsonl", ".txt")
+_INPUT_PATTERNS = ("*.jsonl", "*.txt")
 
 
 # ---------------------------------------------------------------- sentences
@@ -71,39 +74,8 @@ def split_sentences(paragraph: str, language: str = "en") -> list[str]:
 
 # ---------------------------------------------------------------- reading documents
 
-def _files(inputs: Iterable[str | Path], suffixes: tuple[str, ...]) -> list[Path]:
-    files: list[Path] = []
-    for path in map(Path, inputs):
-        if path.is_dir():
-            found = sorted(p for p in path.iterdir() if p.suffix in suffixes and p.is_file())
-            if not found:
-                patterns = " or ".join("*" + s for s in suffixes)
-                raise DataError(f"{path}: no {patterns} files in this directory")
-            files.extend(found)
-        elif path.is_file():
-            files.append(path)
-        else:
-            raise DataError(f"corpus not found: {path}")
-    if not files:
-        raise DataError("no input files given")
-    return files
-
-
-def _lines(path: Path) -> Iterator[tuple[int, str]]:
-    """(line number, text) of a UTF-8 file, streamed; bad bytes are an error naming their offset."""
-    offset = 0
-    with open(path, "rb") as f:
-        for number, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                raise DataError(f"{path}: not valid UTF-8 at byte offset {offset + err.start}") from None
-            offset += len(raw)
-            yield number, line.lstrip("\ufeff") if number == 1 else line
-
-
 def _jsonl_documents(path: Path) -> Iterator[list[str]]:
-    for number, line in _lines(path):
+    for number, line in read_lines(path):
         if not line.strip():
             continue
         try:
@@ -115,19 +87,6 @@ def _jsonl_documents(path: Path) -> Iterator[list[str]]:
         yield record["text"].split("\n")
 
 
-def _blank_line_documents(path: Path) -> Iterator[list[str]]:
-    """Documents of a text file: a blank line ends one; each line is a paragraph (or a sentence)."""
-    lines: list[str] = []
-    for _, line in _lines(path):
-        if line.strip():
-            lines.append(line)
-        elif lines:
-            yield lines
-            lines = []
-    if lines:
-        yield lines
-
-
 def read_documents(inputs: Iterable[str | Path]) -> Iterator[list[str]]:
     """Every document of the inputs as its paragraphs, whitespace normalised, in file order.
 
@@ -135,20 +94,12 @@ def read_documents(inputs: Iterable[str | Path]) -> Iterator[list[str]]:
     sorted by name). A ``.jsonl`` file holds one JSON object per line with a
     ``"text"`` field; any other file is text with a blank line between documents.
     """
-    for path in _files(inputs, _INPUT_SUFFIXES):
-        documents = _jsonl_documents(path) if path.suffix == ".jsonl" else _blank_line_documents(path)
+    for path in expand_inputs(inputs, patterns=_INPUT_PATTERNS, globs=False, what="corpus"):
+        # Text: a blank line ends a document, each line is a paragraph (or a sentence).
+        documents = (_jsonl_documents(path) if path.suffix == ".jsonl"
+                     else read_text_documents([path], across_files=False, strip_bom=True))
         for paragraphs in documents:
             yield [p for p in (" ".join(p.split()) for p in paragraphs) if p]
-
-
-def iter_text_corpus(inputs: Iterable[str | Path]) -> Iterator[list[str]]:
-    """Documents (lists of sentences) of files in the pre-training format, streamed.
-
-    Inputs are files or directories of ``*.txt`` files. Empty documents are skipped.
-    """
-    for path in _files(inputs, (".txt",)):
-        for lines in _blank_line_documents(path):
-            yield [line.strip() for line in lines]
 
 
 # ---------------------------------------------------------------- preprocess
@@ -183,11 +134,13 @@ class _Shards:
     def write(self, index: int, text: str) -> None:
         while self.index < index:
             self._next()
+        assert self.file is not None  # _next opened shard ``index``
         self.file.write(text)
 
     def close(self) -> None:
         while self.index < len(self.paths) - 1:  # a shard no document reached is still written, empty
             self._next()
+        assert self.file is not None  # there is at least one shard
         self.file.close()
 
     def _next(self) -> None:

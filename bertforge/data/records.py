@@ -22,7 +22,6 @@ import contextlib
 import mmap
 import sys
 from array import array
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,9 +31,24 @@ from ..fileio import atomic_file
 from . import native
 from .errors import DataError
 from .instances import PretrainingArrays
-from .tfrecord import (BYTES, FLOAT, HEADER_BYTES, INT64, ChecksumError, FormatError,
-                       LengthError, TruncatedError, decode_float_rows, decode_varint_rows, encode_frames,
-                       example_features, example_spans, masked_crc, ragged_gather, read_frame)
+from .tfrecord import (
+    BYTES,
+    FLOAT,
+    HEADER_BYTES,
+    INT64,
+    ChecksumError,
+    FormatError,
+    LengthError,
+    TruncatedError,
+    decode_float_rows,
+    decode_varint_rows,
+    encode_frames,
+    example_features,
+    example_spans,
+    masked_crc,
+    ragged_gather,
+    read_frame,
+)
 
 FORMATS = ("tfrecord", "native")
 FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
@@ -115,17 +129,6 @@ def _canonical(columns: dict[str, np.ndarray]) -> PretrainingArrays:
     )
 
 
-def _rows(arrays: PretrainingArrays, start: int, stop: int) -> PretrainingArrays:
-    return PretrainingArrays(**{name: np.asarray(getattr(arrays, name))[start:stop] for name in FEATURES})
-
-
-def concat_arrays(parts: Iterable[PretrainingArrays]) -> PretrainingArrays:
-    """Rows of several PretrainingArrays, one after the other."""
-    parts = list(parts)
-    return PretrainingArrays(**{name: np.concatenate([getattr(p, name) for p in parts])
-                                for name in FEATURES})
-
-
 # ---------------------------------------------------------------- writing
 
 class _Abort(Exception):
@@ -193,7 +196,7 @@ class RecordEncoder:
         if problem:
             raise DataError(f"{where}: write() of rows {first}..: {problem}")
         for start in range(0, len(arrays.input_ids), _CHUNK_ROWS):
-            problems = row_problems(_rows(arrays, start, start + _CHUNK_ROWS), self.seq_len,
+            problems = row_problems(arrays.take(slice(start, start + _CHUNK_ROWS)), self.seq_len,
                                     self.vocab_size)
             if problems:
                 row, message = next(iter(problems.items()))
@@ -258,6 +261,7 @@ class RecordWriter:
             self._file = stack.enter_context(open(tmp, "wb"))
             self._native = None
             if fmt == "native":
+                assert self.encoder.id_dtype is not None  # a native encoder picks one
                 self._native = native.NativeWriter(self._file, seq_len, max_predictions,
                                                    self.encoder.id_dtype, vocab_size)
             self._stack = stack.pop_all()
@@ -303,12 +307,13 @@ class RecordWriter:
 
     def _flush(self) -> None:
         if self._pending:
-            self._encode(concat_arrays(self._pending))
+            self._encode(PretrainingArrays.concat(self._pending))
             self._pending, self._pending_rows = [], 0
 
     def _encode(self, arrays: PretrainingArrays) -> None:
         for start in range(0, len(arrays.input_ids), _CHUNK_ROWS):
-            self._append(self.encoder.encode(_rows(arrays, start, start + _CHUNK_ROWS), check=False))
+            self._append(self.encoder.encode(arrays.take(slice(start, start + _CHUNK_ROWS)),
+                                              check=False))
 
     def _append(self, records: EncodedRecords) -> None:
         self._append_bytes(records.data, len(records), int(records.max_ids.max(initial=-1)))
@@ -319,7 +324,8 @@ class RecordWriter:
         if self._native is not None:
             self._native.append(data, count, max_id)
         else:
-            self._file.write(data)
+            # numpy's stubs give ndarray its __buffer__ only for Python >= 3.12; it is a buffer on every version
+            self._file.write(data)  # type: ignore[arg-type]
 
     def close(self) -> Path:
         """Complete the file and move it into place."""
@@ -597,7 +603,7 @@ class TFRecordFile(RecordFile):
                 continue
             for j, name in enumerate(FEATURES):
                 kind, first[i, j], last[i, j] = features.get(name, (None, 0, 0))
-                kinds[i, j] = _ONEOF_FIELD.get(kind, 0)
+                kinds[i, j] = 0 if kind is None else _ONEOF_FIELD.get(kind, 0)
         for j, name in enumerate(FEATURES):
             expected = _ONEOF_FIELD[_KINDS[name]]
             for i in np.flatnonzero(kinds[:, j] != expected).tolist():
@@ -636,7 +642,7 @@ class TFRecordFile(RecordFile):
                 raise DataError(f"{self.path}: record {self._numbers[index]} "
                                 f"(byte offset {self.offset(index)}): {message}")
             parts.append(arrays)
-        return parts[0] if len(parts) == 1 else concat_arrays(parts)
+        return parts[0] if len(parts) == 1 else PretrainingArrays.concat(parts)
 
 
 class NativeFile(RecordFile):
@@ -747,7 +753,7 @@ def write_index(tfrecord_path: str | Path, index_path: str | Path | None = None)
     if detect_format(path) != "tfrecord":
         raise DataError(f"{path}: not a TFRecord file, so it has no index")
     buffer = _mmap(path)
-    lines = []
+    lines: list[str] = []
     try:
         position, size = 0, len(buffer)
         while position < size:
@@ -813,5 +819,5 @@ def describe(path: str | Path, num: int = 3, vocab_path: str | Path | None = Non
 
 __all__ = ["FEATURES", "FORMATS", "SUFFIXES", "EncodedRecords", "NativeFile", "RecordEncoder", "RecordFile",
            "RecordWriter", "TFRecordFile",
-           "concat_arrays", "describe", "detect_format", "index_path_for", "open_records", "read_records",
+           "describe", "detect_format", "index_path_for", "open_records", "read_records",
            "row_problems", "write_index", "write_records"]

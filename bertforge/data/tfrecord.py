@@ -139,11 +139,13 @@ class _Batch:
 
     def __init__(self, n: int):
         self.n = n
-        self.pieces: list[tuple[int, object, np.ndarray | None]] = []
+        self.pieces: list[tuple[int, bytes | np.ndarray, np.ndarray | None]] = []
 
     def constant(self, data: bytes) -> None:
-        if self.pieces and isinstance(self.pieces[-1][1], bytes):  # join neighbouring constants
-            data = self.pieces.pop()[1] + data
+        previous = self.pieces[-1][1] if self.pieces else None
+        if isinstance(previous, bytes):  # join neighbouring constants
+            self.pieces.pop()
+            data = previous + data
         self.pieces.append((len(data), data, None))
 
     def raw(self, block: np.ndarray) -> None:
@@ -211,11 +213,13 @@ class _Batch:
                 if isinstance(data, bytes):
                     target[:] = np.frombuffer(data, np.uint8)
                 elif data.dtype == np.uint32:
+                    assert sizes is not None and used is not None  # uint32 varints always come with sizes
                     target.view("<u4")[:] = data[rows]
                     used[:len(block), column:column + piece_width].view("<u4")[:] = _USED_WORDS[sizes[rows]]
                 elif data.ndim == 3:
                     target.reshape(data[rows].shape)[:] = data[rows]
                     if sizes is not None:
+                        assert used is not None  # ragged
                         np.less(np.arange(data.shape[2]), sizes[rows, :, None],
                                 out=used[:len(block), column:column + piece_width].reshape(data[rows].shape))
                 else:
@@ -398,7 +402,7 @@ def example_features(buf, start: int, end: int, wanted=None) -> dict[str, tuple[
     out in the order the record stores them. This is the general parser (any
     field order, unknown fields); :func:`example_spans` is the fast one.
     """
-    features: dict[str, tuple[str, int, int]] = {}
+    features: dict[str, tuple[str | None, int, int]] = {}
     for number, wire, f_start, f_end in _fields(buf, start, end):
         if number != 1 or wire != 2:
             continue  # Example has only field 1

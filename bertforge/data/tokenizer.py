@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 import unicodedata
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
@@ -173,10 +173,11 @@ def tokenizer_for_vocab(vocab: dict[str, int], lowercase: bool = True,
 def special_ids(tokenizer: Tokenizer) -> SpecialIds:
     """Look up the special tokens; a vocab missing one of them is an error."""
     ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
-    missing = [token for token, i in ids.items() if i is None]
+    found = {token: i for token, i in ids.items() if i is not None}
+    missing = [token for token in ids if token not in found]
     if missing:
         raise DataError(f"the vocab lacks the special tokens {', '.join(missing)}")
-    return SpecialIds(*(ids[token] for token in SPECIAL_TOKENS))
+    return SpecialIds(*(found[token] for token in SPECIAL_TOKENS))
 
 
 # An unassigned code point: kept by both tokenizers, it makes its word [UNK].

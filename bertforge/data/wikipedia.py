@@ -32,6 +32,7 @@ import hashlib
 import html
 import http.client
 import importlib.util
+import io
 import json
 import logging
 import os
@@ -274,7 +275,7 @@ class ExtractStats:
         return dataclasses.asdict(self)
 
 
-def _open_dump(dump: Path) -> IO[bytes]:
+def _open_dump(dump: Path) -> io.BufferedIOBase:
     """The decompressed bytes of a dump, by its file name (.bz2, .gz or plain XML)."""
     if dump.suffix == ".bz2":
         return bz2.open(dump, "rb")

@@ -29,12 +29,12 @@ import torch
 
 from ..bench import PeakMemory, synchronize
 from ..config import MODEL_PRESETS, Config, ConfigError, apply_model_preset
-from ..dist import resolve_device
+from ..dist import DistContext, resolve_device
+from ..engine import Engine, autocast, set_threads
 from ..model import BertForQuestionAnswering, num_parameters
 from ..optim import build_optimizer, build_scheduler
-from ..train import StepContext, autocast
 from .postprocess import MAX_ANSWER_LENGTH
-from .train import SquadConfig, qa_train_step
+from .train import SquadConfig, qa_forward_loss
 
 MODES = ("train", "infer", "both")
 
@@ -71,12 +71,12 @@ def build_model(model: str | Path, cfg: Config) -> BertForQuestionAnswering:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a new QA head is expected for an encoder
         qa = load_model(model, head="qa")
+    assert isinstance(qa, BertForQuestionAnswering)  # what head="qa" loads
     cfg.model = qa.config
     return qa
 
 
-def _timed(run: Callable[[], torch.Tensor | None], steps: int, warmup: int, device: torch.device
-           ) -> tuple[float, torch.Tensor | None]:
+def _timed(run: Callable[[], Any], steps: int, warmup: int, device: torch.device) -> tuple[float, Any]:
     """Seconds for ``steps`` calls after ``warmup`` untimed ones, and the last result."""
     out = None
     for _ in range(warmup):
@@ -109,8 +109,7 @@ def bench_squad(cfg: Config, squad: SquadConfig, model: str | Path = "tiny", bat
                                ("--warmup", warmup, 0), ("--seq-len", seq_len, 8)):
         if value < least:
             raise ConfigError(f"{name} {value}: must be at least {least}")
-    if cfg.execution.threads > 0:
-        torch.set_num_threads(cfg.execution.threads)
+    set_threads(cfg.execution.threads)
     device = resolve_device(cfg.execution.device)
     precision = cfg.execution.precision
     memory = PeakMemory(device)
@@ -145,12 +144,11 @@ def bench_squad(cfg: Config, squad: SquadConfig, model: str | Path = "tiny", bat
         qa.train()
         cfg.train.schedule, cfg.train.warmup_steps = "constant", 0  # the lr does not change the cost
         optimizer = build_optimizer(qa, cfg.train)
-        ctx = StepContext(qa, optimizer, build_scheduler(optimizer, cfg.train, steps + warmup), device,
-                          precision, cfg.train.grad_clip,
-                          torch.amp.GradScaler(device.type) if precision == "fp16" else None)
-        elapsed, loss = _timed(lambda: qa_train_step(ctx, [batch]), steps, warmup, device)
+        engine = Engine(qa, optimizer, build_scheduler(optimizer, cfg.train, steps + warmup), qa_forward_loss,
+                        precision, cfg.train.grad_clip, DistContext(device=device))
+        elapsed, out = _timed(lambda: engine.step([batch], 1), steps, warmup, device)
         result["optimizer"] = cfg.train.optimizer
         result.update(_rates("train", elapsed, steps, batch_size, seq_len))
         result["train_peak_mem_mb"] = round(memory.peak_mb(), 1)
-        result["final_loss"] = round(loss.item(), 4)
+        result["final_loss"] = round(out["loss"].item(), 4)
     return result

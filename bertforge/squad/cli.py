@@ -6,51 +6,27 @@
     bertforge squad evaluate dev-v1.1.json predictions.json
     bertforge squad ask --model DIR --context "…" --question "…" [--questions-file q.txt] [--compare-hf]
 
-Every handler takes ``(args, extra)`` and returns an exit status; a mistake the
-user can make (a missing file, a malformed SQuAD file, a bad config key)
-prints one ``error: …`` line and returns 2.
+Every handler takes ``(args, extra)`` and returns an exit status; it raises the
+mistakes a user can make (a missing file, a malformed SQuAD file, a bad config
+key), and ``bertforge.cli.main`` turns them into one ``error: …`` line and exit
+status 2, as for every other command.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
-import sys
 import tempfile
-from collections.abc import Callable
+import typing
 from pathlib import Path
 from typing import Any
+
+from ..config import Precision
 
 OVERRIDES_HELP = ("Config fields are set with dotted flags, e.g. --train.lr 5e-5 "
                   "--train.micro_batch_size 8 --execution.precision bf16 --squad.doc_stride 128.")
 
 
-def _user_errors() -> tuple[type[Exception], ...]:
-    from ..checkpoint import CheckpointError
-    from ..config import ConfigError
-    from ..convert import ConversionError
-    from ..data import DataError
-    from .data import SquadError
-
-    return (SquadError, ConfigError, CheckpointError, ConversionError, DataError, FileNotFoundError)
-
-
-def _handler(func: Callable[[argparse.Namespace, list[str]], int]
-             ) -> Callable[[argparse.Namespace, list[str]], int]:
-    """Turn user errors into one line on stderr and exit status 2."""
-    @functools.wraps(func)
-    def run(args: argparse.Namespace, extra: list[str]) -> int:
-        try:
-            return func(args, extra)
-        except _user_errors() as err:
-            print(f"error: {str(err).splitlines()[0] if str(err) else type(err).__name__}",
-                  file=sys.stderr)
-            return 2
-    return run
-
-
-@_handler
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     from ..config import parse_overrides
     from .train import finetune, load_squad_config
@@ -58,11 +34,16 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     overrides = parse_overrides(extra)
     if args.no_progress:
         overrides.append(("log.progress", "false"))
-    cfg, squad = load_squad_config(args.config, overrides)
+    if args.resume:
+        overrides.append(("checkpoint.resume", args.resume))
+    cfg, squad = load_squad_config(args.config, overrides, resume=args.resume)
     summary = finetune(cfg, squad, args.init, args.train_file, args.out, args.predict_file, args.vocab)
+    if summary["rank"] != 0:  # under torchrun, rank 0 speaks for the run
+        return 0
     losses = summary["losses"]
-    print(f"{summary['steps']} steps on {summary['questions']} questions in {summary['minutes']:.1f} min; "
-          f"loss {losses[0]:.4f} → {losses[-1]:.4f}")
+    trained = f"; loss {losses[0]:.4f} → {losses[-1]:.4f}" if losses else ""
+    print(f"{summary['steps']} steps on {summary['questions']} questions in {summary['minutes']:.1f} min"
+          f"{trained}")
     print(f"model: {summary['out_dir']}")
     if "f1" in summary:
         print(f"predictions: {summary['predictions']}")
@@ -100,7 +81,6 @@ def _predict_settings(args: argparse.Namespace, extra: list[str]) -> tuple[Any, 
     return model, load_tokenizer(vocab, lowercase), seq_len, squad, lowercase
 
 
-@_handler
 def cmd_predict(args: argparse.Namespace, extra: list[str]) -> int:
     from .data import read_examples
     from .postprocess import write_predictions
@@ -117,7 +97,6 @@ def cmd_predict(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
-@_handler
 def cmd_evaluate(args: argparse.Namespace, extra: list[str]) -> int:
     from .data import SquadError, load_json
     from .metric import evaluate
@@ -172,7 +151,6 @@ def hf_logits(model: Any, model_path: str | Path, features: Any) -> tuple[Any, A
     return out.start_logits.float().numpy(), out.end_logits.float().numpy()
 
 
-@_handler
 def cmd_ask(args: argparse.Namespace, extra: list[str]) -> int:
     import numpy as np
 
@@ -213,11 +191,15 @@ def add_squad_commands(sub: Any) -> None:
 
     p = commands.add_parser("train", help="fine-tune a checkpoint or Hugging Face BERT on SQuAD",
                             epilog=OVERRIDES_HELP)
-    p.add_argument("--init", required=True, help="our checkpoint or a Hugging Face BERT directory")
-    p.add_argument("--train-file", required=True, help="SQuAD v1.1 training JSON")
-    p.add_argument("--predict-file", help="SQuAD v1.1 JSON to predict and score at the end")
-    p.add_argument("--config", default=None, help="squad_base (default), squad_large or a YAML path")
-    p.add_argument("--out", help="model directory to write (default: runs/squad-TIMESTAMP)")
+    p.add_argument("--init", help="our checkpoint or a Hugging Face BERT directory (not with --resume)")
+    p.add_argument("--train-file", help="SQuAD v1.1 training JSON (default with --resume: the run's)")
+    p.add_argument("--predict-file", help="SQuAD v1.1 JSON to predict and score at the end "
+                                          "(and every --train.eval_every steps)")
+    p.add_argument("--config", default=None, help="squad_base (default), squad_large or a YAML path "
+                                                   "(default with --resume: the run's)")
+    p.add_argument("--out", help="run directory, new or empty: checkpoints, metrics and the fine-tuned "
+                                 "model (default: runs/squad-TIMESTAMP)")
+    p.add_argument("--resume", help="a run or step directory of squad train to continue exactly")
     p.add_argument("--vocab", help="vocab.txt (default: the one beside --init)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_train, takes_overrides=True)
@@ -232,7 +214,9 @@ def add_squad_commands(sub: Any) -> None:
         if name == "predict":
             p.add_argument("--predict-file", required=True)
             p.add_argument("--out", required=True, help="predictions.json to write")
-            p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
+            # Prediction runs on the CPU, where fp16 autocast is not supported.
+            p.add_argument("--precision", default="fp32",
+                           choices=[x for x in typing.get_args(Precision) if x != "fp16"])
             p.set_defaults(func=cmd_predict, takes_overrides=True)
         else:
             p.add_argument("--context")

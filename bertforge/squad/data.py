@@ -44,7 +44,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -361,7 +361,7 @@ def convert_examples_to_features(examples: Sequence[SquadExample], tokenizer: To
         if missing:
             raise SquadError(f"question {missing[0]}: training needs an answer "
                              "(read the file with is_training=True)")
-        answers = encode([prepare(x.answer_text) for x in examples])
+        answers = encode([prepare(cast(str, x.answer_text)) for x in examples])  # none is missing: checked above
 
     docs = []
     for encoding, words in zip(doc_encodings, contexts, strict=True):
@@ -384,6 +384,7 @@ def convert_examples_to_features(examples: Sequence[SquadExample], tokenizer: To
             truncated += 1
         answer = None
         if is_training:
+            assert example.start_word is not None and example.end_word is not None  # checked above
             start = int(orig_to_tok[example.start_word])
             end = int(orig_to_tok[example.end_word + 1]) - 1
             answer = _improve_span(doc_ids.tolist(), start, end, answers[index])
@@ -407,6 +408,7 @@ def convert_examples_to_features(examples: Sequence[SquadExample], tokenizer: To
         best_span = _max_context_span(plan.spans, len(plan.doc_ids)) if plan.spans else None
         offset = len(plan.query) + 2  # where the window starts: after [CLS] question [SEP]
         for k, (start, length) in enumerate(plan.spans):
+            assert best_span is not None  # plan.spans is not empty
             window = slice(offset, offset + length)
             input_ids[row, 0] = cls_id
             input_ids[row, 1:offset - 1] = plan.query
@@ -420,6 +422,7 @@ def convert_examples_to_features(examples: Sequence[SquadExample], tokenizer: To
             example_index[row] = index
             doc_span_index[row] = k
             if plan.answer is not None and start <= plan.answer[0] and plan.answer[1] < start + length:
+                assert start_positions is not None and end_positions is not None  # an answer means training
                 start_positions[row] = plan.answer[0] - start + offset
                 end_positions[row] = plan.answer[1] - start + offset
             row += 1

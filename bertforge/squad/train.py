@@ -5,21 +5,27 @@
                        out_dir="runs/squad", predict_file="dev-v1.1.json")
 
 The loss is the mean of the start and end cross-entropies; the optimizer is
-AdamW (``train.bias_correction`` on or off) with warm-up then linear decay;
-one optimizer step consumes ``global_batch_size / micro_batch_size``
-micro-batches of features, and each epoch is a seeded permutation of the
-features with the last partial global batch dropped (the reference's
-``drop_remainder=True``).
+AdamW (``train.bias_correction`` on or off) with warm-up then linear decay.
+Steps run through the training engine (:mod:`bertforge.engine`), as
+pre-training does: one optimizer step consumes ``global_batch_size``
+features in micro-batches, split over the ranks under torchrun, from a
+seeded permutation of the features per epoch (the last partial micro-batch
+dropped, as the reference's ``drop_remainder=True``), with dropout seeded per
+micro-batch so that any world size gives the same losses. ``train.epochs``
+epochs make ``epochs × (features // global_batch_size)`` steps.
 
 The squad-specific knobs live in :class:`SquadConfig`, read from a ``squad:``
 section of the YAML config and from ``--squad.*`` overrides; the sequence
 length is ``data.seq_len`` and lower-casing ``data.lowercase``.
 
-A fine-tuned model directory holds ``model.safetensors`` (our parameter names,
-which are Hugging Face's), ``config.yaml`` (the resolved run config, which
-``load_model(dir, head="qa")`` reads), ``config.json`` (only so that
+The run directory (``--out``) is the fine-tuned model directory too:
+``config.yaml`` (the resolved run config, which ``load_model(dir, head="qa")``
+reads), ``squad.yaml`` and ``vocab.txt`` from the start, ``metrics.jsonl``,
+``checkpoints/step_N/`` (resumed with ``--resume``), and at the end
+``model.safetensors`` (our parameter names, which are Hugging Face's),
+``config.json`` (only so that
 ``transformers.BertForQuestionAnswering.from_pretrained(dir)`` loads it as it
-is), ``squad.yaml`` and ``vocab.txt``.
+is) and, with a predict file, ``predictions.json`` and ``nbest_predictions.json``.
 
 Prediction sorts the windows by length and cuts each batch to its longest
 real sequence (``squad.trim_padding``, on by default): the logits at real
@@ -36,9 +42,9 @@ position, exactly as the reference.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
-import math
 import shutil
 import time
 import typing
@@ -55,6 +61,7 @@ import torch.nn.functional as F
 import yaml
 from torch import nn
 
+from .. import checkpoint as ckpt
 from ..config import (
     Config,
     ConfigError,
@@ -67,10 +74,23 @@ from ..config import (
     validate,
 )
 from ..data.tokenizer import load_tokenizer, vocab_size_of
-from ..dist import resolve_device
-from ..fileio import atomic_directory
+from ..dist import (
+    DistContext,
+    barrier,
+    check_execution,
+    destroy_distributed,
+    from_main,
+    init_distributed,
+    is_sharded,
+    prepare_model,
+    unwrap,
+    write_error,
+)
+from ..engine import BatchStream, Engine, autocast, set_threads
+from ..fileio import atomic_file
+from ..log import MetricsLogger, ProgressBar, Throughput
 from ..model import BertForQuestionAnswering
-from ..train import StepContext, apply_gradients, autocast
+from ..optim import build_optimizer, build_scheduler
 from .data import (
     SquadError,
     SquadExample,
@@ -96,6 +116,8 @@ class SquadConfig:
     predict_batch_size: int = 32
     max_questions: int = 0  # > 0: use only the first this many training questions
     trim_padding: bool = True  # predict only real positions (see the module docstring)
+    train_file: str = ""  # the training JSON (saved, so that --resume needs no other argument)
+    predict_file: str = ""  # the JSON to predict and score after training (and every train.eval_every steps)
 
 
 def _set_squad(squad: SquadConfig, key: str, value: Any, source: str = "") -> None:
@@ -118,17 +140,28 @@ def validate_squad(squad: SquadConfig, seq_len: int) -> None:
                           f"squad.max_query_length={squad.max_query_length}")
 
 
-def load_squad_config(name: str | None = None, overrides: Sequence[tuple[str, Any]] = ()
-                      ) -> tuple[Config, SquadConfig]:
-    """Defaults, then a YAML config (``squad_base`` when None), then dotted overrides.
+def load_squad_config(name: str | None = None, overrides: Sequence[tuple[str, Any]] = (),
+                      resume: str | Path | None = None) -> tuple[Config, SquadConfig]:
+    """Defaults, then a YAML config, then dotted overrides.
 
-    ``squad.*`` keys go to the :class:`SquadConfig`; all others to the Config.
+    The YAML is ``name``, else (with ``resume``) the resumed run's own
+    ``config.yaml`` and ``squad.yaml``, else ``squad_base``. ``squad.*`` keys
+    go to the :class:`SquadConfig`; all others to the Config.
     """
     cfg, squad = Config(), SquadConfig()
-    path = resolve_config_path(name or DEFAULT_CONFIG)
-    if path is None:
-        raise ConfigError(f"config {name!r} is a model preset; a SQuAD run takes its model from --init")
-    data = load_yaml(path)
+    path: Path | None
+    if name is None and resume:
+        checkpoint = ckpt.find_checkpoint(resume)
+        path = checkpoint / "config.yaml"
+        data = dict(load_yaml(path) or {})
+        squad_file = checkpoint.parent.parent / "squad.yaml"
+        if squad_file.is_file():
+            data["squad"] = load_yaml(squad_file)
+    else:
+        path = resolve_config_path(name or DEFAULT_CONFIG)
+        if path is None:
+            raise ConfigError(f"config {name!r} is a model preset; a SQuAD run takes its model from --init")
+        data = load_yaml(path)
     if not isinstance(data, dict):
         raise ConfigError(f"config in {path}: expected a mapping of sections, got {data!r}")
     data = dict(data)
@@ -161,9 +194,8 @@ def find_vocab(model_path: str | Path, vocab: str | Path | None = None) -> Path:
     path = Path(model_path)
     candidates = [path / "vocab.txt"]
     if not (path / "config.json").is_file() and not (path / "model.safetensors").is_file():
-        from ..checkpoint import find_checkpoint  # a run directory: its newest step
         try:
-            candidates.insert(0, find_checkpoint(path) / "vocab.txt")
+            candidates.insert(0, ckpt.find_checkpoint(path) / "vocab.txt")
         except ValueError:
             pass
     for candidate in candidates:
@@ -174,13 +206,12 @@ def find_vocab(model_path: str | Path, vocab: str | Path | None = None) -> Path:
 
 def load_qa_model(path: str | Path, vocab: Path) -> BertForQuestionAnswering:
     """``load_model(path, head="qa")``, checked against the vocab (eval mode, CPU)."""
-    from ..checkpoint import load_model
-
     if not Path(path).exists():
         raise SquadError(f"model not found: {path}")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a new QA head is expected when fine-tuning an encoder
-        model = load_model(path, head="qa")
+        model = ckpt.load_model(path, head="qa")
+    assert isinstance(model, BertForQuestionAnswering)  # what head="qa" loads
     size = vocab_size_of(vocab)
     if size != model.config.vocab_size:
         raise SquadError(f"{vocab} has {size} tokens but the model at {path} has "
@@ -204,21 +235,32 @@ def saved_settings(model_path: str | Path) -> tuple[bool, SquadConfig, int | Non
     return lowercase, squad, seq_len if isinstance(seq_len, int) else None
 
 
-def save_model(model: BertForQuestionAnswering, out_dir: Path, cfg: Config, squad: SquadConfig,
-               vocab: Path) -> Path:
-    """A fine-tuned model directory, written atomically (see the module docstring)."""
-    from ..checkpoint import save_weights
+def write_run_files(out_dir: Path, cfg: Config, squad: SquadConfig, vocab: Path) -> None:
+    """The settings of a fine-tuning run, written when it starts: config.yaml, squad.yaml, vocab.txt."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with atomic_file(out_dir / "config.yaml") as tmp:
+        tmp.write_text(cfg.to_yaml(), encoding="utf-8")
+    with atomic_file(out_dir / "squad.yaml") as tmp:
+        tmp.write_text(yaml.safe_dump(dataclasses.asdict(squad), sort_keys=False), encoding="utf-8")
+    if Path(vocab).resolve() != (out_dir / "vocab.txt").resolve():
+        with atomic_file(out_dir / "vocab.txt") as tmp:
+            shutil.copyfile(vocab, tmp)
+
+
+def save_model(model: BertForQuestionAnswering, out_dir: Path) -> Path:
+    """The fine-tuned weights beside the run files (see the module docstring).
+
+    ``model.safetensors`` is written last, each file atomically: a directory
+    holds a whole model, or none (``load_model`` then reads its newest step).
+    """
     from ..convert import hf_config_from_model_config
 
-    with atomic_directory(out_dir) as tmp:
-        save_weights(model, tmp / "model.safetensors")
-        hf = hf_config_from_model_config(model.config, ["BertForQuestionAnswering"])
-        hf["dtype"] = "float32"
-        (tmp / "config.json").write_text(json.dumps(hf, indent=2) + "\n", encoding="utf-8")
-        (tmp / "config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
-        (tmp / "squad.yaml").write_text(yaml.safe_dump(dataclasses.asdict(squad), sort_keys=False),
-                                        encoding="utf-8")
-        shutil.copyfile(vocab, tmp / "vocab.txt")
+    hf = hf_config_from_model_config(model.config, ["BertForQuestionAnswering"])
+    hf["dtype"] = "float32"
+    with atomic_file(out_dir / "config.json") as tmp:
+        tmp.write_text(json.dumps(hf, indent=2) + "\n", encoding="utf-8")
+    with atomic_file(out_dir / "model.safetensors") as tmp:
+        ckpt.save_weights(model, tmp)
     return out_dir
 
 
@@ -233,21 +275,10 @@ def qa_loss(start_logits: torch.Tensor, end_logits: torch.Tensor, start_position
     return (start + end) / 2
 
 
-def qa_train_step(ctx: StepContext, micro_batches: Sequence[dict[str, torch.Tensor]]) -> torch.Tensor:
-    """Forward and backward over the micro-batches, then one optimizer step.
-
-    Returns the step's loss (the mean over the micro-batches) as a tensor, so
-    the caller decides when to wait for the device.
-    """
-    step_loss = torch.zeros((), device=ctx.device)
-    for batch in micro_batches:
-        with autocast(ctx.device, ctx.precision):
-            start, end = ctx.model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
-        loss = qa_loss(start, end, batch["start_positions"], batch["end_positions"]) / len(micro_batches)
-        (ctx.scaler.scale(loss) if ctx.scaler is not None else loss).backward()
-        step_loss += loss.detach()
-    apply_gradients(ctx)
-    return step_loss
+def qa_forward_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The engine's loss function for SQuAD: one batch of windows with their answer spans."""
+    start, end = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+    return {"loss": qa_loss(start, end, batch["start_positions"], batch["end_positions"])}
 
 
 def _batch(features: SquadFeatures, rows: Any, device: torch.device, width: int | None = None
@@ -258,6 +289,7 @@ def _batch(features: SquadFeatures, rows: Any, device: torch.device, width: int 
              "token_type_ids": torch.from_numpy(features.segment_ids[rows, columns]),
              "attention_mask": torch.from_numpy(features.input_mask[rows, columns])}
     if features.start_positions is not None:
+        assert features.end_positions is not None  # training features have both
         batch["start_positions"] = torch.from_numpy(features.start_positions[rows])
         batch["end_positions"] = torch.from_numpy(features.end_positions[rows])
     return {k: v.to(device) for k, v in batch.items()}
@@ -325,86 +357,205 @@ def training_features(cfg: Config, squad: SquadConfig, train_file: str | Path, t
     return features, len(examples), len(skipped)
 
 
-def finetune(cfg: Config, squad: SquadConfig, init: str | Path, train_file: str | Path,
+class FeatureBatches:
+    """Training features as the engine's batches: rows in file order within a batch."""
+
+    def __init__(self, features: SquadFeatures):
+        self.features = features
+
+    def __len__(self) -> int:
+        return len(self.features.input_ids)
+
+    def batch(self, indices: Any) -> dict[str, torch.Tensor]:
+        return _batch(self.features, np.sort(indices), torch.device("cpu"))
+
+
+def _out_dir(cfg: Config, out_dir: str | Path | None, resume_from: Path | None) -> Path:
+    """The run directory: the resumed run's, or a new (or empty) one, never someone's files.
+
+    A new one is made only when training is about to start (``write_run_files``),
+    so a run refused for bad input leaves nothing behind.
+    """
+    if resume_from is not None:
+        return resume_from.parent.parent
+    path = Path(out_dir) if out_dir else (
+        Path(cfg.log.run_dir) / (cfg.log.name or datetime.now().strftime("squad-%Y%m%d-%H%M%S")))
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise ConfigError(f"{path} already exists and is not empty: pass --resume {path} to continue "
+                          f"its run, or choose another --out")
+    return path
+
+
+def finetune(cfg: Config, squad: SquadConfig, init: str | Path | None, train_file: str | Path | None,
              out_dir: str | Path | None = None, predict_file: str | Path | None = None,
              vocab: str | Path | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Fine-tune ``init`` on ``train_file``; save to ``out_dir``; predict and score ``predict_file``.
+    """Fine-tune ``init`` on ``train_file`` into ``out_dir``; predict and score ``predict_file``.
+
+    With ``cfg.checkpoint.resume`` (a run or step directory) the run goes on
+    from that checkpoint exactly; ``init`` and the files default to the run's.
+    Under torchrun every rank calls this (``execution.parallel`` ddp or fsdp).
 
     Returns a summary: out_dir, questions, features, steps, losses (one per
-    optimizer step), minutes, and when predicting the predictions path and
-    exact_match / f1.
+    optimizer step of this process), minutes, and when predicting the
+    predictions path and exact_match / f1.
     """
     started = time.perf_counter()
-    if cfg.execution.threads > 0:
-        torch.set_num_threads(cfg.execution.threads)
-    device = resolve_device(cfg.execution.device)
-    vocab_path = find_vocab(init, vocab)
-    model = load_qa_model(init, vocab_path)
-    # The saved config describes what actually ran.
+    set_threads(cfg.execution.threads)
+    dist = init_distributed(cfg.execution.device)
+    try:
+        check_execution(cfg.execution, dist.world_size)
+        resume_from = ckpt.find_checkpoint(cfg.checkpoint.resume) if cfg.checkpoint.resume else None
+        run_dir = Path(from_main(dist, lambda: _out_dir(cfg, out_dir, resume_from)))
+        try:
+            summary = _finetune(cfg, squad, dist, run_dir, resume_from, init, train_file, predict_file,
+                                vocab, log if dist.is_main else (lambda _: None), started)
+            barrier(dist)
+            return summary
+        except Exception:
+            if dist.world_size > 1:  # one process has its traceback on the console
+                write_error(run_dir, dist)
+            raise
+    finally:
+        destroy_distributed()
+
+
+def _finetune(cfg: Config, squad: SquadConfig, dist: DistContext, out_dir: Path, resume_from: Path | None,
+              init: str | Path | None, train_file: str | Path | None, predict_file: str | Path | None,
+              vocab: str | Path | None, log: Callable[[str], None], started: float) -> dict[str, Any]:
+    """The body of ``finetune`` on one rank, given the run directory."""
+    t = cfg.train
+    train_file = train_file or squad.train_file
+    predict_file = predict_file or squad.predict_file or None
+    if not train_file:
+        raise ConfigError("squad train needs --train-file")
+    torch.manual_seed(t.seed)  # every rank initialises the same QA head
+    if resume_from is None:
+        if not init:
+            raise ConfigError("squad train needs --init (or --resume RUN)")
+        vocab_path = find_vocab(init, vocab)
+        model = load_qa_model(init, vocab_path)
+        cfg.checkpoint.init = str(init)
+    else:  # the weights come from the checkpoint
+        vocab_path = find_vocab(out_dir, vocab)
+        model = BertForQuestionAnswering(ckpt.read_config(resume_from).model)
+    # The saved config describes what actually runs.
     cfg.model = dataclasses.replace(model.config)
     cfg.data.vocab = str(Path(vocab_path).resolve())
-    cfg.checkpoint.init = str(init)
+    squad.train_file = str(Path(train_file).resolve())
+    squad.predict_file = str(Path(predict_file).resolve()) if predict_file else ""
     validate(cfg)
     tokenizer = load_tokenizer(vocab_path, cfg.data.lowercase)
     features, questions, skipped = training_features(cfg, squad, train_file, tokenizer)
 
-    t = cfg.train
-    accumulation = accumulation_steps(t, world_size=1)
+    accumulation = accumulation_steps(t, world_size=dist.world_size)
     steps_per_epoch = len(features) // t.global_batch_size
     if steps_per_epoch == 0:
         raise ConfigError(f"{train_file} gives {len(features)} training features, fewer than "
                           f"train.global_batch_size={t.global_batch_size}")
-    epochs = t.epochs if t.epochs > 0 else math.ceil(t.steps / steps_per_epoch)
-    total = epochs * steps_per_epoch if t.epochs > 0 else t.steps
-
-    from ..optim import build_optimizer, build_scheduler
-
-    torch.manual_seed(t.seed)
-    model.to(device).train()
-    optimizer = build_optimizer(model, t)
-    scheduler = build_scheduler(optimizer, t, total)
-    scaler = torch.amp.GradScaler(device.type) if cfg.execution.precision == "fp16" else None
-    ctx = StepContext(model, optimizer, scheduler, device, cfg.execution.precision, t.grad_clip, scaler)
-    out_dir = Path(out_dir) if out_dir else (
-        Path(cfg.log.run_dir) / (cfg.log.name or datetime.now().strftime("squad-%Y%m%d-%H%M%S")))
-    log(f"fine-tuning {init} on {questions} questions ({len(features)} features, {skipped} answers "
-        f"skipped) for {total} steps of {t.global_batch_size} (accumulation {accumulation}) on {device}")
-
-    losses: list[float] = []
-    step = 0
-    for epoch in range(epochs):
-        generator = torch.Generator().manual_seed(t.seed * 1_000_003 + epoch)
-        order = torch.randperm(len(features), generator=generator).numpy()
-        for k in range(steps_per_epoch):
-            if step == total:
-                break
-            rows = order[k * t.global_batch_size:(k + 1) * t.global_batch_size]
-            micro_batches = [_batch(features, np.sort(micro), device) for micro in np.split(rows, accumulation)]
-            step_loss = qa_train_step(ctx, micro_batches)
-            step += 1
-            losses.append(step_loss.item())
-            if cfg.log.every > 0 and (step % cfg.log.every == 0 or step == total):
-                log(f"step {step}/{total} epoch {epoch + 1} loss {losses[-1]:.4f} "
-                    f"lr {scheduler.get_last_lr()[0]:.3g}")
-        if step == total:
-            break
-
-    model.eval().cpu()
-    save_model(model, out_dir, cfg, squad, Path(vocab_path))
-    summary: dict[str, Any] = {"out_dir": str(out_dir), "questions": questions,
-                               "features": len(features), "skipped": skipped, "steps": step,
-                               "losses": losses}
+    total = t.epochs * steps_per_epoch if t.epochs > 0 else t.steps
+    saved = ckpt.read_trainer_state(resume_from) if resume_from else None
+    stream = BatchStream(FeatureBatches(features), t.micro_batch_size, t.seed, **(saved["data"] if saved else {}),
+                         rank=dist.rank, world_size=dist.world_size)
+    wrapped = prepare_model(model.train(), cfg.execution, dist)
+    optimizer = build_optimizer(unwrap(wrapped), t)
+    engine = Engine(wrapped, optimizer, build_scheduler(optimizer, t, total), qa_forward_loss,
+                    cfg.execution.precision, t.grad_clip, dist, seed=t.seed)
+    step = ckpt.resume(resume_from, engine)["step"] if resume_from is not None else 0
+    if dist.is_main and resume_from is None:
+        write_run_files(out_dir, cfg, squad, Path(vocab_path))
+    examples = dev_set = None
     if predict_file:
         from .data import load_json, parse_examples
+
+        dev_set = load_json(predict_file)
+        examples, _ = parse_examples(dev_set, source=str(predict_file))
+
+    ranks = f" × {dist.world_size} ranks ({cfg.execution.parallel})" if dist.world_size > 1 else ""
+    log(f"fine-tuning {init or resume_from} on {questions} questions ({len(features)} features, "
+        f"{skipped} answers skipped) for {total} steps of {t.global_batch_size} = {t.micro_batch_size} × "
+        f"{accumulation}{ranks} on {dist.device}; run directory {out_dir}")
+
+    def score(model_for_eval: nn.Module | None) -> tuple[dict[str, float], dict[str, str], dict[str, Any]]:
+        """Rank 0's predictions of the dev set and their EM / F1."""
         from .metric import evaluate
 
-        dataset = load_json(predict_file)
-        examples, _ = parse_examples(dataset, source=str(predict_file))
-        predictions, nbest = predict(model.to(device), examples, tokenizer, cfg.data.seq_len, squad,
-                                     cfg.data.lowercase, device, cfg.execution.precision)
-        write_predictions(predictions, out_dir / "predictions.json", nbest,
-                          out_dir / "nbest_predictions.json")
-        summary["predictions"] = str(out_dir / "predictions.json")
-        summary.update(evaluate(dataset, predictions))
+        assert model_for_eval is not None and examples is not None and dev_set is not None  # rank 0, predicting
+        predictions, nbest = predict(model_for_eval, examples, tokenizer, cfg.data.seq_len, squad,
+                                     cfg.data.lowercase, dist.device, cfg.execution.precision)
+        return evaluate(dev_set, predictions), predictions, nbest
+
+    losses: list[torch.Tensor] = []
+    with contextlib.ExitStack() as stack:
+        logger = stack.enter_context(MetricsLogger(out_dir, cfg, enabled=dist.is_main))
+        bar = stack.enter_context(ProgressBar(total, step, enabled=cfg.log.progress, main=dist.is_main,
+                                                  label="squad"))
+
+        def run_eval() -> dict[str, float] | None:
+            """EM and F1 on the dev set, by rank 0 alone with the whole model; the others wait."""
+            if examples is None:
+                return None
+            whole = full_model(engine.model, cfg, dist)
+            result = from_main(dist, lambda: score(whole)[0])
+            logger.log({"step": step, "split": "eval", **result})
+            bar.print(f"step {step}: exact_match {result['exact_match']:.2f} f1 {result['f1']:.2f}")
+            return result
+
+        throughput = Throughput()
+        while step < total:
+            lr = engine.lr
+            out = engine.step((stream.next() for _ in range(accumulation)), accumulation, step)
+            step += 1
+            losses.append(out["loss"])
+            throughput.add(t.global_batch_size)
+            if cfg.log.every > 0 and (step % cfg.log.every == 0 or step == total or step == 1):
+                values = {k: v.item() for k, v in out.items()}
+                seq_per_s = throughput.rate()
+                logger.log({"step": step, **values, "lr": lr, "seq_per_s": seq_per_s, "epoch": stream.epoch})
+                bar.update(step, f"loss {values['loss']:.4f} lr {lr:.3g} {seq_per_s:.1f} seq/s")
+                if bar.progress is None:  # no bar: a line per logged step
+                    log(f"step {step}/{total} epoch {stream.epoch + 1} loss {values['loss']:.4f} lr {lr:.3g}")
+            else:
+                bar.update(step)
+            if t.eval_every and step % t.eval_every == 0 and step < total:
+                run_eval()
+            if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < total:
+                ckpt.save(out_dir, step, engine, cfg, {"data": stream.state()})
+        final_checkpoint = ckpt.save(out_dir, step, engine, cfg, {"data": stream.state()})
+        whole = full_model(engine.model, cfg, dist)
+        if whole is not None and dist.is_main:
+            save_model(whole, out_dir)
+        summary: dict[str, Any] = {"out_dir": str(out_dir), "checkpoint": str(final_checkpoint),
+                                   "questions": questions, "features": len(features), "skipped": skipped,
+                                   "steps": step, "losses": torch.stack(losses).tolist() if losses else [],
+                                   "rank": dist.rank, "world_size": dist.world_size}
+        if examples is not None:
+            def final_scores() -> dict[str, float]:
+                scores, predictions, nbest = score(whole)
+                write_predictions(predictions, out_dir / "predictions.json", nbest,
+                                  out_dir / "nbest_predictions.json")
+                return scores
+
+            scores = from_main(dist, final_scores)
+            logger.log({"step": step, "split": "eval", **scores})
+            summary["predictions"] = str(out_dir / "predictions.json")
+            summary.update(scores)
     summary["minutes"] = (time.perf_counter() - started) / 60
     return summary
+
+
+def full_model(model: nn.Module, cfg: Config, dist: DistContext) -> BertForQuestionAnswering | None:
+    """The whole model for prediction and saving on rank 0; None on the others under FSDP.
+
+    Under FSDP every rank must take part in gathering the shards, so every
+    rank calls this; otherwise it is the model itself, unwrapped.
+    """
+    inner = unwrap(model)
+    if not is_sharded(inner):
+        assert isinstance(inner, BertForQuestionAnswering)
+        return inner
+    state = ckpt.full_state_dict(inner)
+    if not dist.is_main:
+        return None
+    whole = BertForQuestionAnswering(cfg.model)
+    whole.load_state_dict(state)
+    return whole.to(dist.device)

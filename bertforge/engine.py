@@ -1,0 +1,247 @@
+"""One training step for every job: pre-training, SQuAD fine-tuning and both benchmarks.
+
+    engine = Engine(model, optimizer, scheduler, loss_fn, cfg.execution.precision,
+                    cfg.train.grad_clip, dist, seed=cfg.train.seed)
+    for step in range(start, total):
+        metrics = engine.step(stream.next() for _ in range(accumulation), accumulation, step)
+
+A job differs from another only in its model, its ``loss_fn`` (the model and
+one batch in, a dict of 0-dim tensors with ``"loss"`` out) and its data. The
+engine runs each micro-batch forward and backward under autocast (scaled when
+fp16), lets DDP synchronise gradients only on the last one, averages the
+losses over micro-batches and ranks, then unscales, checks that the step is
+finite, clips by global norm, steps the optimizer and the schedule.
+
+Data order and dropout do not depend on the world size: :class:`BatchStream`
+splits one seeded order of micro-batches over the ranks, and each micro-batch
+of a step seeds dropout from (seed, step, its index in the global batch), so
+one process, DDP and FSDP see the same sequences and masks and give the same
+losses, and a resumed run draws the same masks without any saved RNG state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol, cast
+
+import torch
+from torch import nn
+
+from .config import ConfigError
+from .dist import DistContext, gradient_sync, mean_over_ranks
+
+LossFn = Callable[[nn.Module, dict[str, torch.Tensor]], dict[str, torch.Tensor]]
+
+
+class NonFiniteError(FloatingPointError):
+    """A step whose loss or gradient norm is not finite; the weights were left as they were."""
+
+
+def set_threads(threads: int) -> None:
+    """``execution.threads``: torch's CPU threads; 0 leaves torch's default."""
+    if threads > 0:
+        torch.set_num_threads(threads)
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    if precision == "fp16" and device.type != "cuda":
+        raise ConfigError("execution.precision=fp16 needs a CUDA device; use bf16 on the CPU")
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def grad_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler | None:
+    """A loss scaler for fp16 (whose gradients underflow without one); None otherwise."""
+    return torch.amp.GradScaler(device.type) if precision == "fp16" else None
+
+
+def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    non_blocking = device.type == "cuda"
+    return {k: v.to(device, non_blocking=non_blocking) for k, v in batch.items()}
+
+
+def micro_batch_seed(seed: int, step: int, index: int) -> int:
+    """The RNG seed of micro-batch ``index`` of the global batch of step ``step``.
+
+    Dropout masks then depend on nothing else: not on the world size, nor on
+    what ran before, so a resumed run needs no RNG state to draw the same ones.
+    """
+    return (seed * 1_000_003 + step) * 65_537 + index
+
+
+def epoch_order(seed: int, epoch: int, size: int) -> torch.Tensor:
+    """The seeded permutation of ``size`` examples for one epoch."""
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(size, generator=generator)
+
+
+class Batches(Protocol):
+    """What :class:`BatchStream` reads: a length and a batch of given rows."""
+
+    def __len__(self) -> int: ...
+
+    def batch(self, indices: Any) -> dict[str, torch.Tensor]: ...
+
+
+class BatchStream:
+    """Micro-batches in a seeded random order per epoch; the last partial batch is dropped.
+
+    The position (epoch, index) is all the state there is: a resumed stream
+    computes the same permutation and starts at the same batch.
+
+    Split over ``world_size`` ranks, rank r reads the micro-batches r, r + W,
+    r + 2W, … of that one order. The position counts the micro-batches of all
+    ranks together, so it is the same on every rank and means the same at any
+    world size: after one step it has moved by the whole global batch.
+    """
+
+    def __init__(self, dataset: Batches, batch_size: int, seed: int, epoch: int = 0, index: int = 0,
+                 rank: int = 0, world_size: int = 1):
+        if len(dataset) < batch_size * world_size:
+            ranks = f" × world size {world_size}" if world_size > 1 else ""
+            raise ConfigError(f"the training set has {len(dataset)} sequences, fewer than "
+                              f"train.micro_batch_size={batch_size}{ranks}")
+        self.dataset, self.batch_size, self.seed = dataset, batch_size, seed
+        self.rank, self.world_size = rank, world_size
+        self.batches_in_order = len(dataset) // batch_size  # per epoch, all ranks together
+        self.batches_per_epoch = self.batches_in_order // world_size  # what each rank reads, as RecordStream
+        self.num_sequences = len(dataset)
+        self._consumed = epoch * self.batches_in_order + index  # micro-batches, all ranks together
+        self._order_epoch, self._order = -1, torch.empty(0, dtype=torch.long)
+
+    @property
+    def epoch(self) -> int:
+        return self._consumed // self.batches_in_order
+
+    def _permutation(self, epoch: int) -> torch.Tensor:
+        if epoch != self._order_epoch:
+            self._order_epoch, self._order = epoch, epoch_order(self.seed, epoch, len(self.dataset))
+        return self._order
+
+    def next(self) -> dict[str, torch.Tensor]:
+        epoch, index = divmod(self._consumed + self.rank, self.batches_in_order)
+        self._consumed += self.world_size
+        start = index * self.batch_size
+        return self.dataset.batch(self._permutation(epoch)[start:start + self.batch_size].numpy())
+
+    def state(self) -> dict[str, int]:
+        epoch, index = divmod(self._consumed, self.batches_in_order)
+        return {"epoch": epoch, "index": index}
+
+    def close(self) -> None:
+        pass
+
+
+def rng_state(device: torch.device) -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+class Engine:
+    """The model as training runs it (wrapped by ``dist.prepare_model``), its optimizer,
+    schedule and loss scaler, and the step that uses them."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 scheduler: torch.optim.lr_scheduler.LRScheduler, loss_fn: LossFn, precision: str,
+                 grad_clip: float, dist: DistContext | None = None, seed: int | None = None):
+        self.model, self.optimizer, self.scheduler, self.loss_fn = model, optimizer, scheduler, loss_fn
+        self.precision, self.grad_clip = precision, grad_clip
+        self.dist = dist or DistContext()
+        self.device = self.dist.device
+        self.seed = seed  # seed dropout per micro-batch; None leaves the RNG alone (benchmarks)
+        self.scaler = grad_scaler(self.device, precision)
+
+    @property
+    def lr(self) -> float:
+        return cast(float, self.scheduler.get_last_lr()[0])  # a tensor only for a tensor lr, which we never set
+
+    def step(self, micro_batches: Iterable[dict[str, torch.Tensor]], accumulation: int,
+             step: int = 0) -> dict[str, torch.Tensor]:
+        """Forward and backward over this rank's ``accumulation`` micro-batches, then one optimizer step.
+
+        Micro-batches are taken from the iterable as the step reaches them.
+        Returns the step's losses (means over micro-batches and ranks) and its
+        global gradient norm before clipping, as device tensors: the caller
+        decides when to wait for them. The one host sync is the finiteness
+        check; a non-finite step raises :class:`NonFiniteError` before the
+        optimizer touches the weights (under fp16 the scaler skips it instead).
+        """
+        rank, world_size = self.dist.rank, self.dist.world_size
+        totals: dict[str, torch.Tensor] = {}
+        count = 0
+        for i, batch in enumerate(micro_batches):
+            if self.seed is not None:
+                torch.manual_seed(micro_batch_seed(self.seed, step, rank + i * world_size))
+            # DDP all-reduces the accumulated gradients once, after the last micro-batch.
+            with gradient_sync(self.model, enabled=i == accumulation - 1):
+                with autocast(self.device, self.precision):
+                    out = self.loss_fn(self.model, to_device(batch, self.device))
+                loss = out["loss"] / accumulation
+                (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+            for key, value in out.items():
+                totals[key] = totals.get(key, 0.0) + value.detach().float() / accumulation
+            count += 1
+        if count != accumulation:
+            raise ValueError(f"step {step}: got {count} micro-batches, expected {accumulation}")
+        totals = mean_over_ranks(self.dist, totals)
+        totals["grad_norm"] = self._apply_gradients(totals["loss"], step)
+        return totals
+
+    def _apply_gradients(self, loss: torch.Tensor, step: int) -> torch.Tensor:
+        """Unscale, check, clip by global norm, step, schedule, clear; the norm before clipping."""
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        # Under FSDP the gradients are shards (DTensors) and this is the norm of the whole.
+        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
+        if self.scaler is None:  # fp16's scaler skips such steps itself and lowers its scale
+            self._check_finite(loss, grad_norm, step)
+        if self.grad_clip > 0:
+            torch.nn.utils.clip_grads_with_norm_(params, self.grad_clip, grad_norm)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm
+
+    def _check_finite(self, loss: torch.Tensor, grad_norm: torch.Tensor, step: int) -> None:
+        # Losses and norm are the same on every rank (all-reduced), so all ranks raise together.
+        if bool(torch.isfinite(loss) & torch.isfinite(grad_norm)):
+            return
+        self.optimizer.zero_grad(set_to_none=True)
+        what = (f"the loss is {loss.item()}" if not torch.isfinite(loss)
+                else f"the gradient norm is {grad_norm.item()}")
+        hint = "; or use execution.precision=fp32" if self.precision != "fp32" else ""
+        raise NonFiniteError(f"step {step + 1}: {what}; the weights were not updated. "
+                             f"Lower train.lr or raise train.warmup_steps{hint}")
+
+    def state_dict(self) -> dict[str, Any]:
+        """The schedule, the loss scaler and the RNG states (the optimizer is saved on its own)."""
+        state = {"scheduler": self.scheduler.state_dict(), "rng": rng_state(self.device)}
+        if self.scaler is not None:
+            state["scaler"] = self.scaler.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])
+        set_rng_state(state["rng"], self.device)

@@ -1,0 +1,98 @@
+"""log.py: MetricsLogger and ProgressBar close on every exit path; errors are ConfigErrors."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+import bertforge.log
+from bertforge.config import Config, ConfigError
+from bertforge.log import MetricsLogger, ProgressBar
+
+
+def config(wandb: bool = False) -> Config:
+    cfg = Config()
+    cfg.log.tensorboard = False
+    cfg.log.wandb = wandb
+    return cfg
+
+
+def test_metrics_logger_without_wandb_raises_a_config_error(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
+    with pytest.raises(ConfigError) as info:
+        MetricsLogger(tmp_path, config(wandb=True))
+    assert str(info.value) == "--log.wandb needs the wandb package (pip install wandb)"
+    assert not isinstance(info.value, SystemExit)
+
+
+def test_metrics_logger_closes_what_it_opened_when_init_fails(tmp_path, monkeypatch):
+    opened = []
+    real_open = open
+
+    def recording_open(*args, **kwargs):
+        f = real_open(*args, **kwargs)
+        opened.append(f)
+        return f
+
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    monkeypatch.setattr(bertforge.log, "open", recording_open, raising=False)  # log.py's `open` only
+    with pytest.raises(ConfigError):
+        MetricsLogger(tmp_path, config(wandb=True))
+    assert [f.name for f in opened] == [str(tmp_path / "metrics.jsonl")]
+    assert opened[0].closed
+
+
+def test_metrics_logger_is_a_context_manager(tmp_path):
+    with MetricsLogger(tmp_path, config()) as logger:
+        logger.log({"step": 1, "loss": 0.25, "lr": 1.0e-4})
+        logger.log({"step": 1, "split": "eval", "mlm_accuracy": 0.5})
+    assert logger.jsonl is None
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows == [{"step": 1, "loss": 0.25, "lr": 1.0e-4}, {"step": 1, "split": "eval", "mlm_accuracy": 0.5}]
+    logger.close()  # idempotent
+    logger.log({"step": 2, "loss": 0.1})  # after close: dropped, not an error
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_metrics_logger_closes_when_the_block_raises(tmp_path):
+    with pytest.raises(RuntimeError, match="boom"), MetricsLogger(tmp_path, config()) as logger:
+        jsonl = logger.jsonl
+        logger.log({"step": 3, "loss": 1.5})
+        raise RuntimeError("boom")
+    assert jsonl.closed and logger.jsonl is None
+    assert json.loads((tmp_path / "metrics.jsonl").read_text()) == {"step": 3, "loss": 1.5}
+
+
+def test_disabled_metrics_logger_writes_nothing(tmp_path):
+    with MetricsLogger(tmp_path, config(wandb=True), enabled=False) as logger:
+        logger.log({"step": 1, "loss": 0.5})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_progress_bar_is_a_context_manager(capsys):
+    with ProgressBar(total=10, start=2, enabled=True) as bar:
+        progress = bar.progress
+        assert progress is not None and progress.live.is_started
+        bar.update(5, "loss 1.0")
+        assert progress.tasks[0].completed == 5
+    assert bar.progress is None and not progress.live.is_started
+    bar.close()  # idempotent
+    bar.update(6)  # after close: nothing to update
+    bar.print("after the bar")
+    assert "after the bar" in capsys.readouterr().err
+
+
+def test_progress_bar_stops_when_the_block_raises():
+    with pytest.raises(KeyboardInterrupt), ProgressBar(total=4, start=0, enabled=True) as bar:
+        progress = bar.progress
+        raise KeyboardInterrupt
+    assert not progress.live.is_started and bar.progress is None
+
+
+def test_progress_bar_off_the_main_rank_shows_nothing(capsys):
+    with ProgressBar(total=4, start=0, enabled=True, main=False) as bar:
+        assert bar.progress is None
+        bar.print("hidden")
+    assert capsys.readouterr().err == ""
