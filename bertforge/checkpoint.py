@@ -11,6 +11,7 @@ A run directory looks like::
         optimizer.pt       optimizer state (tensors and numbers only)
         trainer.pt         step, scheduler, RNG states, data position, loss scaler, world size
         config.yaml, vocab.txt
+        manifest.json      every other file's relative path, size and crc32c, written last
 
 With ``execution.parallel: fsdp`` the optimizer state (and a second copy of
 the weights) is every rank's shards, written by torch.distributed.checkpoint
@@ -21,6 +22,16 @@ A step directory is written under a hidden temporary name and renamed only
 when every file is on disk, so a crash mid-save never leaves something that
 looks complete. Everything is read back with safetensors,
 ``torch.load(weights_only=True)`` or torch.distributed.checkpoint.
+
+Integrity: ``manifest.json`` is written last inside the temporary directory
+and verified before anything is loaded (resume, ``load_model``,
+``load_weights``): a file whose size or crc32c differs is named and refused.
+Checkpoints written before manifests existed load without the check.
+``--resume auto`` (:func:`find_resumable`) skips a damaged newest checkpoint
+with a warning and takes the one before. A file that cannot be read (truncated,
+edited) is a :class:`CheckpointError` naming it, never a traceback, and so is a
+save that fails for a full disk or a read-only directory. Weights that are not
+finite are never saved (:func:`first_nonfinite`).
 
 Every command goes through three functions here: :func:`save` writes a step
 directory of an :class:`~bertforge.engine.Engine`, :func:`resume` loads one
@@ -35,21 +46,27 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
+import logging
 import pickle
 import shutil
 import typing
 import warnings
-from pathlib import Path
+from collections.abc import Iterable
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
+import google_crc32c
 import torch
+import torch.distributed
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .config import Config, ConfigError, Head, ModelConfig, config_from_dict, load_yaml
 from .dist import DistContext, barrier, broadcast, from_main, unwrap
 from .dist import is_sharded as is_sharded_model
-from .fileio import atomic_directory
+from .fileio import WriteError, atomic_directory, remove_temporaries
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -64,10 +81,180 @@ WEIGHTS_FILES = ("model.safetensors", "config.yaml")  # all load_model needs
 HEADS = typing.get_args(Head)
 # Weights that belong to one task's head: absent from a source made for another task, they stay as initialised.
 HEAD_PREFIXES = ("cls.", "qa_outputs.", "classifier.", "bert.pooler.", "pooler.")
+MANIFEST = "manifest.json"
+AUTO = "auto"  # checkpoint.resume: the newest sound checkpoint of the named run directory, if any
+_CHUNK = 8 << 20
+_MANIFEST_MAX = 16 << 20  # bytes: about 100 per file listed
+
+logger = logging.getLogger(__name__)
 
 
 class CheckpointError(ValueError):
-    """A missing, incomplete or incompatible checkpoint; the message names it."""
+    """A missing, incomplete, damaged or incompatible checkpoint; the message names it."""
+
+
+# ------------------------------------------------------------ integrity
+
+def crc32c(path: Path) -> str:
+    """The crc32c of a file, as 8 hex digits, read in chunks (GB/s with the C extension)."""
+    checksum = google_crc32c.Checksum()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            checksum.update(chunk)
+    return checksum.hexdigest().decode()
+
+
+def write_manifest(directory: Path) -> Path:
+    """``manifest.json`` of every file under ``directory``: the last file a save writes."""
+    files = {p.relative_to(directory).as_posix(): p for p in sorted(directory.rglob("*"))
+             if p.is_file() and p.name != MANIFEST}
+    entries = [{"path": name, "size": p.stat().st_size, "crc32c": crc32c(p)} for name, p in files.items()]
+    path = directory / MANIFEST
+    path.write_text(json.dumps({"format": 1, "files": entries}, indent=1) + "\n", encoding="utf-8")
+    return path
+
+
+def verify(checkpoint: Path, only: Iterable[str] | None = None) -> bool:
+    """Check ``checkpoint``'s files against its manifest (``only`` these, when given).
+
+    False when there is no manifest (a checkpoint written before they existed);
+    a CheckpointError naming the first file that is missing, of another size,
+    or of another checksum, or the manifest when it is not one we write: its
+    paths must name files inside ``checkpoint``, once each, so that no edit of
+    it makes this read anything else, or anything twice.
+    """
+    path = checkpoint / MANIFEST
+    if not path.is_file():
+        return False
+    listed = read_manifest(path)
+    # Every file a save writes is listed: one the readers use that is not was dropped by an edit.
+    wanted = set(only) if only is not None else {*listed, *REQUIRED_FILES, *OPTIMIZER_FILES}
+    for name in sorted(wanted - listed.keys()):
+        if (checkpoint / name).exists():
+            raise CheckpointError(f"{checkpoint / name}: not listed in {MANIFEST}, which lists every file of "
+                                  f"a checkpoint: edited or damaged; refusing this checkpoint")
+    root = checkpoint.resolve()
+    for name in sorted(wanted & listed.keys()):
+        size, checksum = listed[name]
+        file = checkpoint / name
+        if not file.is_file():
+            raise CheckpointError(f"{file}: listed in {MANIFEST} but missing; refusing this checkpoint")
+        if not file.resolve().is_relative_to(root):
+            raise CheckpointError(f"{file}: a link to {file.resolve()}, outside the checkpoint; refusing it")
+        if file.stat().st_size != size:
+            raise CheckpointError(f"{file}: {file.stat().st_size} bytes, but {MANIFEST} says {size}: "
+                                  f"truncated or changed; refusing this checkpoint")
+        if crc32c(file) != checksum:
+            raise CheckpointError(f"{file}: its crc32c differs from {MANIFEST}: damaged or edited; "
+                                  f"refusing this checkpoint")
+    return True
+
+
+def read_manifest(path: Path) -> dict[str, tuple[int, str]]:
+    """``manifest.json``'s entries: {relative path: (size, crc32c)}; a CheckpointError naming it
+    when it is not one we write (too big, not JSON, wrong types, a path outside, a path twice)."""
+    def refuse(why: str) -> CheckpointError:
+        return CheckpointError(f"{path}: not a readable manifest ({why}); refusing this checkpoint")
+
+    if path.stat().st_size > _MANIFEST_MAX:
+        raise refuse(f"{path.stat().st_size} bytes, more than a manifest ever has")
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8"))["files"]
+    except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError) as err:
+        raise refuse(str(err).splitlines()[0] if str(err) else type(err).__name__) from None
+    if not isinstance(entries, list):
+        raise refuse("files is not a list")
+    listed: dict[str, tuple[int, str]] = {}
+    for entry in entries:
+        if not isinstance(entry, dict):
+            raise refuse(f"an entry is {type(entry).__name__}, not an object")
+        name, size, checksum = entry.get("path"), entry.get("size"), entry.get("crc32c")
+        if not isinstance(name, str) or not isinstance(checksum, str):
+            raise refuse(f"entry {name!r}: path and crc32c must be strings")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise refuse(f"entry {name!r}: size {size!r} is not a number of bytes")
+        relative = PurePosixPath(name)
+        if (not name or "\0" in name or relative.is_absolute() or ".." in relative.parts
+                or relative.as_posix() == "."):
+            raise refuse(f"entry {name!r} is not a path inside the checkpoint")
+        if relative.as_posix() in listed:
+            raise refuse(f"{relative.as_posix()} is listed twice")
+        listed[relative.as_posix()] = (size, checksum)
+    return listed
+
+
+def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """``load_file`` with a CheckpointError naming the file when it cannot be read."""
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as err:
+        if isinstance(err, FileNotFoundError):
+            raise CheckpointError(f"{path}: missing") from None
+        raise CheckpointError(f"{path}: not a readable safetensors file (truncated or edited?): "
+                              f"{str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
+
+
+def torch_load(path: Path) -> Any:
+    """``torch.load(weights_only=True)`` with a CheckpointError naming the file when it cannot be read."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        first = str(err).splitlines()[0] if str(err) else ""
+        if "Weights only load failed" in first or "Unsupported global" in str(err):
+            raise CheckpointError(f"{path}: holds objects other than tensors and plain data, which a "
+                                  f"checkpoint never needs; refusing to load it") from None
+        raise CheckpointError(f"{path}: not a readable checkpoint file (truncated or edited?): {first}") from None
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing") from None
+    except (RuntimeError, EOFError, OSError, ValueError, KeyError, AttributeError, IndexError) as err:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise CheckpointError(f"{path}: not a readable checkpoint file (truncated or edited?): {first}") from None
+
+
+def first_nonfinite(model: nn.Module) -> str | None:
+    """The name of the first floating tensor of ``model`` (this rank's shards) holding a NaN or
+    infinity, else None: one pass over the weights and one host sync when all are finite."""
+    tensors = [(name, getattr(t, "_local_tensor", t)) for name, t in model.state_dict().items()]
+    tensors = [(name, t) for name, t in tensors if t.is_floating_point() and t.numel()]
+    if not tensors:
+        return None
+    flags = torch.stack([torch.isfinite(t).all() for _, t in tensors])
+    if bool(flags.all()):
+        return None
+    return next(name for (name, _), ok in zip(tensors, flags.tolist()) if not ok)
+
+
+def check_finite(model: nn.Module, ctx: DistContext, step: int) -> None:
+    """Refuse to save weights that are not finite, naming the first such tensor; every rank calls it."""
+    bad = first_nonfinite(model)
+    if ctx.world_size > 1 and torch.distributed.is_initialized():
+        names: list[str | None] = [None] * ctx.world_size
+        torch.distributed.all_gather_object(names, bad)  # shards differ under FSDP: all ranks decide together
+        bad = next((n for n in names if n is not None), None)
+    if bad is not None:
+        raise CheckpointError(f"step {step}: weight {bad} is not finite (NaN or infinity); refusing to "
+                              f"write a checkpoint of it (the newest checkpoint stays the newest finite one)")
+
+
+def _nbytes(obj: Any) -> int:
+    """The bytes of the tensors in a nested state: what a save will write, roughly."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_nbytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_nbytes(v) for v in obj)
+    return 0
+
+
+@contextlib.contextmanager
+def _writing(final: Path, needed: int) -> Any:
+    """``atomic_directory`` with a full disk or a read-only directory as a CheckpointError."""
+    try:
+        with atomic_directory(final, needed) as tmp:
+            yield tmp
+    except WriteError as err:
+        raise CheckpointError(str(err)) from None
 
 
 def save_weights(model: nn.Module, path: Path) -> None:
@@ -79,11 +266,13 @@ def save_checkpoint(run_dir: Path, step: int, model: nn.Module, optimizer: torch
                     trainer_state: dict[str, Any], cfg: Config, keep: int = 0) -> Path:
     """Write ``run_dir/checkpoints/step_N`` atomically; keep only the newest ``keep`` (0 = all)."""
     final = run_dir / CHECKPOINTS / f"{STEP_PREFIX}{step:08d}"
-    with atomic_directory(final) as tmp:
+    optimizer_state = optimizer.state_dict()
+    with _writing(final, _nbytes(model.state_dict()) + _nbytes(optimizer_state)) as tmp:
         save_weights(model, tmp / "model.safetensors")
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(optimizer_state, tmp / "optimizer.pt")
         _write_trainer_files(tmp, trainer_state, cfg)
-    _keep_newest(run_dir, keep)
+        write_manifest(tmp)
+    _keep_newest(run_dir, keep, final)
     return final
 
 
@@ -102,7 +291,8 @@ def save_sharded_checkpoint(run_dir: Path, step: int, model: nn.Module, optimize
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     final = run_dir / CHECKPOINTS / f"{STEP_PREFIX}{step:08d}"
-    with atomic_directory(final) if ctx.is_main else contextlib.nullcontext() as tmp:
+    needed = 3 * _nbytes(model.state_dict()) * ctx.world_size  # weights twice, plus Adam/LAMB moments
+    with _writing(final, needed) if ctx.is_main else contextlib.nullcontext() as tmp:
         tmp = Path(broadcast(ctx, str(tmp)))
         model_state, optimizer_state = get_state_dict(model, optimizer)
         # Returns on any rank only when all ranks' files and the metadata are written.
@@ -112,8 +302,9 @@ def save_sharded_checkpoint(run_dir: Path, step: int, model: nn.Module, optimize
             save_file({k: v.contiguous() for k, v in full.items()}, str(tmp / "model.safetensors"),
                       metadata={"format": "pt"})
             _write_trainer_files(tmp, trainer_state, cfg)
+            write_manifest(tmp)  # every rank's shards are on disk: dcp.save returned
     if ctx.is_main:
-        _keep_newest(run_dir, keep)
+        _keep_newest(run_dir, keep, final)
     barrier(ctx)  # no rank goes on before the checkpoint has its final name
     return final
 
@@ -224,10 +415,49 @@ def _write_trainer_files(directory: Path, trainer_state: dict[str, Any], cfg: Co
         shutil.copyfile(vocab, directory / "vocab.txt")
 
 
-def _keep_newest(run_dir: Path, keep: int) -> None:
+def _keep_newest(run_dir: Path, keep: int, current: Path) -> None:
+    """Keep ``current`` (just written, finite) and the ``keep - 1`` newest before it.
+
+    Step directories after ``current`` (left by a run resumed from an earlier
+    step) are not counted, so rotation never deletes the checkpoint just written.
+    """
     if keep > 0:
-        for old in complete_checkpoints(run_dir)[:-keep]:
+        older = [p for p in complete_checkpoints(run_dir) if p.name < current.name]
+        for old in older[:len(older) - (keep - 1)]:
             shutil.rmtree(old)
+
+
+def remove_temporaries_of(run_dir: Path) -> list[Path]:
+    """Remove the temporary directories of interrupted saves in ``run_dir/checkpoints``; at a run's start."""
+    removed = remove_temporaries(run_dir / CHECKPOINTS)
+    for path in removed:
+        logger.info("removed %s, left by a save that was interrupted", path)
+    return removed
+
+
+def find_resumable(run_dir: Path, only: Iterable[str] | None = None, warn: bool = True) -> Path | None:
+    """The newest complete checkpoint of ``run_dir`` that verifies against its manifest, or None.
+
+    A damaged one is skipped with a warning naming it (``--resume auto``).
+    ``only`` limits the check to these files (config.yaml, to read the config).
+    """
+    for checkpoint in reversed(complete_checkpoints(run_dir)):
+        try:
+            verify(checkpoint, only)
+        except CheckpointError as err:
+            if warn:
+                logger.warning("skipping damaged checkpoint %s: %s", checkpoint, err)
+            continue
+        return checkpoint
+    return None
+
+
+def auto_run_dir(run_dir: str | Path, name: str, flag: str = "--name (log.name)") -> Path:
+    """The run directory ``--resume auto`` works in: it must be named, so that a restart finds it."""
+    if not name:
+        raise ConfigError(f"--resume auto needs a named run directory: pass {flag}, so that every "
+                          f"restart finds the same one")
+    return Path(run_dir) / name
 
 
 def missing_files(path: Path, weights_only: bool = False) -> list[str]:
@@ -281,10 +511,45 @@ def find_checkpoint(path: str | Path, weights_only: bool = False) -> Path:
 
 
 def read_config(checkpoint: Path) -> Config:
+    verify(checkpoint, ["config.yaml"])
     try:
-        return config_from_dict(load_yaml(checkpoint / "config.yaml"))
+        cfg = config_from_dict(load_yaml(checkpoint / "config.yaml"))
     except ConfigError as err:
         raise CheckpointError(f"{checkpoint / 'config.yaml'}: {err}") from None
+    check_config_fits(cfg.model, checkpoint)
+    return cfg
+
+
+def weight_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """The tensor shapes of a safetensors file, from its header alone."""
+    try:
+        with safe_open(str(path), "pt") as f:
+            return {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
+    except (SafetensorError, OSError, ValueError, RuntimeError) as err:
+        if isinstance(err, FileNotFoundError):
+            raise CheckpointError(f"{path}: missing") from None
+        raise CheckpointError(f"{path}: not a readable safetensors file (truncated or edited?): "
+                              f"{str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
+
+
+def check_config_fits(cfg: ModelConfig, checkpoint: Path) -> None:
+    """A checkpoint's model config against the shapes of its weights (our names), before a model is
+    built of it: an edited ``config.yaml`` (with no manifest to tell) would build a model of any size."""
+    shapes = weight_shapes(checkpoint / "model.safetensors")
+    layers = {key.split(".")[3] for key in shapes if key.startswith("bert.encoder.layer.")}
+    dims = {"vocab_size": ("bert.embeddings.word_embeddings.weight", 0),
+            "hidden_size": ("bert.embeddings.word_embeddings.weight", 1),
+            "max_position_embeddings": ("bert.embeddings.position_embeddings.weight", 0),
+            "type_vocab_size": ("bert.embeddings.token_type_embeddings.weight", 0),
+            "intermediate_size": ("bert.encoder.layer.0.intermediate.dense.weight", 0)}
+    for name, (key, dim) in dims.items():
+        shape = shapes.get(key)
+        if shape is None or len(shape) != 2 or shape[dim] != getattr(cfg, name):
+            raise CheckpointError(f"{checkpoint / 'config.yaml'}: model.{name}={getattr(cfg, name)} does not fit "
+                                  f"the weights in model.safetensors ({key}: {shape or 'missing'})")
+    if len(layers) != cfg.num_hidden_layers:
+        raise CheckpointError(f"{checkpoint / 'config.yaml'}: model.num_hidden_layers={cfg.num_hidden_layers} "
+                              f"does not fit the weights in model.safetensors ({len(layers)} layers)")
 
 
 def check_model_config(saved: ModelConfig, wanted: ModelConfig, source: Path) -> None:
@@ -300,7 +565,10 @@ def check_model_config(saved: ModelConfig, wanted: ModelConfig, source: Path) ->
 
 def read_trainer_state(checkpoint: Path) -> dict[str, Any]:
     """``trainer.pt``: step, data position, schedule, RNG, world size (no code is unpickled)."""
-    return torch.load(checkpoint / "trainer.pt", map_location="cpu", weights_only=True)
+    state = torch_load(checkpoint / "trainer.pt")
+    if not isinstance(state, dict) or "step" not in state:
+        raise CheckpointError(f"{checkpoint / 'trainer.pt'}: not a trainer state (no step)")
+    return state
 
 
 def save(run_dir: Path, step: int, engine: Engine, cfg: Config, state: dict[str, Any]) -> Path:
@@ -312,36 +580,43 @@ def save(run_dir: Path, step: int, engine: Engine, cfg: Config, state: dict[str,
     state = {"step": step, **engine.state_dict(), **state, "world_size": ctx.world_size,
              "parallel": cfg.execution.parallel}
     model, keep = unwrap(engine.model), cfg.checkpoint.keep
+    check_finite(model, ctx, step)
     if is_sharded_model(model):
         return save_sharded_checkpoint(run_dir, step, model, engine.optimizer, state, cfg, ctx, keep=keep)
     return from_main(ctx, lambda: save_checkpoint(run_dir, step, model, engine.optimizer, state, cfg, keep=keep))
 
 
-def resume(checkpoint: Path, engine: Engine) -> dict[str, Any]:
+def resume(checkpoint: Path, engine: Engine, verified: bool = False) -> dict[str, Any]:
     """Load a step directory into a built engine: weights, optimizer, schedule, scaler, RNG.
 
     Every rank calls it, after ``prepare_model`` and the optimizer are built,
     whatever the world size and parallel mode of the run that saved it: FSDP
-    shards are resharded, full files are sharded as they load. Returns the
-    trainer state (``step``, the job's data position, ``world_size``, …).
+    shards are resharded, full files are sharded as they load. Rank 0 first
+    checks every file against the manifest (unless ``verified``: the caller
+    did). Returns the trainer state (``step``, the job's data position, ``world_size``, …).
     """
+    if not verified:
+        from_main(engine.dist, lambda: verify(checkpoint))
     model, optimizer = unwrap(engine.model), engine.optimizer
     trainer_state = read_trainer_state(checkpoint)
     if has_shards(checkpoint):
         load_sharded_checkpoint(checkpoint, model, optimizer)
     else:
-        optimizer_state = torch.load(checkpoint / "optimizer.pt", map_location="cpu", weights_only=True)
+        optimizer_state = torch_load(checkpoint / "optimizer.pt")
         if is_sharded_model(model):
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-            state = load_file(str(checkpoint / "model.safetensors"))
+            state = load_safetensors(checkpoint / "model.safetensors")
             _check_shapes(model_shapes(model), state, checkpoint)
             # torch's stub wants dict[str, ValueType], and dict is invariant: a dict of tensors is one
             set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))  # type: ignore[arg-type]
             load_full_optimizer_state(model, optimizer, optimizer_state)
         else:
-            model.load_state_dict(_checked(model, load_file(str(checkpoint / "model.safetensors")), checkpoint))
-            optimizer.load_state_dict(optimizer_state)
+            model.load_state_dict(_checked(model, load_safetensors(checkpoint / "model.safetensors"), checkpoint))
+            try:
+                optimizer.load_state_dict(optimizer_state)
+            except (ValueError, KeyError, TypeError, IndexError) as err:
+                raise CheckpointError(f"{checkpoint / 'optimizer.pt'}: does not fit this optimizer ({err})") from None
     engine.load_state_dict(trainer_state)
     return trainer_state
 
@@ -411,7 +686,8 @@ def read_weights(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]
     if (path / "config.json").is_file() and not (path / "config.yaml").is_file():
         return convert.read_hf_config(path), convert.hf_to_ours(convert.load_hf_state_dict(path), "pretraining"), path
     checkpoint = find_checkpoint(path, weights_only=True)
-    return read_config(checkpoint).model, load_file(str(checkpoint / "model.safetensors")), checkpoint
+    verify(checkpoint, WEIGHTS_FILES)
+    return read_config(checkpoint).model, load_safetensors(checkpoint / "model.safetensors"), checkpoint
 
 
 def load_weights(model: nn.Module, path: str | Path) -> list[str]:
@@ -452,8 +728,9 @@ def load_model(path: str | Path, head: str = "pretraining", allow_pickle: bool =
     if (path / "config.json").is_file() and not (path / "config.yaml").is_file():
         return convert.load_hf(path, head=head, allow_pickle=allow_pickle).eval()
     checkpoint = find_checkpoint(path, weights_only=True)
+    verify(checkpoint, WEIGHTS_FILES)
     cfg = read_config(checkpoint).model
-    state = load_file(str(checkpoint / "model.safetensors"))
+    state = load_safetensors(checkpoint / "model.safetensors")
     model: nn.Module
     if head == "encoder":  # with a pooler when the source has one (a QA model has none)
         state = {k.removeprefix("bert."): v for k, v in state.items() if k.startswith("bert.")}

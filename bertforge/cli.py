@@ -3,7 +3,7 @@
     bertforge pretrain [--config NAME] [--steps N] [--resume RUN] [--section.key VALUE ...]
     bertforge bench pretrain --config tiny --batch-size 16 --seq-len 128 --steps 20 --json
     bertforge bench squad --model base --batch-size 8 --seq-len 384 --json   # train + infer
-    bertforge export CHECKPOINT OUT_DIR        # to a Hugging Face BERT directory
+    bertforge export CHECKPOINT OUT_DIR [--overwrite]   # to a Hugging Face BERT directory
     bertforge config [--config NAME] [--section.key VALUE ...]   # print the resolved config
     bertforge data …                           # Wikipedia / text → records (see data/cli.py)
     bertforge squad train|predict|evaluate|ask # SQuAD v1.1 (see squad/cli.py)
@@ -102,12 +102,17 @@ def cmd_bench_squad(args: argparse.Namespace, extra: list[str]) -> int:
 
 def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
     from .checkpoint import find_checkpoint, load_model
-    from .convert import export_hf
+    from .convert import check_export_target, export_hf
 
     checkpoint = find_checkpoint(args.checkpoint)
+    out = Path(args.out).resolve()
+    if args.overwrite and (out == checkpoint.resolve() or out in checkpoint.resolve().parents):
+        raise ConfigError(f"{args.out}: --overwrite would delete the checkpoint being exported "
+                          f"({checkpoint}); choose another output directory")
+    check_export_target(args.out, args.overwrite)  # refused before the weights are loaded
     model = load_model(checkpoint, head=args.head)
     vocab = checkpoint / "vocab.txt"
-    export_hf(model, args.out, vocab_path=vocab if vocab.is_file() else None)
+    export_hf(model, args.out, vocab_path=vocab if vocab.is_file() else None, overwrite=args.overwrite)
     print(f"exported {checkpoint} to {args.out}")
     return 0
 
@@ -184,7 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("export", help="export a checkpoint to a Hugging Face BERT directory")
     p.add_argument("checkpoint", help="run or step directory")
-    p.add_argument("out", type=Path, help="output directory (must not exist)")
+    p.add_argument("out", type=Path, help="output directory: new or empty, unless --overwrite")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists and is not empty")
     p.add_argument("--head", choices=typing.get_args(Head), default="pretraining")
     p.set_defaults(func=cmd_export)
 

@@ -15,6 +15,7 @@ resolved config is saved as ``config.yaml`` in every run and checkpoint.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -97,7 +98,7 @@ class DataConfig:
     eval_fraction: float = 0.1  # share of documents held out for evaluation
     synthetic: bool = False  # random tokens, for benchmarking without a corpus
     seed: int = 12345
-    shuffle_buffer: int = 10000  # records: each window of this many records is shuffled
+    shuffle_buffer: int = 10000  # records: each window of this many records is shuffled; 0 or 1 = none
     dynamic_masking: bool = False  # records: mask anew every epoch instead of the stored masks
     prefetch: int = 2  # records: batches read ahead in a background thread; 0 = none
 
@@ -148,7 +149,7 @@ class ExecutionConfig:
 
 @dataclass
 class CheckpointConfig:
-    every: int = 0  # steps between checkpoints; 0 = only at the end
+    every: int = 0  # steps between checkpoints; 0 = only at the end; not negative
     keep: int = 3  # newest step directories kept; 0 = keep all
     resume: str = ""  # a run or checkpoint directory to continue
     init: str = ""  # start from these weights (our checkpoint or a Hugging Face dir)
@@ -158,7 +159,7 @@ class CheckpointConfig:
 class LogConfig:
     run_dir: str = "runs"
     name: str = ""  # "" = a timestamp
-    every: int = 10
+    every: int = 10  # steps between logged rows (and the first and last step); at least 1
     progress: bool = True
     tensorboard: bool = True  # when the tensorboard package is installed
     wandb: bool = False
@@ -202,13 +203,16 @@ def _coerce(key: str, value: Any, typ: Any) -> Any:
     if origin is Literal:
         choices = typing.get_args(typ)
         if value not in choices:
-            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(str, choices))}")
+            raise ConfigError(f"{key}: {_short(value)} is not one of {', '.join(map(str, choices))}")
         return value
     if origin is dict:
         if isinstance(value, str):
-            value = yaml.safe_load(value) or {}
+            try:
+                value = yaml.safe_load(value) or {}
+            except yaml.YAMLError as err:
+                raise ConfigError(f"{key}: {_short(value)} is not a YAML mapping ({_yaml_problem(err)})") from None
         if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+            raise ConfigError(f"{key}: expected a mapping, got {_short(value)}")
         ktyp, vtyp = typing.get_args(typ)
         return {_coerce(f"{key}[{k}]", k, ktyp): _coerce(f"{key}[{k}]", v, vtyp)
                 for k, v in value.items()}
@@ -224,10 +228,10 @@ def _coerce(key: str, value: Any, typ: Any) -> Any:
             return True
         if isinstance(value, str) and value.lower() in ("0", "false", "no", "off"):
             return False
-        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+        raise ConfigError(f"{key}: expected true or false, got {_short(value)}")
     if typ is int:
         if isinstance(value, bool):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+            raise ConfigError(f"{key}: expected an integer, got {_short(value)}")
         if isinstance(value, int):
             return value
         if isinstance(value, str):
@@ -235,7 +239,7 @@ def _coerce(key: str, value: Any, typ: Any) -> Any:
                 return int(value.replace("_", ""))
             except ValueError:
                 pass
-        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        raise ConfigError(f"{key}: expected an integer, got {_short(value)}")
     if typ is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
@@ -244,11 +248,11 @@ def _coerce(key: str, value: Any, typ: Any) -> Any:
                 return float(value)
             except ValueError:
                 pass
-        raise ConfigError(f"{key}: expected a number, got {value!r}")
+        raise ConfigError(f"{key}: expected a number, got {_short(value)}")
     if typ is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
-        raise ConfigError(f"{key}: expected a string, got {value!r}")
+        raise ConfigError(f"{key}: expected a string, got {_short(value)}")
     raise TypeError(f"unsupported config type {typ} for {key}")
 
 
@@ -276,7 +280,7 @@ def set_value(cfg: Config, dotted: str, value: Any) -> None:
 
 
 def apply_model_preset(cfg: Config, preset: Any) -> None:
-    if preset not in MODEL_PRESETS:
+    if not isinstance(preset, str) or preset not in MODEL_PRESETS:
         raise ConfigError(f"model: unknown preset {preset!r} "
                           f"(presets: {', '.join(MODEL_PRESETS)})")
     for key, value in MODEL_PRESETS[preset].items():
@@ -287,21 +291,31 @@ def apply_dict(cfg: Config, data: dict[str, Any], source: str = "") -> None:
     """Apply a nested mapping (a parsed YAML file) to cfg."""
     where = f" in {source}" if source else ""
     if not isinstance(data, dict):
-        raise ConfigError(f"config{where}: expected a mapping of sections, got {data!r}")
+        raise ConfigError(f"config{where}: expected a mapping of sections, got {_short(data)}")
     for section_name, body in data.items():
-        if section_name == "model" and isinstance(body, str):
-            apply_model_preset(cfg, body)
-            continue
-        if not isinstance(body, dict):
-            raise ConfigError(f"{section_name}{where}: expected a mapping, got {body!r}")
-        body = dict(body)
-        if section_name == "model" and "preset" in body:  # the preset first, fields on top
-            apply_model_preset(cfg, body.pop("preset"))
-        for name, value in body.items():
-            try:
-                set_value(cfg, f"{section_name}.{name}", value)
-            except ConfigError as err:
-                raise ConfigError(f"{err}{where}") from None
+        try:
+            _apply_section(cfg, section_name, body)
+        except ConfigError as err:
+            raise ConfigError(f"{err}{where}") from None
+
+
+def _apply_section(cfg: Config, section_name: Any, body: Any) -> None:
+    if section_name == "model" and isinstance(body, str):
+        apply_model_preset(cfg, body)
+        return
+    if not isinstance(body, dict):
+        raise ConfigError(f"{section_name}: expected a mapping, got {_short(body)}")
+    body = dict(body)
+    if section_name == "model" and "preset" in body:  # the preset first, fields on top
+        apply_model_preset(cfg, body.pop("preset"))
+    for name, value in body.items():
+        set_value(cfg, f"{section_name}.{name}", value)
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters (a whole mapping would make a long error line)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def resolve_config_path(name: str) -> Path | None:
@@ -334,6 +348,12 @@ def load_yaml(path: Path) -> dict[str, Any]:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML ({_yaml_problem(err)})") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text (byte offset {err.start})") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid YAML (nested too deeply)") from None
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot be read ({err.strerror or err})") from None
     return data or {}
 
 
@@ -362,6 +382,7 @@ def parse_overrides(args: list[str]) -> list[tuple[str, str]]:
 def load_config(name: str | None = None, overrides: list[tuple[str, Any]] | None = None) -> Config:
     """Defaults, then the named YAML config or model preset, then dotted overrides."""
     cfg = Config()
+    path: Path | None = None
     if name:
         path = resolve_config_path(name)
         if path is None:
@@ -370,7 +391,13 @@ def load_config(name: str | None = None, overrides: list[tuple[str, Any]] | None
             apply_dict(cfg, load_yaml(path), source=str(path))
     for key, value in overrides or []:
         set_value(cfg, key, value)
-    validate(cfg)
+    try:
+        validate(cfg)
+    except ConfigError as err:
+        if path is None:
+            raise
+        # The values may come from the file or the command line: name both.
+        raise ConfigError(f"{err} in {path}{' with the overrides' if overrides else ''}") from None
     return cfg
 
 
@@ -394,7 +421,17 @@ def config_from_args(args: argparse.Namespace, extra: list[str], default: str | 
         overrides.append(("log.progress", False))
     name = getattr(args, "config", None)
     resume = getattr(args, "resume", None)
-    if name is None and resume:
+    if name is None and resume == "auto":
+        # The run directory (log.run_dir/log.name) comes from the defaults and the flags; its
+        # newest sound checkpoint's config, if it has one, else a fresh start with `default`.
+        from .checkpoint import auto_run_dir, find_resumable  # imports torch: only when resuming
+
+        fresh = load_config(default, overrides)
+        found = find_resumable(auto_run_dir(fresh.log.run_dir, fresh.log.name), only=["config.yaml"], warn=False)
+        if found is None:
+            return fresh
+        name = str(found / "config.yaml")
+    elif name is None and resume:
         # A resumed run continues with the config it was saved with, plus the overrides.
         from .checkpoint import find_checkpoint  # imports torch: only when resuming
 
@@ -409,22 +446,111 @@ def config_from_dict(data: dict[str, Any]) -> Config:
     return cfg
 
 
+# Ranges of single fields, checked by validate: (key, lowest, highest, what it means).
+# A value outside its range would crash (ZeroDivisionError, an allocation, an
+# index error) or silently do something else later, so it is refused at load.
+_INT64_MAX = 2**63 - 1
+_SEED_MAX = 2**32 - 1  # numpy's legacy seeding takes 32 bits
+_INT_RANGES: dict[str, tuple[int, int]] = {
+    "model.vocab_size": (1, _INT64_MAX),
+    "model.hidden_size": (1, _INT64_MAX),
+    "model.num_hidden_layers": (1, _INT64_MAX),
+    "model.num_attention_heads": (1, _INT64_MAX),
+    "model.intermediate_size": (1, _INT64_MAX),
+    "model.max_position_embeddings": (1, _INT64_MAX),
+    "model.type_vocab_size": (2, _INT64_MAX),  # every input uses segments 0 and 1
+    "model.pad_token_id": (0, _INT64_MAX),
+    "data.vocab_size": (1, _INT64_MAX),
+    "data.seq_len": (1, _INT64_MAX),
+    "data.max_predictions": (1, _INT64_MAX),
+    "data.dupe_factor": (1, _INT64_MAX),
+    "data.seed": (0, _SEED_MAX),
+    "data.shuffle_buffer": (0, _INT64_MAX),
+    "data.prefetch": (0, _INT64_MAX),
+    "train.micro_batch_size": (1, _INT64_MAX),
+    "train.global_batch_size": (1, _INT64_MAX),
+    "train.steps": (0, _INT64_MAX),
+    "train.epochs": (0, _INT64_MAX),
+    "train.warmup_steps": (0, _INT64_MAX),
+    "train.exp_decay_steps": (1, _INT64_MAX),
+    "train.eval_every": (0, _INT64_MAX),
+    "train.eval_batches": (0, _INT64_MAX),
+    "train.seed": (0, _SEED_MAX),
+    "execution.threads": (0, 2**16),
+    "checkpoint.every": (0, _INT64_MAX),
+    "checkpoint.keep": (0, _INT64_MAX),
+    "log.every": (1, _INT64_MAX),
+}
+# (lowest, highest, whether the highest itself is allowed); every float must be finite.
+_FLOAT_RANGES: dict[str, tuple[float, float, bool]] = {
+    "model.hidden_dropout_prob": (0.0, 1.0, False),
+    "model.attention_probs_dropout_prob": (0.0, 1.0, False),
+    "model.initializer_range": (0.0, float("inf"), False),
+    "data.masked_lm_prob": (0.0, 1.0, True),
+    "data.short_seq_prob": (0.0, 1.0, True),
+    "data.eval_fraction": (0.0, 1.0, False),
+    "train.lr": (0.0, float("inf"), False),
+    "train.weight_decay": (0.0, float("inf"), False),
+    "train.beta1": (0.0, 1.0, False),
+    "train.beta2": (0.0, 1.0, False),
+    "train.max_trust_ratio": (0.0, float("inf"), False),
+    "train.warmup_proportion": (0.0, 1.0, True),
+    "train.decay_power": (0.0, float("inf"), False),
+    "train.end_lr": (0.0, float("inf"), False),
+    "train.exp_decay_rate": (0.0, float("inf"), False),
+    "train.grad_clip": (0.0, float("inf"), False),
+}
+_POSITIVE_FLOATS = ("model.layer_norm_eps", "train.eps")  # divided by: 0 is not allowed
+
+
+def _get(cfg: Config, key: str) -> Any:
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
+
+
+def _check_ranges(cfg: Config) -> None:
+    """Each numeric field within its range (see _INT_RANGES and _FLOAT_RANGES)."""
+    for key, (low, high) in _INT_RANGES.items():
+        number = _get(cfg, key)
+        if number < low:
+            need = {0: "must not be negative", 1: "must be at least 1"}.get(low, f"must be at least {low}")
+            raise ConfigError(f"{key}={number} {need}")
+        if number > high:
+            raise ConfigError(f"{key}={number} is too large (at most {high})")
+    for section in dataclasses.fields(Config):
+        for f in dataclasses.fields(getattr(cfg, section.name)):
+            key = f"{section.name}.{f.name}"
+            value = _get(cfg, key)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{key}={value} is not a finite number")
+    for key, (lowest, highest, highest_ok) in _FLOAT_RANGES.items():
+        value = _get(cfg, key)
+        if value < lowest or value > highest or (value == highest and not highest_ok):
+            raise ConfigError(f"{key}={value} must be in [{lowest:g}, {highest:g}{']' if highest_ok else ')'}")
+    for key in _POSITIVE_FLOATS:
+        if _get(cfg, key) <= 0:
+            raise ConfigError(f"{key}={_get(cfg, key)} must be positive")
+    for step, lr in cfg.train.lr_table.items():
+        if step < 0 or not (math.isfinite(lr) and lr >= 0):
+            raise ConfigError(f"train.lr_table[{step}]={lr}: steps must not be negative and "
+                              "learning rates must be finite and not negative")
+
+
 def validate(cfg: Config) -> None:
-    """Cross-field checks, each naming the fields involved."""
+    """Single-field ranges, then cross-field checks, each naming the fields involved."""
+    _check_ranges(cfg)
     m = cfg.model
     if m.hidden_size % m.num_attention_heads:
         raise ConfigError(f"model.hidden_size={m.hidden_size} is not divisible by "
                           f"model.num_attention_heads={m.num_attention_heads}")
+    if m.pad_token_id >= m.vocab_size:
+        raise ConfigError(f"model.pad_token_id={m.pad_token_id} is not below model.vocab_size={m.vocab_size}")
     if cfg.data.seq_len > m.max_position_embeddings:
         raise ConfigError(f"data.seq_len={cfg.data.seq_len} exceeds "
                           f"model.max_position_embeddings={m.max_position_embeddings}")
     if not 0 < cfg.data.max_predictions <= cfg.data.seq_len:
         raise ConfigError(f"data.max_predictions={cfg.data.max_predictions} must be in "
                           f"1..data.seq_len={cfg.data.seq_len}")
-    for key in ("train.micro_batch_size", "train.global_batch_size"):
-        section, name = key.split(".")
-        if getattr(getattr(cfg, section), name) <= 0:
-            raise ConfigError(f"{key} must be positive")
     if cfg.train.steps <= 0 and cfg.train.epochs <= 0:
         raise ConfigError("train.steps or train.epochs must be positive")
     accumulation_steps(cfg.train, world_size=1)

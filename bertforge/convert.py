@@ -137,9 +137,16 @@ def load_hf_state_dict(path: Path, allow_pickle: bool = False) -> dict[str, torc
         return state
     pickles = [p for p in (path / PICKLE, path / PICKLE_INDEX) if p.is_file()]
     if pickles and not allow_pickle:
+        # No command loads pickles (they can run code): converting once to safetensors serves them all.
+        pickle = path / PICKLE
+        how = (f"python -c \"import torch; from safetensors.torch import save_file; "
+               f"s = torch.load('{pickle}', weights_only=True); "
+               f"save_file({{k: v.clone().contiguous() for k, v in s.items()}}, '{path / SAFETENSORS}')\""
+               if pickle.is_file() else "transformers' save_pretrained(DIR), which writes safetensors")
         raise ConversionError(
-            f"{path} holds only pickle weights ({pickles[0].name}); pass allow_pickle=True / "
-            "--allow-pickle to load it with torch.load(weights_only=True)")
+            f"{path} holds only pickle weights ({pickles[0].name}), which bertforge commands do not load; "
+            f"convert them once to {SAFETENSORS}: {how} "
+            "(in Python, load_model(DIR, allow_pickle=True) reads them with weights_only=True)")
     if (path / PICKLE).is_file():
         return _load_pickle(path / PICKLE)
     if (path / PICKLE_INDEX).is_file():
@@ -246,6 +253,17 @@ def _architecture(model: nn.Module) -> str:
                           "BertForQuestionAnswering or BertModel")
 
 
+def check_export_target(out_dir: Path | str, overwrite: bool = False) -> None:
+    """Refuse to export into an existing file or non-empty directory unless ``overwrite``."""
+    out_dir = Path(out_dir)
+    if overwrite or not (out_dir.exists() or out_dir.is_symlink()):
+        return
+    if out_dir.is_dir() and not out_dir.is_symlink() and not any(out_dir.iterdir()):
+        return  # an empty directory holds nothing to lose
+    raise ConversionError(f"{out_dir}: already exists and is not an empty directory; pass --overwrite "
+                          "(overwrite=True in Python) to replace it")
+
+
 def export_hf(model: nn.Module, out_dir: Path | str, vocab_path: Path | str | None = None,
               overwrite: bool = False) -> Path:
     """Write ``model`` as a Hugging Face directory: config.json, model.safetensors
@@ -253,13 +271,12 @@ def export_hf(model: nn.Module, out_dir: Path | str, vocab_path: Path | str | No
 
     The files are written into a hidden sibling directory that is renamed to
     ``out_dir`` only when complete, so a crash never leaves a partial export
-    under the final name. An existing ``out_dir`` is an error unless
-    ``overwrite`` (then it is replaced as a whole).
+    under the final name. An existing ``out_dir`` that is not an empty
+    directory is an error unless ``overwrite`` (then it is replaced as a whole).
     """
     model = getattr(model, "_orig_mod", model)  # torch.compile wrapper
     out_dir = Path(out_dir)
-    if out_dir.exists() and not overwrite:
-        raise ConversionError(f"{out_dir}: already exists (pass overwrite=True to replace it)")
+    check_export_target(out_dir, overwrite)
     architecture = _architecture(model)
     assert isinstance(model, (BertForPreTraining, BertForQuestionAnswering, BertModel))  # _architecture checked
     # Cloned, contiguous CPU tensors: safetensors refuses views and shared storage.

@@ -100,7 +100,16 @@ def init_distributed(device: str = "auto") -> DistContext:
     if target.type == "cuda":
         torch.cuda.set_device(target)
     if "WORLD_SIZE" in os.environ and not dist.is_initialized():
-        dist.init_process_group(_backend(target))
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+        if attempt is None:
+            dist.init_process_group(_backend(target))
+        else:
+            # torchrun's workers share the agent's store, which outlives a restart with the last
+            # attempt's keys: a restarted group would read a dead rank's address and fail to
+            # connect. One prefix per attempt keeps the attempts apart.
+            store, rank, world_size = next(dist.rendezvous("env://"))
+            dist.init_process_group(_backend(target), store=dist.PrefixStore(f"bertforge/attempt_{attempt}", store),
+                                    rank=rank, world_size=world_size)
         _owns_group = True
     if dist.is_initialized():
         rank, world_size = dist.get_rank(), dist.get_world_size()
@@ -167,11 +176,22 @@ def barrier(ctx: DistContext) -> None:
 
 def mean_over_ranks(ctx: DistContext, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The mean of each 0-dim tensor over the ranks, in one all-reduce."""
+    return mean_and_any(ctx, values, False)[0]
+
+
+def mean_and_any(ctx: DistContext, values: dict[str, torch.Tensor],
+                 flag: bool) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """(the mean of each 0-dim tensor over the ranks, whether ``flag`` is set on any rank),
+    in the one all-reduce a step makes anyway: the flag rides along as one more number
+    (summed, so non-zero when any rank set it). The flag is a 0-dim tensor: reading it
+    is the caller's host sync."""
     if ctx.world_size == 1:
-        return values
-    stacked = torch.stack([v.float() for v in values.values()])
+        return values, torch.tensor(flag)
+    device = next(iter(values.values())).device
+    stacked = torch.stack([*(v.float() for v in values.values()), torch.tensor(float(flag), device=device)])
     dist.all_reduce(stacked)
-    return dict(zip(values, (stacked / ctx.world_size).unbind()))
+    means, total = stacked[:-1] / ctx.world_size, stacked[-1]
+    return dict(zip(values, means.unbind())), total > 0
 
 
 def write_error(run_dir: Path, ctx: DistContext) -> Path:

@@ -17,26 +17,82 @@ splits one seeded order of micro-batches over the ranks, and each micro-batch
 of a step seeds dropout from (seed, step, its index in the global batch), so
 one process, DDP and FSDP see the same sequences and masks and give the same
 losses, and a resumed run draws the same masks without any saved RNG state.
+
+Preemption: inside ``with Preemption() as preemption`` (``engine.preemption =
+preemption``), SIGTERM or SIGUSR1 (what Slurm sends before it kills a job)
+only sets a flag. Each step all-reduces the flag with its losses, so every
+rank learns in the same step that one of them was signalled
+(``engine.stop_requested``); the job then saves a checkpoint and returns. A
+second signal exits at once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import random
+import signal
+import threading
 from collections.abc import Callable, Iterable
+from types import FrameType, TracebackType
 from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
 
 from .config import ConfigError
-from .dist import DistContext, gradient_sync, mean_over_ranks
+from .dist import DistContext, gradient_sync, mean_and_any
 
 LossFn = Callable[[nn.Module, dict[str, torch.Tensor]], dict[str, torch.Tensor]]
 
 
 class NonFiniteError(FloatingPointError):
     """A step whose loss or gradient norm is not finite; the weights were left as they were."""
+
+
+PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class Preemption:
+    """While entered, SIGTERM and SIGUSR1 ask the training loop to checkpoint and stop.
+
+    The first signal sets :attr:`signum`; a second one exits at once (status
+    128 + the signal), for a person or a scheduler that will not wait. Outside
+    the main thread (where Python cannot install handlers) it does nothing.
+    The handlers that were installed before are put back on exit.
+    """
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum is not None else ""
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum is not None:
+            os.write(2, f"{signal.Signals(signum).name} again: exiting now, without a checkpoint\n".encode())
+            os._exit(128 + signum)
+        self.signum = signum
+        os.write(2, f"{signal.Signals(signum).name}: finishing this step, then saving a checkpoint "
+                    f"(send it again to exit at once)\n".encode())
+
+    def __enter__(self) -> Preemption:
+        if threading.current_thread() is threading.main_thread():
+            for signum in PREEMPTION_SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
 
 
 def set_threads(threads: int) -> None:
@@ -163,6 +219,8 @@ class Engine:
         self.device = self.dist.device
         self.seed = seed  # seed dropout per micro-batch; None leaves the RNG alone (benchmarks)
         self.scaler = grad_scaler(self.device, precision)
+        self.preemption: Preemption | None = None  # set by a job that stops cleanly on SIGTERM
+        self.stop_requested = False  # after a step: some rank was signalled; all ranks agree
 
     @property
     def lr(self) -> float:
@@ -196,11 +254,12 @@ class Engine:
             count += 1
         if count != accumulation:
             raise ValueError(f"step {step}: got {count} micro-batches, expected {accumulation}")
-        totals = mean_over_ranks(self.dist, totals)
-        totals["grad_norm"] = self._apply_gradients(totals["loss"], step)
+        signalled = self.preemption is not None and self.preemption.requested
+        totals, stop = mean_and_any(self.dist, totals, signalled)
+        totals["grad_norm"] = self._apply_gradients(totals["loss"], step, stop)
         return totals
 
-    def _apply_gradients(self, loss: torch.Tensor, step: int) -> torch.Tensor:
+    def _apply_gradients(self, loss: torch.Tensor, step: int, stop: torch.Tensor | None = None) -> torch.Tensor:
         """Unscale, check, clip by global norm, step, schedule, clear; the norm before clipping."""
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
@@ -210,7 +269,9 @@ class Engine:
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
         if self.scaler is None:  # fp16's scaler skips such steps itself and lowers its scale
-            self._check_finite(loss, grad_norm, step)
+            self._check_finite(loss, grad_norm, step, stop)
+        elif stop is not None:
+            self.stop_requested = bool(stop)  # the scaler's step syncs with the host anyway
         if self.grad_clip > 0:
             torch.nn.utils.clip_grads_with_norm_(params, self.grad_clip, grad_norm)
         if self.scaler is not None:
@@ -222,9 +283,14 @@ class Engine:
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
 
-    def _check_finite(self, loss: torch.Tensor, grad_norm: torch.Tensor, step: int) -> None:
+    def _check_finite(self, loss: torch.Tensor, grad_norm: torch.Tensor, step: int,
+                      stop: torch.Tensor | None = None) -> None:
         # Losses and norm are the same on every rank (all-reduced), so all ranks raise together.
-        if bool(torch.isfinite(loss) & torch.isfinite(grad_norm)):
+        # The stop flag is read in the same host sync.
+        finite = torch.isfinite(loss) & torch.isfinite(grad_norm)
+        both = torch.stack([finite, (stop if stop is not None else torch.tensor(False)).to(finite.device)])
+        is_finite, self.stop_requested = (bool(v) for v in both.tolist())
+        if is_finite:
             return
         self.optimizer.zero_grad(set_to_none=True)
         what = (f"the loss is {loss.item()}" if not torch.isfinite(loss)

@@ -5,7 +5,8 @@ object per line (training rows have ``step``, ``loss``, ``mlm_loss``,
 ``nsp_loss``, ``lr``, ``seq_per_s``; evaluation rows have ``split: "eval"``,
 ``mlm_accuracy`` and ``nsp_accuracy``). TensorBoard gets the same scalars when
 the ``tensorboard`` package is installed, and wandb when ``--log.wandb`` is set.
-Only the main process logs.
+Only the main process logs. A resumed run first drops the rows after the step
+it resumes from (:func:`truncate_metrics`), so every step appears once.
 
 Python ``logging`` records of the ``bertforge`` loggers go to stderr through
 :func:`configure_logging`, which the command line calls once; they share the
@@ -34,6 +35,7 @@ from rich.progress import (
 )
 
 from .config import Config, ConfigError
+from .fileio import atomic_file
 
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
@@ -97,11 +99,42 @@ class _Closing:
         self.close()
 
 
+def truncate_metrics(path: Path, last_step: int) -> int:
+    """Keep only the rows of ``path`` up to step ``last_step`` (none for -1); the rows dropped.
+
+    What a run did after its last checkpoint is done again when it resumes:
+    its rows would appear twice. A torn last line (a kill mid-write) goes too.
+    The file is replaced atomically, so a kill here loses nothing.
+    """
+    if not path.is_file():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+            keep = isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= last_step
+        except ValueError:
+            keep = False
+        if keep:
+            kept.append(line + "\n")
+        else:
+            dropped += 1
+    if dropped:
+        with atomic_file(path) as tmp:
+            tmp.write_text("".join(kept), encoding="utf-8")
+    return dropped
+
+
 class MetricsLogger(_Closing):
     """Fans one row of metrics out to every enabled sink. A context manager: leaving the
-    ``with`` block closes the sinks."""
+    ``with`` block closes the sinks.
 
-    def __init__(self, run_dir: Path, cfg: Config, enabled: bool = True):
+    ``start_step`` is the step the run starts from (that of the checkpoint it
+    resumes, 0 for a fresh start): rows after it in an existing ``metrics.jsonl``
+    are dropped first. None appends to the file as it is.
+    """
+
+    def __init__(self, run_dir: Path, cfg: Config, enabled: bool = True, start_step: int | None = None):
         self.enabled = enabled
         self.tensorboard: SummaryWriter | None = None
         self.wandb_run: Any = None  # a wandb Run; wandb is optional
@@ -109,6 +142,8 @@ class MetricsLogger(_Closing):
         if not enabled:
             return
         try:
+            if start_step is not None:  # a fresh start keeps nothing: its step-0 rows come again
+                truncate_metrics(run_dir / "metrics.jsonl", start_step if start_step > 0 else -1)
             self._open(run_dir, cfg)
         except BaseException:
             self.close()  # what was opened before the failure
@@ -191,10 +226,9 @@ class ProgressBar(_Closing):
     def print(self, message: str) -> None:
         if not self.main:
             return
-        if self.progress is not None:
-            self.progress.console.print(message)
-        else:
-            console.print(message)
+        # One line per message however long (paths are), and no markup read in a path.
+        target = self.progress.console if self.progress is not None else console
+        target.print(message, soft_wrap=True, markup=False, highlight=False)
 
     def close(self) -> None:
         """Stop the bar (it stays on screen); later calls do nothing."""

@@ -3,6 +3,7 @@
     bertforge pretrain                                   # tiny BERT on the built-in corpus
     bertforge pretrain --config pretrain_base_128 --data.input corpus/ --train.steps 10000
     bertforge pretrain --resume runs/NAME                # continue from its newest checkpoint
+    bertforge pretrain --name NAME --resume auto ...     # one command for the first start and every restart
 
     torchrun --nproc_per_node 8 -m bertforge pretrain --execution.parallel fsdp ...
 
@@ -14,13 +15,22 @@ continues exactly where it stopped without replaying anything. With W ranks,
 rank r takes micro-batches r, r + W, … of that order and dropout is seeded
 per micro-batch of the global batch, so a step sees the same sequences and
 masks, and gives the same loss, at any world size.
+
+Nothing is lost: SIGTERM or SIGUSR1 finishes the current step, writes a
+checkpoint on every rank and returns (exit status 0); ``--resume auto``
+resumes from the newest sound checkpoint of ``log.run_dir/log.name`` or
+starts fresh there, so torchrun's ``--max-restarts`` continues a job whose
+rank died. Every (re)start removes the temporaries of interrupted saves, and
+a run directory made by a run that failed before its first step is removed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import random
+import shutil
 import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
@@ -34,7 +44,6 @@ from . import checkpoint as ckpt
 from .config import Config, ConfigError, accumulation_steps
 from .data import PretrainingDataset, SyntheticDataset, build_datasets, decode_sample, vocab_size_of
 from .data.loader import Prefetcher, RecordStream, is_records, masking_spec, record_files
-from .data.records import open_records, read_records
 from .dist import (
     DistContext,
     barrier,
@@ -46,7 +55,8 @@ from .dist import (
     unwrap,
     write_error,
 )
-from .engine import BatchStream, Engine, autocast, set_threads, to_device
+from .engine import BatchStream, Engine, Preemption, autocast, set_threads, to_device
+from .fileio import atomic_file
 from .log import MetricsLogger, ProgressBar, Throughput
 from .model import BertForPreTraining, num_parameters, pretraining_loss
 from .optim import build_optimizer, build_scheduler
@@ -98,6 +108,11 @@ def evaluate(model: nn.Module, dataset: PretrainingDataset, batch_size: int, dev
     }
 
 
+# A test-only fault: "RANK:STEP" makes that rank exit hard after that step on a job's first
+# attempt (torchrun's TORCHELASTIC_RESTART_COUNT 0), as a machine failure would.
+FAULT_ENV = "BERTFORGE_TEST_FAIL_AT"
+
+
 def make_run_dir(cfg: Config) -> Path:
     name = cfg.log.name or datetime.now().strftime("pretrain-%Y%m%d-%H%M%S")
     run_dir = Path(cfg.log.run_dir) / name
@@ -105,8 +120,53 @@ def make_run_dir(cfg: Config) -> Path:
     while run_dir.exists():  # never mix two runs in one directory
         suffix += 1
         run_dir = Path(cfg.log.run_dir) / f"{name}-{suffix}"
-    run_dir.mkdir(parents=True)
+    _make_dir(run_dir)
     return run_dir
+
+
+def _make_dir(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # a read-only or missing parent: the user's to fix
+        raise ConfigError(f"cannot create the run directory {path}: {err.strerror} (log.run_dir)") from None
+
+
+def absolute_paths(cfg: Config) -> None:
+    """Make the paths a run reads absolute, so that the saved config resumes from any directory."""
+    for section, key in (("data", "input"), ("data", "eval_input"), ("data", "vocab"), ("checkpoint", "init")):
+        part = getattr(cfg, section)
+        value = getattr(part, key)
+        if value:
+            setattr(part, key, os.path.abspath(os.path.expanduser(value)))
+
+
+def locate_run(cfg: Config) -> tuple[Path | None, Path, bool]:
+    """(the checkpoint to resume or None, the run directory, whether this run created it).
+
+    On rank 0 only. ``checkpoint.resume: auto`` takes the newest checkpoint of
+    ``log.run_dir/log.name`` that verifies (skipping damaged ones with a
+    warning), or starts fresh there. Temporaries of interrupted saves are removed.
+    """
+    resume = cfg.checkpoint.resume
+    if resume == ckpt.AUTO:
+        run_dir = ckpt.auto_run_dir(cfg.log.run_dir, cfg.log.name)
+        created = not run_dir.exists()
+        ckpt.remove_temporaries_of(run_dir)
+        resume_from = ckpt.find_resumable(run_dir)
+        if resume_from is None:
+            _make_dir(run_dir)
+        return resume_from, run_dir, created
+    if resume:
+        resume_from = ckpt.find_checkpoint(resume)
+        ckpt.remove_temporaries_of(resume_from.parent.parent)
+        ckpt.verify(resume_from)
+        return resume_from, resume_from.parent.parent, False
+    return None, make_run_dir(cfg), True
+
+
+def _fail_here(rank: int, step: int) -> bool:
+    fault = os.environ.get(FAULT_ENV, "")
+    return (fault == f"{rank}:{step}" and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0")
 
 
 def load_data(cfg: Config, run_dir: Path, rank: int = 0,
@@ -134,10 +194,22 @@ def load_data(cfg: Config, run_dir: Path, rank: int = 0,
         cfg.model.vocab_size = vocab_size_of(vocab)
         return lambda position: BatchStream(train, batch_size, seed, **position, **split), eval_set
 
-    with open_records(files[0], verify=False) as first:  # the records decide the shapes
-        d.seq_len, d.max_predictions = first.seq_len, first.max_predictions
+    from .config import DataConfig
+    from .data.loader import read_eval_records, records_shape
+
+    # The records decide the shapes. A value the config sets (one other than the default:
+    # given on the command line or in a config file) must agree with them, or it would be
+    # silently replaced; a resumed run's saved config holds the records' values.
+    first, seq_len, max_predictions, header_vocab = records_shape(files)
+    defaults = DataConfig()
+    for key, value in (("seq_len", seq_len), ("max_predictions", max_predictions)):
+        given = getattr(d, key)
+        if given != getattr(defaults, key) and given != value:
+            raise ConfigError(f"data.{key}={given}, but the records have {key} {value} ({first}): leave "
+                              f"data.{key} out to train on these records, or give records of {key} {given}")
+        setattr(d, key, value)
     if d.seq_len > cfg.model.max_position_embeddings:
-        raise ConfigError(f"{files[0]}: sequences of {d.seq_len} exceed "
+        raise ConfigError(f"{first}: sequences of {d.seq_len} exceed "
                           f"model.max_position_embeddings={cfg.model.max_position_embeddings}")
     masking = None
     if d.vocab:
@@ -146,7 +218,14 @@ def load_data(cfg: Config, run_dir: Path, rank: int = 0,
             masking = masking_spec(d.vocab, d.masked_lm_prob)
     elif d.dynamic_masking:
         raise ConfigError("data.dynamic_masking needs data.vocab (for the [CLS], [SEP] and [MASK] ids)")
-    eval_set = PretrainingDataset(read_records(d.eval_input, vocab_size=cfg.model.vocab_size)) if d.eval_input else None
+    if header_vocab is not None and header_vocab != cfg.model.vocab_size:  # (TFRecords declare none)
+        have = (f"data.vocab {d.vocab} has {cfg.model.vocab_size} tokens" if d.vocab
+                else f"model.vocab_size={cfg.model.vocab_size}")
+        raise ConfigError(f"{first}: written for a vocab of {header_vocab} tokens (its header's vocab_size), "
+                          f"but {have}: give data.vocab the vocab the records were made with")
+    # Token ids ≥ the vocab size are refused, naming the file and record, by the readers.
+    eval_set = (PretrainingDataset(read_eval_records(d.eval_input, (first, d.seq_len, d.max_predictions),
+                                                     cfg.model.vocab_size)) if d.eval_input else None)
 
     def make_stream(position: dict) -> RecordStream | Prefetcher:
         # Every rank reads the same number of batches per epoch: none waits for another.
@@ -187,29 +266,35 @@ def pretrain(cfg: Config) -> dict[str, Any]:
     """
     started = time.perf_counter()
     set_threads(cfg.execution.threads)
+    absolute_paths(cfg)
     dist = init_distributed(cfg.execution.device)
     try:
         check_execution(cfg.execution, dist.world_size)
-
-        def locate_run() -> tuple[Path | None, Path]:
-            resume_from = ckpt.find_checkpoint(cfg.checkpoint.resume) if cfg.checkpoint.resume else None
-            return resume_from, resume_from.parent.parent if resume_from else make_run_dir(cfg)
-
-        resume_from, run_dir = from_main(dist, locate_run)  # one directory, named by rank 0
+        # One directory, named by rank 0.
+        resume_from, run_dir, created = from_main(dist, lambda: locate_run(cfg))
+        progress = {"steps": 0}
         try:
-            summary = train(cfg, dist, run_dir, resume_from, started)
+            summary = train(cfg, dist, run_dir, resume_from, started, progress)
             barrier(dist)  # no rank leaves the group while another still talks to it
             return summary
         except Exception:
-            write_error(run_dir, dist)
+            if (created and dist.world_size == 1 and progress["steps"] == 0
+                    and not ckpt.complete_checkpoints(run_dir)):
+                # Nothing to keep: the error on the console says it all. Under torchrun the
+                # directory stays, holding every rank's error log.
+                shutil.rmtree(run_dir, ignore_errors=True)
+            else:
+                write_error(run_dir, dist)
             raise
     finally:
         destroy_distributed()
 
 
 def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | None,
-          started: float) -> dict[str, Any]:
-    """The body of ``pretrain`` on one rank, given the run directory."""
+          started: float, progress: dict[str, int] | None = None) -> dict[str, Any]:
+    """The body of ``pretrain`` on one rank, given the run directory (and the checkpoint to
+    resume, already verified). ``progress["steps"]`` counts the steps this call completed."""
+    progress = {"steps": 0} if progress is None else progress
     loaded = []
 
     def load_on_main() -> tuple[str, int]:
@@ -222,7 +307,8 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
     if resume_from is not None:
         ckpt.check_model_config(ckpt.read_config(resume_from).model, cfg.model, resume_from)
     if dist.is_main:
-        (run_dir / "config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
+        with atomic_file(run_dir / "config.yaml") as tmp:
+            tmp.write_text(cfg.to_yaml(), encoding="utf-8")
 
     torch.manual_seed(cfg.train.seed)  # every rank builds the same initial weights
     random.seed(cfg.train.seed)
@@ -244,11 +330,12 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
     optimizer = build_optimizer(unwrap(model), cfg.train)
     engine = Engine(model, optimizer, build_scheduler(optimizer, cfg.train, steps), training_loss,
                     cfg.execution.precision, cfg.train.grad_clip, dist, seed=cfg.train.seed)
-    step = ckpt.resume(resume_from, engine)["step"] if resume_from is not None else 0
+    step = ckpt.resume(resume_from, engine, verified=True)["step"] if resume_from is not None else 0
 
     with contextlib.ExitStack() as stack:
         stack.callback(stream.close)
-        logger = stack.enter_context(MetricsLogger(run_dir, cfg, enabled=dist.is_main))
+        logger = stack.enter_context(MetricsLogger(run_dir, cfg, enabled=dist.is_main, start_step=step))
+        engine.preemption = preemption = stack.enter_context(Preemption())
         bar = stack.enter_context(ProgressBar(steps, step, enabled=cfg.log.progress, main=dist.is_main))
         bar.print(f"run directory: {run_dir}")
         ranks = f" × {dist.world_size} ranks ({cfg.execution.parallel})" if dist.world_size > 1 else ""
@@ -275,6 +362,7 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
         first_eval = last_eval = run_eval() if step == 0 else None
         first_loss = last_loss = None
         throughput = Throughput()
+        final_checkpoint: Path | None = None
         micro_batches: Iterable[dict[str, torch.Tensor]]
         while step < steps:
             lr = engine.lr
@@ -286,8 +374,11 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
                 micro_batches = (stream.next() for _ in range(accumulation))
             out = engine.step(micro_batches, accumulation, step)
             step += 1
+            progress["steps"] += 1
+            if _fail_here(dist.rank, step):
+                os._exit(1)
             throughput.add(cfg.train.global_batch_size)
-            if step % cfg.log.every == 0 or step == steps or step == 1:
+            if (cfg.log.every > 0 and step % cfg.log.every == 0) or step == steps or step == 1:
                 values = {k: v.item() for k, v in out.items()}
                 first_loss = values["loss"] if first_loss is None else first_loss
                 last_loss = values["loss"]
@@ -299,16 +390,24 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
                 bar.update(step)
             if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < steps:
                 last_eval = run_eval()
+            if engine.stop_requested and step < steps:  # every rank stops after this same step
+                final_checkpoint = save()
+                bar.print(f"preempted by {preemption.name or 'a signal on another rank'} after step {step}: "
+                          f"checkpoint {final_checkpoint}; continue with --resume {run_dir}")
+                break
             if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < steps:
                 save()
-        final_checkpoint = save()
-        last_eval = run_eval() or last_eval
+        preempted = final_checkpoint is not None
+        if final_checkpoint is None:
+            final_checkpoint = save()
+            last_eval = run_eval() or last_eval
         summary = {
-            "run_dir": str(run_dir), "checkpoint": str(final_checkpoint), "steps": step,
+            "run_dir": str(run_dir), "checkpoint": str(final_checkpoint), "steps": step, "preempted": preempted,
             "first_loss": first_loss, "last_loss": last_loss,
             "first_eval": first_eval, "last_eval": last_eval,
             "wall_s": round(time.perf_counter() - started, 1),
             "rank": dist.rank, "world_size": dist.world_size,
         }
-        bar.print(f"done in {summary['wall_s']} s; checkpoint: {final_checkpoint}")
+        if not preempted:
+            bar.print(f"done in {summary['wall_s']} s; checkpoint: {final_checkpoint}")
     return summary

@@ -106,7 +106,7 @@ def test_a_multi_line_message_is_printed_whole_on_one_line(tmp_path, capsys, mon
     import bertforge.squad.metric
     from bertforge.squad import SquadError
 
-    def evaluate(dataset, predictions):
+    def evaluate(dataset, predictions, predictions_source):
         raise SquadError("predictions.json: 2 questions unknown:\n  q1\n  q2\n")
 
     monkeypatch.setattr(bertforge.squad.metric, "evaluate", evaluate)
@@ -242,3 +242,39 @@ def test_plan_command_still_runs_through_main(capsys):
     assert main(["plan", "--config", "tiny", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["fits"] is None and result["device_memory"] is None
+
+
+# ------------------------------------------------------------ export: --overwrite names the flag
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A one-step tiny pre-training run on synthetic data (about 3 s)."""
+    runs = tmp_path_factory.mktemp("runs")
+    assert main(["pretrain", "--config", "tiny", "--data.synthetic", "--steps", "1", "--train.global_batch_size", "2",
+                 "--train.micro_batch_size", "2", "--data.seq_len", "16", "--data.max_predictions", "2",
+                 "--model.vocab_size", "50", "--run-dir", str(runs), "--name", "r", "--no-progress",
+                 "--log.tensorboard", "false"]) == 0
+    return runs / "r"
+
+
+def test_export_refuses_a_non_empty_directory_unless_overwrite(tiny_run, tmp_path, capsys):
+    out = tmp_path / "hf"
+    out.mkdir()
+    assert main(["export", str(tiny_run), str(out)]) == 0  # an empty directory is filled
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    weights = (out / "model.safetensors").read_bytes()
+    (out / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    assert main(["export", str(tiny_run), str(out)]) == 2
+    assert capsys.readouterr().err == (f"error: {out}: already exists and is not an empty directory; "
+                                       "pass --overwrite (overwrite=True in Python) to replace it\n")
+    assert (out / "notes.txt").read_text() == "mine"
+    assert main(["export", str(tiny_run), str(out), "--overwrite"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert (out / "model.safetensors").read_bytes() == weights
+    # never into the checkpoint being exported, even with --overwrite
+    assert main(["export", str(tiny_run), str(tiny_run.parent), "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {tiny_run.parent}: --overwrite would delete the checkpoint being exported")
+    assert err.count("\n") == 1 and (tiny_run / "config.yaml").is_file()

@@ -227,3 +227,91 @@ def test_config_from_args_resumes_with_the_saved_config(tmp_path):
     cfg = config_from_args(args, [], default="pretrain_tiny")
     assert (cfg.model.hidden_size, cfg.train.lr, cfg.execution.recompute) == (128, 2e-4, "layer")
     assert (cfg.train.steps, cfg.checkpoint.resume) == (20, str(step))
+
+
+# ------------------------------------------------------------ single-field ranges
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("log.every", "0", "log.every=0 must be at least 1"),
+    ("checkpoint.every", "-1", "checkpoint.every=-1 must not be negative"),
+    ("checkpoint.keep", "-2", "checkpoint.keep=-2 must not be negative"),
+    ("train.steps", "-5", "train.steps=-5 must not be negative"),
+    ("train.epochs", "-1", "train.epochs=-1 must not be negative"),
+    ("train.micro_batch_size", "0", "train.micro_batch_size=0 must be at least 1"),
+    ("train.global_batch_size", "-32", "train.global_batch_size=-32 must be at least 1"),
+    ("train.warmup_steps", "-10", "train.warmup_steps=-10 must not be negative"),
+    ("train.eval_every", "-1", "train.eval_every=-1 must not be negative"),
+    ("train.eval_batches", "-1", "train.eval_batches=-1 must not be negative"),
+    ("train.exp_decay_steps", "0", "train.exp_decay_steps=0 must be at least 1"),
+    ("train.seed", "-1", "train.seed=-1 must not be negative"),
+    ("data.seed", str(2**32), f"data.seed={2**32} is too large (at most {2**32 - 1})"),
+    ("data.prefetch", "-1", "data.prefetch=-1 must not be negative"),
+    ("data.shuffle_buffer", "-100", "data.shuffle_buffer=-100 must not be negative"),
+    ("data.dupe_factor", "0", "data.dupe_factor=0 must be at least 1"),
+    ("data.max_predictions", "0", "data.max_predictions=0 must be at least 1"),
+    ("execution.threads", "-4", "execution.threads=-4 must not be negative"),
+    ("model.num_attention_heads", "0", "model.num_attention_heads=0 must be at least 1"),
+    ("model.num_hidden_layers", "0", "model.num_hidden_layers=0 must be at least 1"),
+    ("model.type_vocab_size", "1", "model.type_vocab_size=1 must be at least 2"),
+    ("model.pad_token_id", "30522", "model.pad_token_id=30522 is not below model.vocab_size=30522"),
+    ("model.vocab_size", str(10**30), f"model.vocab_size={10**30} is too large (at most {2**63 - 1})"),
+    ("train.lr", "inf", "train.lr=inf is not a finite number"),
+    ("train.lr", "nan", "train.lr=nan is not a finite number"),
+    ("train.lr", "-1e-3", "train.lr=-0.001 must be in [0, inf)"),
+    ("train.beta2", "1", "train.beta2=1.0 must be in [0, 1)"),
+    ("train.warmup_proportion", "1.5", "train.warmup_proportion=1.5 must be in [0, 1]"),
+    ("model.hidden_dropout_prob", "1", "model.hidden_dropout_prob=1.0 must be in [0, 1)"),
+    ("data.masked_lm_prob", "-0.1", "data.masked_lm_prob=-0.1 must be in [0, 1]"),
+    ("train.eps", "0", "train.eps=0.0 must be positive"),
+    ("train.lr_table", "{10: -1.0}", "train.lr_table[10]=-1.0: steps must not be negative"),
+])
+def test_a_value_out_of_its_range_is_one_line_naming_the_key(key, value, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [(key, value)])
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def test_log_every_zero_is_refused_through_the_command(capsys):
+    from bertforge.cli import main
+    from bertforge.config import CONFIG_DIR
+
+    assert main(["pretrain", "--log.every", "0", "--data.synthetic"]) == 2
+    assert capsys.readouterr().err == (f"error: log.every=0 must be at least 1 in {CONFIG_DIR / 'pretrain_tiny.yaml'} "
+                                       "with the overrides\n")
+    assert main(["config", "--checkpoint.every", "-1"]) == 2
+    assert capsys.readouterr().err == "error: checkpoint.every=-1 must not be negative\n"
+
+
+def test_a_range_error_from_a_file_names_the_file(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text("log:\n  every: 0\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(str(path))
+    assert str(err.value) == f"log.every=0 must be at least 1 in {path}"
+    with pytest.raises(ConfigError) as err:
+        load_config(str(path), [("train.lr", "1")])
+    assert str(err.value) == f"log.every=0 must be at least 1 in {path} with the overrides"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("model: [1, 2]\n", "model: expected a mapping, got [1, 2] in {path}"),
+    ("model: {preset: [1]}\n", "model: unknown preset [1] (presets: tiny, mini, small, medium, base, large) in {path}"),
+    ("model: huge\n", "model: unknown preset 'huge' (presets: tiny, mini, small, medium, base, large) in {path}"),
+    ("train: {lr_table: '[1'}\n", "train.lr_table: '[1' is not a YAML mapping ("),
+    ("- 1\n- 2\n", "config in {path}: expected a mapping of sections, got [1, 2]"),
+])
+def test_malformed_sections_name_the_file(tmp_path, text, message):
+    path = tmp_path / "mine.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_config(str(path))
+    assert str(err.value).startswith(message.format(path=path)) and "\n" not in str(err.value)
+
+
+def test_a_binary_config_file_is_one_line(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_bytes(b"train:\n  lr: \xff\xfe\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(str(path))
+    assert str(err.value) == f"{path}: not UTF-8 text (byte offset 13)"

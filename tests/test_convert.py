@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import subprocess
 import warnings
 from pathlib import Path
 
@@ -268,11 +270,19 @@ def test_pickle_only_directory(tmp_path, hf_pretraining):
     torch.save(hf.state_dict(), tmp_path / "pytorch_model.bin")  # includes the tied decoder copies
     with pytest.raises(ConversionError, match="pytorch_model.bin") as err:
         load_hf(tmp_path)
-    assert "allow_pickle=True" in str(err.value)
+    # No command has an --allow-pickle flag: the message gives the conversion that every command reads.
+    message = str(err.value)
+    assert "--allow-pickle" not in message and "allow_pickle=True" in message and "\n" not in message
+    command = message.split("convert them once to model.safetensors: ", 1)[1].split(" (in Python", 1)[0]
+    assert command.startswith("python -c ")
+    done = subprocess.run(shlex.split(command), capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    converted = load_hf(tmp_path).state_dict()
+    (tmp_path / "model.safetensors").unlink()
     loaded = load_hf(tmp_path, allow_pickle=True).state_dict()
     reference = load_hf(path).state_dict()
-    assert loaded.keys() == reference.keys()
-    assert all(torch.equal(loaded[k], reference[k]) for k in reference)
+    assert loaded.keys() == reference.keys() == converted.keys()
+    assert all(torch.equal(loaded[k], reference[k]) and torch.equal(converted[k], reference[k]) for k in reference)
 
 
 def test_missing_files(tmp_path):

@@ -570,6 +570,55 @@ def test_bad_input(tmp_path, vocab):
         assert stats.instances >= 5 * 2
 
 
+def test_one_document_corpus_is_warned_about(tmp_path, caplog):
+    """Both modes warn, naming the corpus, when all pairs draw their "random next" from one document;
+    two documents give no warning. A small vocab of the corpus' words: no shared data needed."""
+    words = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "far"]
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("".join(f"{t}\n" for t in ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]))
+    rng = random.Random(0)
+
+    def sentence() -> str:
+        return " ".join(rng.choice(words) for _ in range(12)) + "\n"
+
+    one = tmp_path / "one.txt"
+    one.write_text("".join(sentence() for _ in range(40)), encoding="utf-8")
+    two = tmp_path / "two.txt"
+    two.write_text(one.read_text() + "\n" + "".join(sentence() for _ in range(40)), encoding="utf-8")
+    message = (f'{one}: only one document, so the NSP negatives ("random next" sentences) will come from '
+               "the same document")
+    for mode in ("reference", "fast"):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="bertforge"):
+            stats = create([one], vocab, tmp_path / f"{mode}.tfrecord", mode=mode, seq_len=32,
+                           max_predictions=5, dupe_factor=2)
+        assert stats.documents == 1 and stats.next_sentence_random > 0
+        assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [message], mode
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="bertforge"):
+            assert create([two], vocab, tmp_path / f"{mode}2.tfrecord", mode=mode, seq_len=32,
+                          max_predictions=5, dupe_factor=2).documents == 2
+        assert not [r for r in caplog.records if r.levelname == "WARNING"], mode
+
+
+def test_record_files_as_input_text_are_named(tmp_path, vocab, capsys):
+    """A TFRecord given to ``data create --input`` is reported as one, not as "not valid UTF-8"."""
+    from bertforge.cli import main
+
+    records = tmp_path / "records.tfrecord"
+    text = tmp_path / "t.txt"
+    text.write_text("One sentence here.\nAnother one.\n\nA second document.\nWith two lines.\n")
+    create([text], vocab, records, dupe_factor=1)
+    out = tmp_path / "out.tfrecord"
+    for mode in ("reference", "fast"):
+        with pytest.raises(DataError) as err:
+            create([records], vocab, out, mode=mode)
+        assert str(err.value) == f"{records}: a TFRecord file, not text (one sentence per line)"
+    assert main(["data", "create", "--input", str(records), "--vocab", str(vocab), "--output", str(out)]) == 2
+    assert capsys.readouterr().err == f"error: {records}: a TFRecord file, not text (one sentence per line)\n"
+    assert not out.exists()
+
+
 def test_command_line(tmp_path, vocab, wiki_files, capsys):
     from bertforge.cli import main
 

@@ -113,6 +113,38 @@ def test_bad_corpus_errors(tmp_path):
         read_text_corpus(tmp_path / "sub")
 
 
+def test_binary_files_where_text_is_expected_are_named_for_what_they_are(tmp_path):
+    """A record file, a damaged record file or a compressed file given as a corpus or vocab is
+    reported as such, not as "not valid UTF-8"."""
+    import bz2
+
+    from bertforge.data.instances import PretrainingArrays
+    from bertforge.data.records import write_records
+
+    n, seq = 4, 16
+    arrays = PretrainingArrays(
+        input_ids=np.full((n, seq), 2000 + 7 * np.arange(seq), np.int32), segment_ids=np.zeros((n, seq), np.int8),
+        input_mask=np.ones((n, seq), np.int8), masked_lm_positions=np.ones((n, 2), np.int32),
+        masked_lm_ids=np.full((n, 2), 40000, np.int32), masked_lm_weights=np.ones((n, 2), np.float32),
+        next_sentence_labels=np.zeros(n, np.int64))
+    tfrecord = write_records(tmp_path / "a.tfrecord", arrays, "tfrecord")
+    renamed = tmp_path / "a.txt"
+    renamed.write_bytes(tfrecord.read_bytes())
+    native = write_records(tmp_path / "b.bfrec", arrays, "native")
+    damaged = tmp_path / "c.tfrecord"
+    damaged.write_bytes(b"\xff" + tfrecord.read_bytes()[1:])
+    packed = tmp_path / "d.txt.bz2"
+    packed.write_bytes(bz2.compress(b"One sentence.\n" * 100))
+    expected = {tfrecord: "a TFRecord file", renamed: "a TFRecord file", native: "a bertforge native record file",
+                damaged: "a record file by its name (.tfrecord) but damaged at its first bytes",
+                packed: "a bzip2-compressed file (decompress it first)"}
+    for path, kind in expected.items():
+        for read in (read_text_corpus, read_vocab):
+            with pytest.raises(DataError) as err:
+                read(path)
+            assert str(err.value) == f"{path}: {kind}, not text (one sentence per line)", read
+
+
 # ---------------------------------------------------------------- vocab and tokenizer
 
 def test_trained_vocab(corpus, vocab):
@@ -395,6 +427,26 @@ def test_split_documents():
     assert len(split_documents(documents, 0.9)[0]) >= 1
     with pytest.raises(DataError, match="1 document"):
         split_documents(documents[:1], 0.05)
+
+
+def test_one_document_sets_are_warned_about(tmp_path, caplog):
+    """Two documents: one for training and one held out, each its own "random next" source."""
+    corpus = tmp_path / "two.txt"
+    corpus.write_text("".join(f"Sentence {i} of the first document has words.\n" for i in range(30)) + "\n"
+                      + "".join(f"Line {i} of the second one.\n" for i in range(5)), encoding="utf-8")
+    with caplog.at_level("WARNING", logger="bertforge"):
+        train, held_out, _ = build_datasets(DataConfig(input=str(corpus), vocab_size=120, dupe_factor=1),
+                                            tmp_path)
+    assert len(train) > 0 and len(held_out) > 0
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        f'{corpus}: only one document in the training set, so the NSP negatives ("random next" sentences) '
+        "will come from the same document",
+        f'{corpus}: only one document in the eval set, so the NSP negatives ("random next" sentences) '
+        "will come from the same document"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="bertforge"):
+        build_datasets(DataConfig(dupe_factor=1), tmp_path / "builtin")
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
 
 
 def test_build_datasets_default(tmp_path):

@@ -188,6 +188,9 @@ def test_sharded_checkpoint_metadata_is_not_blindly_unpickled(runs, tmp_path, ca
     run = interrupted_copy(runs / "fsdp", tmp_path / "fsdp", at_step=2)
     metadata = find_checkpoint(run) / "sharded" / ".metadata"
     metadata.write_bytes(pickle.dumps({"storage_data": _RunsCode()}))
+    # The manifest would refuse the changed file first; without one (an older checkpoint, or a
+    # tampered manifest) the allowlist is what stops it.
+    (find_checkpoint(run) / "manifest.json").unlink()
     assert main(["pretrain", "--resume", str(run), "--no-progress"]) == 2
     assert "metadata refers to posix.getcwd, which a checkpoint never needs" in capsys.readouterr().err
 

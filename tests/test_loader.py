@@ -7,6 +7,7 @@ import pytest
 import torch
 from conftest import shared_data
 
+from bertforge.config import ConfigError
 from bertforge.data.errors import DataError
 from bertforge.data.instances import PretrainingArrays
 from bertforge.data.loader import MaskingSpec, RecordStream, is_records, record_files, remask
@@ -142,3 +143,138 @@ def test_record_discovery(shards, tmp_path):
     text = tmp_path / "corpus.txt"
     text.write_text("One sentence.\nAnother one.\n")
     assert not is_records(str(text))
+
+
+# ---------------------------------------------------------------- records against the config (load_data)
+
+def small_vocab_arrays(count: int, seq_len: int = 16, predictions: int = 3) -> PretrainingArrays:
+    """numbered_arrays with every token id below 300."""
+    arrays = numbered_arrays(0, count, seq_len, predictions)
+    arrays.input_ids[:, 1] -= 900
+    return arrays
+
+
+def records_config(tmp_path: Path, **overrides):
+    from bertforge.config import load_config
+
+    pairs = {"log.run_dir": str(tmp_path / "runs"), "data.prefetch": 0, "train.micro_batch_size": 4,
+             "train.global_batch_size": 4, **overrides}
+    return load_config("tiny", list(pairs.items()))
+
+
+@pytest.mark.parametrize("fmt", ["native", "tfrecord"])
+def test_records_decide_the_shapes_and_a_set_shape_must_agree(fmt, tmp_path):
+    """The config's default seq_len / max_predictions give way to the records' (16, 3); a value the
+    config sets must equal the records': records of 16 do not train under data.seq_len 512."""
+    from bertforge.train import load_data
+
+    path = write_records(tmp_path / f"train.{fmt}", numbered_arrays(0, 12), fmt=fmt)
+    cfg = records_config(tmp_path, **{"data.input": str(path)})
+    make_stream, eval_set = load_data(cfg, tmp_path)
+    assert (cfg.data.seq_len, cfg.data.max_predictions, eval_set) == (16, 3, None)
+    assert make_stream({"epoch": 0, "index": 0}).next()["input_ids"].shape == (4, 16)
+    cfg = records_config(tmp_path, **{"data.input": str(path), "data.seq_len": 16, "data.max_predictions": 3})
+    load_data(cfg, tmp_path)
+    for key, value, records in (("seq_len", 512, 16), ("max_predictions", 76, 3)):
+        cfg = records_config(tmp_path, **{"data.input": str(path), f"data.{key}": value})
+        with pytest.raises(ConfigError) as err:
+            load_data(cfg, tmp_path)
+        assert str(err.value) == (f"data.{key}={value}, but the records have {key} {records} ({path}): leave "
+                                  f"data.{key} out to train on these records, or give records of {key} {value}")
+
+
+@pytest.mark.parametrize("fmt", ["native", "tfrecord"])
+def test_eval_records_and_other_shards_must_have_the_training_shape(fmt, tmp_path):
+    from bertforge.train import load_data
+
+    shards = tmp_path / "shards"
+    first = write_records(shards / f"a.{fmt}", numbered_arrays(0, 12), fmt=fmt)
+    wide = write_records(tmp_path / f"eval.{fmt}", numbered_arrays(0, 4, seq_len=32), fmt=fmt)
+    cfg = records_config(tmp_path, **{"data.input": str(shards), "data.eval_input": str(wide)})
+    with pytest.raises(DataError) as err:
+        load_data(cfg, tmp_path)
+    assert str(err.value) == (f"{wide}: eval records of seq_len 32, max_predictions 3, but the training "
+                              f"records ({first}) have seq_len 16, max_predictions 3")
+    same = write_records(tmp_path / f"eval16.{fmt}", numbered_arrays(0, 4), fmt=fmt)
+    cfg = records_config(tmp_path, **{"data.input": str(shards), "data.eval_input": str(same)})
+    assert len(load_data(cfg, tmp_path)[1]) == 4
+    # A second shard of another shape: refused when the stream opens the shards.
+    second = write_records(shards / f"b.{fmt}", numbered_arrays(12, 6, predictions=5), fmt=fmt)
+    make_stream, _ = load_data(records_config(tmp_path, **{"data.input": str(shards)}), tmp_path)
+    with pytest.raises(DataError) as err:
+        make_stream({"epoch": 0, "index": 0})
+    assert str(err.value) == (f"{second}: records of seq_len 16, max_predictions 5, but {first} has seq_len 16, "
+                              "max_predictions 3: the files of one data set must agree")
+
+
+@pytest.mark.parametrize("fmt", ["native", "tfrecord"])
+def test_token_ids_beyond_the_model_vocab_are_refused_naming_file_and_record(fmt, tmp_path):
+    """numbered_arrays hold ids up to 1011: a 1000-token model refuses them, in training and eval files."""
+    from bertforge.train import load_data
+
+    path = write_records(tmp_path / f"train.{fmt}", numbered_arrays(0, 12), fmt=fmt)
+    offset = 64 if fmt == "native" else 0
+    cfg = records_config(tmp_path, **{"data.input": str(path), "model.vocab_size": 1000})
+    make_stream, _ = load_data(cfg, tmp_path)
+    with pytest.raises(DataError) as err:
+        make_stream({"epoch": 0, "index": 0})
+    assert str(err.value) == (f"{path}: record 0 (byte offset {offset}): input_ids[1] = 1000 is not a token id "
+                              "in [0, 1000) (vocab_size)")
+    good = write_records(tmp_path / f"small.{fmt}", small_vocab_arrays(12), fmt=fmt)
+    cfg = records_config(tmp_path, **{"data.input": str(good), "data.eval_input": str(path),
+                                      "model.vocab_size": 1000})
+    with pytest.raises(DataError) as err:
+        load_data(cfg, tmp_path)
+    assert str(err.value).startswith(f"{path}: record 0 (byte offset {offset}): input_ids[1] = 1000 is not")
+
+
+def test_a_native_header_of_another_vocab_is_refused(tmp_path, capsys):
+    """A native file whose header says vocab 300 does not train a 30,522-token model: exit status 2,
+    one line; it trains when model.vocab_size (or data.vocab) agrees."""
+    from bertforge.cli import main
+    from bertforge.train import load_data
+
+    path = write_records(tmp_path / "train.bfrec", small_vocab_arrays(12), "native", vocab_size=300)
+    runs = tmp_path / "runs"
+    argv = ["pretrain", "--config", "tiny", "--data.input", str(path), "--run-dir", str(runs),
+            "--steps", "1", "--train.global_batch_size", "4", "--train.micro_batch_size", "4",
+            "--checkpoint.every", "0", "--no-progress"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"error: {path}: written for a vocab of 300 tokens (its header's vocab_size), but "
+        "model.vocab_size=30522: give data.vocab the vocab the records were made with")
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("".join(f"t{i}\n" for i in range(200)))
+    cfg = records_config(tmp_path, **{"data.input": str(path), "data.vocab": str(vocab)})
+    with pytest.raises(ConfigError) as err:
+        load_data(cfg, tmp_path)
+    assert str(err.value) == (f"{path}: written for a vocab of 300 tokens (its header's vocab_size), but data.vocab "
+                              f"{vocab} has 200 tokens: give data.vocab the vocab the records were made with")
+    # Every shard is checked, not only the first (which declares no vocab here).
+    plain = write_records(tmp_path / "plain.bfrec", small_vocab_arrays(12), "native")
+    with pytest.raises(DataError) as err:
+        RecordStream([plain, path], 4, 0, vocab_size=200)
+    assert str(err.value) == (f"{path}: written for a vocab of 300 tokens (the header's vocab_size), "
+                              "read with vocab_size 200")
+    cfg = records_config(tmp_path, **{"data.input": str(path), "model.vocab_size": 300})
+    make_stream, _ = load_data(cfg, tmp_path)
+    assert make_stream({"epoch": 0, "index": 0}).next()["input_ids"].shape == (4, 16)
+
+
+def test_a_damaged_record_file_is_taken_for_records_not_text(tmp_path):
+    """A .tfrecord or .bfrec whose first bytes are damaged is read as records (and reported as a
+    damaged record file) rather than as text with "not valid UTF-8"."""
+    from bertforge.train import load_data
+
+    for fmt, suffix in (("tfrecord", ".tfrecord"), ("native", ".bfrec")):
+        path = write_records(tmp_path / f"train{suffix}", numbered_arrays(0, 12), fmt=fmt)
+        data = bytearray(path.read_bytes())
+        data[3] ^= 0x10
+        path.write_bytes(bytes(data))
+        assert is_records(str(path))
+        with pytest.raises(DataError) as err:
+            load_data(records_config(tmp_path, **{"data.input": str(path)}), tmp_path)
+        assert str(err.value) == {
+            "tfrecord": f"{path}: record 0 (byte offset 0): corrupt record length (its checksum does not match); "
+                        "the records after it cannot be located",
+            "native": f"{path}: not a bertforge native record file (bad magic bytes)"}[fmt]

@@ -710,3 +710,59 @@ def test_writer_memory_does_not_grow_with_rows(tmp_path, fmt, many):
     small, large = peak_bytes(2), peak_bytes(20)
     assert (tmp_path / f"m20.{fmt}").stat().st_size > 9 * (tmp_path / f"m2.{fmt}").stat().st_size
     assert large < 1.2 * small and large < 8 << 20  # one batch's worth, whatever the row count
+
+
+# ---------------------------------------------------------------- data inspect: exit status and damaged files
+
+def test_inspect_exit_status(tmp_path, sample, sample_arrays, capsys):
+    """0 when the file validates, 1 when it opens but fails validation, 2 (one line) when it is no record file."""
+    from bertforge.cli import main
+
+    assert main(["data", "inspect", str(sample), "--num", "0"]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == ("validation: OK (both checksums and every feature of "
+                                                       "every record)")
+    path = _copy(sample, tmp_path)
+    _flip(path, 841 + 12 + 3)  # record 1's data
+    assert main(["data", "inspect", str(path), "--num", "1"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == (f"validation: FAILED for 1 record(s), which a reader skips only with max_bad >= 1; first: "
+                      f"{path}: record 1 (byte offset 841): corrupt record data (its checksum does not match)")
+    assert out[2].startswith("record 0 (byte offset 0): ")
+
+    native_path = write_records(tmp_path / "x.bfrec", sample_arrays, "native", vocab_size=30522)
+    assert main(["data", "inspect", str(native_path), "--num", "0"]) == 0
+    capsys.readouterr()
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("".join(f"t{i}\n" for i in range(500)))
+    assert main(["data", "inspect", str(native_path), "--num", "1", "--vocab", str(vocab)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == (f"validation: FAILED: {native_path}: written for a vocab of 30522 tokens (the header's "
+                      "vocab_size), read with vocab_size 500")
+    assert out[2].startswith("record 0 (byte offset 64): next_sentence_label 0")
+    _flip(native_path, 64 + 432 * 7 + 100)
+    assert main(["data", "inspect", str(native_path)]) == 1
+    assert capsys.readouterr().out.splitlines()[1] == (
+        f"validation: FAILED: {native_path}: corrupt data in the block at byte offset 64 (its checksum does not match)")
+
+    text = tmp_path / "d.txt"
+    text.write_text("hello, world\n")
+    assert main(["data", "inspect", str(text)]) == 2
+    assert capsys.readouterr().err == (f"error: {text}: neither a TFRecord nor a bertforge native record file "
+                                       "(first bytes: 68 65 6c 6c 6f 2c 20 77)\n")
+    cut = _copy(sample, tmp_path, "cut.tfrecord")
+    cut.write_bytes(cut.read_bytes()[:5])  # not even one record header
+    assert main(["data", "inspect", str(cut)]) == 1
+    assert capsys.readouterr().out.splitlines()[1].endswith(
+        f"{cut}: record 0 (byte offset 0): truncated record: 5 bytes left, a record header needs 12")
+
+
+def test_native_header_vocab_must_match_the_readers(tmp_path, sample_arrays):
+    path = write_records(tmp_path / "x.bfrec", sample_arrays, "native", vocab_size=30522)
+    with open_records(path, vocab_size=30522) as records:
+        assert (records.header_vocab_size, len(records)) == (30522, 45)
+    with pytest.raises(DataError) as err:
+        open_records(path, vocab_size=30528)  # padded to a multiple of 8: still not the records' vocab
+    assert str(err.value) == (f"{path}: written for a vocab of 30522 tokens (the header's vocab_size), "
+                              "read with vocab_size 30528")
+    with pytest.raises(DataError, match="seq_len 65537: the native format holds sequences of at most 65536"):
+        RecordWriter(tmp_path / "long.bfrec", "native", 65537, 20)

@@ -123,5 +123,5 @@ def test_an_existing_run_directory_is_not_overwritten(setup, single, capsys):
     assert main(squad_args(setup, single)) == 2
     err = capsys.readouterr().err
     assert err == (f"error: {single} already exists and is not empty: pass --resume {single} to continue "
-                   f"its run, or choose another --out\n")
+                   f"its run, --overwrite to replace it, or choose another --out\n")
     assert sorted(p.name for p in single.iterdir()) == before

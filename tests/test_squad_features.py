@@ -230,21 +230,29 @@ def test_a_good_file_reads(tmp_path):
 @pytest.mark.parametrize("dataset, is_training, message", [
     ({"version": "1.1"}, False, r"x.json: missing field 'data'"),
     ({"data": [{"title": "t"}]}, False, r"data\[0\]: missing field 'paragraphs'"),
-    (squad(context=None), False, r"paragraphs\[0\]: field 'context' should be str, got NoneType"),
-    (squad(qa={"question": "?"}), False, r"qas\[0\]: missing field 'id'"),
-    (squad(qa={"id": "q9"}), False, r"question q9: missing field 'question'"),
+    (squad(context=None), False, r"/x\.json: data\[0\].paragraphs\[0\].context: expected a string, got null$"),
+    (squad(qa={"question": "?"}), False, r"/x\.json: data\[0\].paragraphs\[0\].qas\[0\]: missing field 'id'$"),
+    (squad(qa={"id": "q9"}), False, r"qas\[0\] \(question q9\): missing field 'question'$"),
+    (squad(qa={"id": 9, "question": "?"}), False, r"qas\[0\].id: expected a string, got an integer$"),
+    (squad(qa={"id": "q1", "question": "?", "answers": "France"}), False,
+     r"/x\.json: data\[0\].paragraphs\[0\].qas\[0\].answers \(question q1\): expected a list, got a string$"),
+    (squad(qa={"id": "q1", "question": "?", "answers": [{"text": 3}]}), False,
+     r"qas\[0\].answers\[0\].text \(question q1\): expected a string, got an integer$"),
+    ({"data": {"paragraphs": []}}, False, r"/x\.json: data: expected a list, got an object$"),
+    ({"data": [[]]}, False, r"/x\.json: data\[0\]: expected an object, got a list$"),
+    ([], False, r"/x\.json: expected an object, got a list$"),
     (squad(context=" \n\t"), False, r"paragraphs\[0\]: the context is empty"),
-    (squad(qa={"id": "q1", "question": "?"}), True, r"question q1: missing field 'answers'"),
+    (squad(qa={"id": "q1", "question": "?"}), True, r"qas\[0\] \(question q1\): missing field 'answers'$"),
     (squad(qa={"id": "q1", "question": "?", "answers": []}), True,
-     r"question q1: a training question needs exactly 1 answer, has 0"),
+     r"\(question q1\): a training question needs exactly 1 answer, has 0"),
     (squad(qa={"id": "q1", "question": "?", "answers": [{"text": "France"}]}), True,
-     r"question q1, answer: missing field 'answer_start'"),
+     r"qas\[0\].answers\[0\] \(question q1\): missing field 'answer_start'$"),
     (squad(qa={"id": "q1", "question": "?", "answers": [{"text": "France", "answer_start": "12"}]}),
-     True, r"question q1, answer: field 'answer_start' should be int, got str"),
+     True, r"qas\[0\].answers\[0\].answer_start \(question q1\): expected an integer, got a string$"),
     (squad(qa={"id": "q1", "question": "?", "answers": [{"text": "France", "answer_start": 16}]}),
-     True, r"question q1: answer_start 16 \+ 6 characters of answer is outside the context \(20"),
+     True, r"\(question q1\): answer_start 16 \+ 6 characters of answer is outside the context \(20"),
     (squad(qa={"id": "q1", "question": "?", "answers": [{"text": " ", "answer_start": 5}]}),
-     True, r"question q1: the answer text is empty"),
+     True, r"\(question q1\): the answer text is empty$"),
 ])
 def test_malformed_files_name_the_problem(tmp_path, dataset, is_training, message):
     path = tmp_path / "x.json"
@@ -262,7 +270,8 @@ def test_unreadable_files_and_duplicate_ids(tmp_path):
         read_examples(bad)
     twice = squad()
     twice["data"].append(twice["data"][0])
-    with pytest.raises(SquadError, match="question q1: the question id is used twice"):
+    with pytest.raises(SquadError, match=r"data\[1\].paragraphs\[0\].qas\[0\] \(question q1\): "
+                                         r"the question id is used twice$"):
         parse_examples(twice)
     with pytest.raises(SquadError, match="the context is empty"):
         example_from_text("why?", "   ")

@@ -139,11 +139,12 @@ def test_real_dev_set_matches_the_official_definition(tmp_path):
 
 
 def test_bad_input_is_named(tmp_path):
-    with pytest.raises(SquadError, match="prediction for question q1 should be a string, got int"):
+    with pytest.raises(SquadError, match="^predictions: question q1: expected a string answer, got an integer$"):
         evaluate(HAND, {"q1": 3})
     broken = dataset([("q1", ["x"])])
     del broken["data"][0]["paragraphs"][0]["qas"][0]["answers"]
-    with pytest.raises(SquadError, match="question q1: missing field 'answers'"):
+    with pytest.raises(SquadError, match=r"^<dataset>: data\[0\].paragraphs\[0\].qas\[0\] \(question q1\): "
+                                         "missing field 'answers'$"):
         evaluate(broken, {"q1": "x"})
     with pytest.raises(SquadError, match="the dataset has no questions"):
         evaluate({"data": []}, {})

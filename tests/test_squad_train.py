@@ -168,7 +168,7 @@ def test_finetune_minilm_raises_dev_scores(tmp_path):
     cfg, squad = load_squad_config("squad_base", [
         ("train.lr", "3e-4"), ("train.epochs", "1"), ("train.global_batch_size", "8"),
         ("train.micro_batch_size", "8"), ("data.seq_len", "256"), ("squad.max_questions", "256"),
-        ("log.every", "0")])
+        ("log.every", "1000")])  # logs only the first and last step
     tokenizer = load_tokenizer(model_dir / "vocab.txt")
     torch.manual_seed(0)
     untrained = load_qa_model(model_dir, find_vocab(model_dir))
@@ -216,14 +216,23 @@ def test_cli_train_predict_evaluate_ask(tmp_path, capsys):
                  "predictions.json", "nbest_predictions.json"):
         assert (out / name).is_file(), name
 
-    # predict with the saved settings (seq 128, stride 64) gives the same file as training did
+    # predict with the saved settings (seq 128, stride 64) gives the same file as training did;
+    # it writes only the files it is given: an n-best file of the user's stays as it was
+    (tmp_path / "nbest_predictions.json").write_text("mine\n")
+    before = sorted(p.name for p in tmp_path.iterdir())
     assert run_cli(["squad", "predict", "--model", str(out), "--predict-file", str(tmp_path / "dev.json"),
                     "--out", str(tmp_path / "predictions.json")]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*before, "predictions.json"])
+    assert (tmp_path / "nbest_predictions.json").read_text() == "mine\n"
     predictions = json.loads((tmp_path / "predictions.json").read_text())
     assert predictions == json.loads((out / "predictions.json").read_text())
     ids = [qa["id"] for a in dev["data"] for p in a["paragraphs"] for qa in p["qas"]]
     assert sorted(predictions) == sorted(ids) and all(isinstance(v, str) for v in predictions.values())
-    nbest = json.loads((tmp_path / "nbest_predictions.json").read_text())
+    assert run_cli(["squad", "predict", "--model", str(out), "--predict-file", str(tmp_path / "dev.json"),
+                    "--out", str(tmp_path / "p2.json"), "--nbest-out", str(tmp_path / "n2.json")]) == 0
+    assert json.loads((tmp_path / "p2.json").read_text()) == predictions
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*before, "predictions.json", "p2.json", "n2.json"])
+    nbest = json.loads((tmp_path / "n2.json").read_text())
     assert sorted(nbest) == sorted(ids)
     for qid, entries in nbest.items():
         assert 1 <= len(entries) <= 20 and entries[0]["text"] == predictions[qid]

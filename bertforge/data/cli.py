@@ -28,10 +28,13 @@ def cmd_index(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace, extra: list[str]) -> int:
-    from .records import describe
+    """Print the file's description; status 1 when its validation failed (2, from main, when
+    it cannot be read at all)."""
+    from .records import inspect_records
 
-    print(describe(args.file, num=args.num, vocab_path=args.vocab))
-    return 0
+    text, ok = inspect_records(args.file, num=args.num, vocab_path=args.vocab)
+    print(text)
+    return 0 if ok else 1
 
 
 def _command(run):

@@ -67,7 +67,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import DataError
+from .errors import DataError, warn_one_document
 from .instances import PretrainingArrays, create_arrays_fast, create_instances, to_arrays
 from .records import FORMATS, EncodedRecords, RecordEncoder, RecordWriter
 from .text import Range, chunk_ranges, expand_inputs, read_documents, read_ranges
@@ -453,8 +453,7 @@ def create(inputs: Sequence[str | Path], vocab: str | Path, output: str | Path, 
         stats.instances = out.count
         if stats.instances == 0:
             # Leaving the block by an exception discards the temporary files.
-            names = ", ".join(map(str, files[:3])) + (" …" if len(files) > 3 else "")
-            raise DataError(f"{names}: the corpus is empty (no line with any token)")
+            raise DataError(f"{_names(files)}: the corpus is empty (no line with any token)")
     stats.seconds = time.perf_counter() - start
     return stats
 
@@ -499,8 +498,10 @@ def _generate(files: list[Path], vocab: Path, options: CreateOptions,
               start_method: str | None, stats: CreateStats, spool: str | None = None,
               num_files: int = 1) -> Generator[ChunkResult, None, None]:  # closed by create()
     chunks = chunk_ranges(files, chunk_chars, MIN_CHUNK_DOCS)
+    single = 0  # chunks of one document (only when the corpus has fewer than MIN_CHUNK_DOCS)
     for result in _fast_chunks(chunks, vocab, options, encoder, workers, start_method, spool,
                                num_files):
+        single += result.documents == 1
         stats.chunks += 1
         stats.documents += result.documents
         stats.sentences += result.sentences
@@ -509,6 +510,14 @@ def _generate(files: list[Path], vocab: Path, options: CreateOptions,
         stats.instances += result.instances
         stats.next_sentence_random += result.next_sentence_random
         yield result
+    if single:
+        warn_one_document(_names(files), "" if stats.chunks == 1 else
+                          f" in {single} of its {stats.chunks} chunks (fast mode pairs within a chunk)")
+
+
+def _names(files: Sequence[Path]) -> str:
+    """The input files, for a message: the first three."""
+    return ", ".join(map(str, files[:3])) + (" …" if len(files) > 3 else "")
 
 
 def _create_reference(files: list[Path], vocab: Path, options: CreateOptions, out: _RoundRobin,
@@ -522,6 +531,8 @@ def _create_reference(files: list[Path], vocab: Path, options: CreateOptions, ou
     stats.sentences = len(chunk.sentence_offsets) - 1
     stats.tokens = len(chunk.tokens)
     stats.empty_documents = chunk.empty_documents
+    if stats.documents == 1:
+        warn_one_document(_names(files))
     instances = create_instances(
         chunk.as_lists(), seq_len=options.seq_len, max_predictions=options.max_predictions,
         masked_lm_prob=options.masked_lm_prob, short_seq_prob=options.short_seq_prob,

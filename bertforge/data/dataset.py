@@ -20,7 +20,7 @@ import torch
 
 from ..config import DataConfig
 from .corpus import builtin_corpus, read_text_corpus
-from .errors import DataError
+from .errors import DataError, warn_one_document
 from .instances import PretrainingArrays, create_instances, to_arrays
 from .tokenizer import load_tokenizer, read_vocab, special_ids, tokenize_documents, train_wordpiece, vocab_size_of
 
@@ -122,6 +122,9 @@ def build_datasets(data: DataConfig, work_dir: Path) -> tuple[PretrainingDataset
     start = time.perf_counter()
     documents = read_text_corpus(data.input) if data.input else builtin_corpus()
     train_docs, eval_docs = split_documents(documents, data.eval_fraction)
+    for docs, where in ((train_docs, " in the training set"), (eval_docs, " in the eval set")):
+        if len(docs) == 1:
+            warn_one_document(data.input or "the built-in corpus", where)
 
     if data.vocab:
         vocab_path = Path(data.vocab)

@@ -100,7 +100,14 @@ class RecordStream:
         if not files:
             raise DataError("no record files to read")
         self.files = [Path(f) for f in files]
-        self.readers: list[RecordFile] = [open_records(f, verify=verify, vocab_size=vocab_size) for f in self.files]
+        self.readers: list[RecordFile] = []
+        try:
+            for f in self.files:
+                self.readers.append(open_records(f, verify=verify, vocab_size=vocab_size))
+            check_same_shape(self.readers)
+        except BaseException:
+            self.close()
+            raise
         self.sizes = np.array([len(r) for r in self.readers], dtype=np.int64)
         total = int(self.sizes.sum())
         self.batch_size, self.seed, self.rank, self.world_size = batch_size, seed, rank, world_size
@@ -187,6 +194,42 @@ class RecordStream:
     def close(self) -> None:
         for reader in self.readers:
             reader.close()
+
+
+def check_same_shape(readers: list[RecordFile]) -> None:
+    """A DataError naming two files whose sequence length or prediction count differ
+    (files without records have no shape and pass)."""
+    shaped = [r for r in readers if len(r)]
+    for reader in shaped[1:]:
+        first = shaped[0]
+        if (reader.seq_len, reader.max_predictions) != (first.seq_len, first.max_predictions):
+            raise DataError(f"{reader.path}: records of seq_len {reader.seq_len}, max_predictions "
+                            f"{reader.max_predictions}, but {first.path} has seq_len {first.seq_len}, "
+                            f"max_predictions {first.max_predictions}: the files of one data set must agree")
+
+
+def records_shape(files: list[Path]) -> tuple[Path, int, int, int | None]:
+    """(the file that decides, its seq_len, max_predictions, and the vocab size its header
+    declares, None for TFRecords) of the first file that has records; opened without verifying."""
+    for path in files:
+        with open_records(path, verify=False) as records:
+            if len(records):
+                return path, records.seq_len, records.max_predictions, records.header_vocab_size
+    raise DataError(f"no records in {len(files)} file(s): {', '.join(map(str, files[:3]))}"
+                    + (" …" if len(files) > 3 else ""))
+
+
+def read_eval_records(path: str | Path, train: tuple[Path, int, int], vocab_size: int | None) -> PretrainingArrays:
+    """All records of the eval file, refused (naming both files) when its sequence length or
+    prediction count differ from the training records' ``train`` (file, seq_len, max_predictions),
+    and checked against ``vocab_size`` as the training records are."""
+    with open_records(path, vocab_size=vocab_size) as records:
+        train_file, seq_len, max_predictions = train
+        if len(records) and (records.seq_len, records.max_predictions) != (seq_len, max_predictions):
+            raise DataError(f"{path}: eval records of seq_len {records.seq_len}, max_predictions "
+                            f"{records.max_predictions}, but the training records ({train_file}) have "
+                            f"seq_len {seq_len}, max_predictions {max_predictions}")
+        return records.take(np.arange(len(records)))
 
 
 def record_files(pattern: str) -> list[Path]:

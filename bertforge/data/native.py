@@ -21,6 +21,12 @@ so it is O(1); rows are read through a memory map, so ``take`` is one numpy
 fancy index. Verifying means reading the whole row region once for the block
 checksums (about the speed of reading the file: crc32c runs at >10 GB/s).
 A truncated file is detected from the sizes in the preamble and header.
+
+A header is not trusted: every field is checked for type and range (a hand
+edit such as ``"seq_len": 1e9`` is a one-line error naming the field), the
+field layout must be exactly the one these shapes give, and the rows it
+describes must fill the file to the byte, so nothing is ever allocated from a
+header number beyond what the file holds.
 """
 
 from __future__ import annotations
@@ -170,37 +176,139 @@ class Header:
     block_crcs: list[int]
 
 
+MAX_SEQ_LEN = 1 << 16  # positions are stored as uint16 at most
+_ID_DTYPES = ("<u2", "<i4")  # what id_dtype_for picks
+
+
+def _int(h: dict, key: str, low: int, high: int | None = None) -> int:
+    """The header's integer ``key`` in [low, high]; a ValueError naming the field otherwise."""
+    value = _optional_int(h, key, low, high)
+    if value is None:
+        raise ValueError(f"header field {key!r} is null, expected an integer")
+    return value
+
+
+def _optional_int(h: dict, key: str, low: int, high: int | None = None) -> int | None:
+    """Like :func:`_int`, and null is allowed."""
+    if key not in h:
+        raise ValueError(f"header field {key!r} is missing")
+    value = h[key]
+    if value is None:
+        return None
+    # bool is an int in Python, and 1e9 parses as a float: neither is a count
+    if type(value) is not int:
+        raise ValueError(f"header field {key!r} is {_show(value)}, expected an integer")
+    if value < low or (high is not None and value > high):
+        bound = f"at least {low}" if high is None else f"in {low}..{high}"
+        raise ValueError(f"header field {key!r} is {_show(value)}, expected an integer {bound}")
+    return value
+
+
+def _show(value: object) -> str:
+    """A header value for a one-line message: its JSON text, cut short."""
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def read_header(file: BinaryIO, size: int) -> Header:
-    """Parse and check the preamble and header; ValueError says what is wrong."""
-    preamble = file.read(_PREAMBLE.size)
+    """Parse and check the preamble and header; ValueError says what is wrong, in one line.
+
+    Every field is checked for type and range before it is used, and the rows
+    the header describes must fill the file exactly: nothing is allocated from
+    a header number beyond what the file holds.
+    """
+    preamble = file.read(DATA_OFFSET)
     if len(preamble) < _PREAMBLE.size or preamble[:8] != MAGIC:
         raise ValueError("not a bertforge native record file (bad magic bytes)")
-    _, version, _, header_offset, header_len, header_crc = _PREAMBLE.unpack(preamble)
+    _, version, flags, header_offset, header_len, header_crc = _PREAMBLE.unpack_from(preamble)
     if version != VERSION:
         raise ValueError(f"native format version {version}; this bertforge reads version {VERSION}")
+    if flags != 0:
+        raise ValueError(f"unknown flags {flags:#x} in the preamble (version {VERSION} has none)")
     if header_offset + header_len != size:
         raise ValueError(f"truncated or damaged: the preamble says {header_offset + header_len} bytes, "
                          f"the file has {size}")
+    if header_offset < DATA_OFFSET or header_len == 0:
+        raise ValueError(f"damaged preamble: header at byte offset {header_offset}, {header_len} bytes "
+                         f"(rows start at {DATA_OFFSET}, the header follows them)")
+    if any(preamble[_PREAMBLE.size:]):  # the writer leaves zeros
+        raise ValueError(f"damaged preamble: bytes {_PREAMBLE.size}..{DATA_OFFSET - 1} are not all zero")
     file.seek(header_offset)
-    text = file.read(header_len)
-    if google_crc32c.value(text) != header_crc:
+    raw = file.read(header_len)  # at most the file's size (checked above)
+    if len(raw) != header_len:
+        raise ValueError(f"truncated: the header at byte offset {header_offset} has {len(raw)} of "
+                         f"{header_len} bytes")
+    if google_crc32c.value(raw) != header_crc:
         raise ValueError(f"corrupt header at byte offset {header_offset} (its checksum does not match)")
-    h = json.loads(text)
-    fields = h["fields"]
-    _, encodings = row_dtype(h["seq_len"], h["max_predictions"], np.dtype("<u2"))
-    if {f["name"]: f["encoding"] for f in fields} != encodings:  # the rows are read as version 1 lays them out
-        raise ValueError(f"unexpected fields in the header: {[f['name'] for f in fields]}")
-    formats = [np.dtype(f["dtype"]) for f in fields]
-    if any(f.kind not in "uif" for f in formats):  # plain numbers only, never objects
-        raise ValueError(f"unexpected field dtypes in the header: {[f.str for f in formats]}")
-    dtype = np.dtype({"names": [f["name"] for f in fields],
-                      "formats": [(dt, (f["width"],)) for dt, f in zip(formats, fields)],
-                      "offsets": [f["offset"] for f in fields], "itemsize": h["row_bytes"]})
-    if DATA_OFFSET + h["count"] * dtype.itemsize != header_offset:
-        raise ValueError(f"damaged: {h['count']} rows of {dtype.itemsize} bytes do not end "
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"the header is not UTF-8 JSON (bad byte at header offset {err.start})") from None
+    try:
+        h = json.loads(text)
+    except (ValueError, RecursionError) as err:  # JSONDecodeError, too many digits, deep nesting
+        first_line = (str(err).splitlines() or [type(err).__name__])[0]
+        raise ValueError(f"the header is not valid JSON ({first_line})") from None
+    if not isinstance(h, dict):
+        raise ValueError(f"the header is a JSON {type(h).__name__}, expected an object")
+    if h.get("format") != "bertforge-records":
+        raise ValueError(f"header field 'format' is {_show(h.get('format'))}, expected \"bertforge-records\"")
+    if _int(h, "version", 0) != version:
+        raise ValueError(f"header field 'version' is {h['version']}, the preamble says {version}")
+    seq_len = _int(h, "seq_len", 1, MAX_SEQ_LEN)
+    max_predictions = _int(h, "max_predictions", 1, seq_len)
+    vocab_size = _optional_int(h, "vocab_size", 1, 1 << 31)
+    count = _int(h, "count", 0)
+    row_bytes = _int(h, "row_bytes", 1)
+    # The rows must end where the header starts: this bounds count × row_bytes by the file size.
+    if DATA_OFFSET + count * row_bytes != header_offset:
+        raise ValueError(f"damaged: {count} rows of {row_bytes} bytes do not end "
                          f"where the header starts ({header_offset})")
-    return Header(h["count"], h["seq_len"], h["max_predictions"], h["vocab_size"], h["max_id"],
-                  dtype, h["block_bytes"], h["block_crc32c"])
+    dtype = _header_dtype(h, seq_len, max_predictions, row_bytes)
+    id_limit = (1 << 16) if dtype["input_ids"].base == np.dtype("<u2") else 1 << 31
+    if vocab_size is not None:
+        id_limit = min(id_limit, vocab_size)
+    max_id = _int(h, "max_id", -1, id_limit - 1)
+    if count and max_id == -1:
+        raise ValueError(f"header field 'max_id' is -1 (no token), but the file has {count} rows")
+    block_bytes = _int(h, "block_bytes", 1)
+    crcs = h.get("block_crc32c")
+    blocks = -(-count * row_bytes // block_bytes)
+    if not isinstance(crcs, list) or len(crcs) != blocks:
+        raise ValueError(f"header field 'block_crc32c' is {_show(crcs)}, expected a list of {blocks} "
+                         f"checksum(s) (one per {block_bytes} bytes of rows)")
+    if any(type(crc) is not int or not 0 <= crc < 1 << 32 for crc in crcs):
+        bad = next(crc for crc in crcs if type(crc) is not int or not 0 <= crc < 1 << 32)
+        raise ValueError(f"header field 'block_crc32c' holds {_show(bad)}, expected uint32 checksums")
+    return Header(count, seq_len, max_predictions, vocab_size, max_id, dtype, block_bytes, crcs)
+
+
+def _header_dtype(h: dict, seq_len: int, max_predictions: int, row_bytes: int) -> np.dtype:
+    """The row dtype the header describes, which must be version 1's layout for its shapes."""
+    fields = h.get("fields")
+    if not isinstance(fields, list) or not all(isinstance(f, dict) for f in fields):
+        raise ValueError(f"header field 'fields' is {_show(fields)}, expected a list of objects")
+    names = [f.get("name") for f in fields]
+    ids = next((f.get("dtype") for f in fields if f.get("name") == "input_ids"), None)
+    if ids not in _ID_DTYPES:
+        raise ValueError(f"header field 'fields': input_ids has dtype {_show(ids)}, "
+                         f"expected one of {', '.join(_ID_DTYPES)}")
+    dtype, encodings = row_dtype(seq_len, max_predictions, np.dtype(ids))
+    assert dtype.names is not None and dtype.fields is not None  # row_dtype is structured
+    expected = [{"name": name, "dtype": dtype[name].base.str, "width": dtype[name].shape[0],
+                 "offset": dtype.fields[name][1], "encoding": encodings[name]} for name in dtype.names]
+    if names != list(dtype.names):
+        raise ValueError(f"header field 'fields' names {_show(names)}, expected {list(dtype.names)}")
+    for got, want in zip(fields, expected):
+        for key, value in want.items():
+            if got.get(key) != value or type(got.get(key)) is not type(value):
+                raise ValueError(f"header field 'fields': {want['name']} has {key} {_show(got.get(key))}, "
+                                 f"expected {_show(value)} for seq_len {seq_len}, "
+                                 f"max_predictions {max_predictions}")
+    if row_bytes != dtype.itemsize:
+        raise ValueError(f"header field 'row_bytes' is {row_bytes}, expected {dtype.itemsize} for seq_len "
+                         f"{seq_len}, max_predictions {max_predictions}")
+    return dtype
 
 
 def bad_block(data: np.ndarray, header: Header) -> int | None:

@@ -181,6 +181,9 @@ class RecordEncoder:
             raise DataError(f"unknown record format {fmt!r} (formats: {', '.join(FORMATS)})")
         if seq_len < 1 or not 1 <= max_predictions <= seq_len:
             raise ValueError(f"need 1 <= max_predictions ({max_predictions}) <= seq_len ({seq_len})")
+        if fmt == "native" and seq_len > native.MAX_SEQ_LEN:  # positions are at most uint16
+            raise DataError(f"seq_len {seq_len}: the native format holds sequences of at most "
+                            f"{native.MAX_SEQ_LEN} tokens")
         self.format = fmt
         self.seq_len, self.max_predictions, self.vocab_size = seq_len, max_predictions, vocab_size
         self.id_dtype = None
@@ -370,7 +373,8 @@ def write_records(path: str | Path, arrays: PretrainingArrays, fmt: str = "tfrec
 # ---------------------------------------------------------------- reading
 
 def detect_format(path: str | Path) -> str:
-    """``native`` or ``tfrecord``, from the first bytes (an empty ``*.tfrecord`` is a TFRecord)."""
+    """``native`` or ``tfrecord``, from the first bytes, else from the name (``*.tfrecord``,
+    ``*.tfrecords``, ``*.bfrec``: a damaged or empty file of that name is read as that format)."""
     path = Path(path)
     try:
         with open(path, "rb") as file:
@@ -383,8 +387,12 @@ def detect_format(path: str | Path) -> str:
         return "native"
     if len(head) == HEADER_BYTES and masked_crc(head[:8]) == int.from_bytes(head[8:], "little"):
         return "tfrecord"
-    if not head and path.suffix in _TFRECORD_SUFFIXES:
+    # A file named as a record file is read as one, so that damage at its start is reported as
+    # what it is (a corrupt first record, bad magic bytes) rather than as "not a record file".
+    if path.suffix in _TFRECORD_SUFFIXES:
         return "tfrecord"
+    if path.suffix == SUFFIXES["native"]:
+        return "native"
     raise DataError(f"{path}: neither a TFRecord nor a bertforge native record file "
                     f"(first bytes: {head[:8].hex(' ') or 'none, the file is empty'})")
 
@@ -401,6 +409,7 @@ class RecordFile:
     format: str
     seq_len: int
     max_predictions: int
+    header_vocab_size: int | None  # the vocab size the file says it was written for (native only)
     skipped: int
     errors: list[str]
 
@@ -482,6 +491,7 @@ class TFRecordFile(RecordFile):
         self.path, self.format = Path(path), "tfrecord"
         self.verify, self.max_bad, self.vocab_size = verify, max_bad, vocab_size
         self.seq_len = self.max_predictions = 0
+        self.header_vocab_size = None  # TFRecords declare none
         self.skipped, self.errors = 0, []
         self._map()
         try:
@@ -658,12 +668,15 @@ class NativeFile(RecordFile):
         with open(self.path, "rb") as file:
             try:
                 self.header = native.read_header(file, size)
-            except (ValueError, KeyError, TypeError) as err:
+            except ValueError as err:  # read_header checks every field: nothing else escapes it
                 raise DataError(f"{self.path}: {err}") from None
         self.seq_len, self.max_predictions = self.header.seq_len, self.header.max_predictions
+        self.header_vocab_size = self.header.vocab_size
         self._map()
         try:
-            self._check_file(verify)
+            problem = self.problem(verify, vocab_size)
+            if problem:
+                raise DataError(f"{self.path}: {problem}")
         except BaseException:
             self.close()
             raise
@@ -674,18 +687,30 @@ class NativeFile(RecordFile):
                              offset=native.DATA_OFFSET)
         self._rows = data.view(self.header.dtype)
 
-    def _check_file(self, verify: bool) -> None:
+    def problem(self, verify: bool = True, vocab_size: int | None = None) -> str | None:
+        """What is wrong with the rows (their block checksums, with ``verify``) or with their token
+        ids for ``vocab_size`` (the header's vocab size, then each id); None when nothing is."""
         if verify:
             bad = native.bad_block(self._rows.view(np.uint8), self.header)
             if bad is not None:
-                raise DataError(f"{self.path}: corrupt data in the block at byte offset "
-                                f"{native.DATA_OFFSET + bad} (its checksum does not match)")
-        if self.vocab_size is not None and self.header.max_id >= self.vocab_size:
+                return (f"corrupt data in the block at byte offset {native.DATA_OFFSET + bad} "
+                        "(its checksum does not match)")
+        if vocab_size is None:
+            return None
+        if self.header.vocab_size is not None and self.header.vocab_size != vocab_size:
+            return (f"written for a vocab of {self.header.vocab_size} tokens (the header's vocab_size), "
+                    f"read with vocab_size {vocab_size}")
+        if self.header.max_id >= vocab_size:
             for start in range(0, len(self), _CHUNK_ROWS):  # find the record to name it
                 rows = np.arange(start, min(start + _CHUNK_ROWS, len(self)))
-                self._check(native.from_rows(self._rows[rows], self.seq_len), rows, self.vocab_size)
-            raise DataError(f"{self.path}: the header says token id {self.header.max_id} occurs, "
-                            f"not below vocab_size {self.vocab_size}")
+                problems = row_problems(native.from_rows(self._rows[rows], self.seq_len), self.seq_len,
+                                        vocab_size)
+                if problems:
+                    row, message = next(iter(problems.items()))
+                    index = int(rows[row])
+                    return f"record {index} (byte offset {self.offset(index)}): {message}"
+            return f"the header says token id {self.header.max_id} occurs, not below vocab_size {vocab_size}"
+        return None
 
     def __len__(self) -> int:
         return self.header.count
@@ -782,24 +807,48 @@ def describe(path: str | Path, num: int = 3, vocab_path: str | Path | None = Non
     Without a vocab the tokens are shown as ids. In each record the masked
     positions are listed as ``position shown→target``.
     """
+    return inspect_records(path, num, vocab_path)[0]
+
+
+def inspect_records(path: str | Path, num: int = 3,
+                    vocab_path: str | Path | None = None) -> tuple[str, bool]:
+    """(:func:`describe`'s text, whether validation passed).
+
+    A file that cannot be opened at all (not a record file, a damaged native
+    header, a TFRecord whose framing is lost) is a DataError; a file that opens
+    but has bad records or data (checksums, values, token ids beyond the vocab)
+    fails validation: the text says which, and the records that can be read are shown.
+    """
     from .tokenizer import read_vocab
 
     vocab = read_vocab(vocab_path) if vocab_path else None
     vocab_size = len(vocab) if vocab else None
-    with open_records(path, verify=True, max_bad=sys.maxsize, vocab_size=vocab_size) as records:
+    failure = None
+    records: RecordFile
+    if detect_format(path) == "native":  # open on the header alone, then validate
+        records = native_file = NativeFile(Path(path), verify=False)
+        problem = native_file.problem(verify=True, vocab_size=vocab_size)
+        if problem:
+            failure = f"validation: FAILED: {path}: {problem}"
+    else:
+        records = open_records(path, verify=True, max_bad=sys.maxsize, vocab_size=vocab_size)
+        if records.skipped:
+            failure = (f"validation: FAILED for {records.skipped} record(s), which a reader skips "
+                       f"only with max_bad >= {records.skipped}; first: {records.errors[0]}")
+    with records:
         lines = [(f"{path}: {records.format}, {len(records)} records, seq_len {records.seq_len}, "
                   f"max_predictions {records.max_predictions}")]
         checked = ("both checksums and every feature of every record" if records.format == "tfrecord"
                    else "header and data checksums")
         if vocab_size:
             checked += f", token ids below vocab_size {vocab_size}"
-        if records.skipped:
-            lines.append(f"validation: FAILED for {records.skipped} record(s), which a reader skips "
-                         f"only with max_bad >= {records.skipped}; first: {records.errors[0]}")
-        else:
-            lines.append(f"validation: OK ({checked})")
+        lines.append(failure or f"validation: OK ({checked})")
         for index in range(min(num, len(records))):
-            a = records.take([index])
+            try:
+                a = records.take([index])
+            except DataError as err:  # a damaged native row: say so, show no more
+                lines.append(f"record {index}: {err}")
+                break
             length = int(a.input_mask[0].sum())
             ids = a.input_ids[0, :length].tolist()
             segment_b = int(np.argmax(a.segment_ids[0, :length])) if a.segment_ids[0].any() else length
@@ -814,10 +863,10 @@ def describe(path: str | Path, num: int = 3, vocab_path: str | Path | None = Non
                        for p, t in zip(a.masked_lm_positions[0][real].tolist(),
                                        a.masked_lm_ids[0][real].tolist())]
             lines.append("  masked: " + ", ".join(targets))
-    return "\n".join(lines)
+    return "\n".join(lines), failure is None
 
 
 __all__ = ["FEATURES", "FORMATS", "SUFFIXES", "EncodedRecords", "NativeFile", "RecordEncoder", "RecordFile",
            "RecordWriter", "TFRecordFile",
-           "describe", "detect_format", "index_path_for", "open_records", "read_records",
+           "describe", "detect_format", "index_path_for", "inspect_records", "open_records", "read_records",
            "row_problems", "write_index", "write_records"]

@@ -163,14 +163,51 @@ def _line_blocks(path: str, start: int, stop: int | None, block_bytes: int,
                 good = data.rfind(b"\n", 0, err.start) + 1  # the whole lines before the bad byte
                 if good:
                     yield _split(data[:good].decode("utf-8"), first and strip_bom)
-                raise DataError(f"{path}: not valid UTF-8 at byte offset "
-                                f"{offset + err.start}") from None
+                raise not_utf8(path, offset + err.start) from None
             offset += cut
             rest = data[cut:]
             yield _split(text, first and strip_bom)
             first = False
             if not block:
                 break
+
+
+_COMPRESSED = ((b"\x1f\x8b", "gzip"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"),
+               (b"\x28\xb5\x2f\xfd", "zstd"), (b"PK\x03\x04", "zip"))
+
+
+def binary_kind(path: str | Path) -> str | None:
+    """What a file that should be text is instead, from its first bytes and name: a record
+    file of either format (or one named so, whose start is damaged), a compressed file;
+    None when it looks like neither."""
+    from .native import MAGIC
+    from .tfrecord import HEADER_BYTES, masked_crc
+
+    try:
+        with open(path, "rb") as file:
+            head = file.read(HEADER_BYTES)
+    except OSError:
+        return None
+    if head.startswith(MAGIC):
+        return "a bertforge native record file"
+    if len(head) == HEADER_BYTES and masked_crc(head[:8]) == int.from_bytes(head[8:], "little"):
+        return "a TFRecord file"
+    suffix = Path(path).suffix
+    if suffix in (".tfrecord", ".tfrecords", ".bfrec"):
+        return f"a record file by its name ({suffix}) but damaged at its first bytes"
+    for magic, name in _COMPRESSED:
+        if head.startswith(magic):
+            return f"a {name}-compressed file (decompress it first)"
+    return None
+
+
+def not_utf8(path: str | Path, offset: int) -> DataError:
+    """The error for bytes that are not UTF-8 where text is expected: what the file is, when
+    that is known, else the offset of the bad byte."""
+    kind = binary_kind(path)
+    if kind:
+        return DataError(f"{path}: {kind}, not text (one sentence per line)")
+    return DataError(f"{path}: not valid UTF-8 at byte offset {offset}")
 
 
 def _split(text: str, strip_bom: bool) -> list[str]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from .errors import DataError
+from .text import not_utf8
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK]  # ids 0-4 in a vocab trained here
@@ -135,7 +136,9 @@ def read_vocab(vocab_path: str | Path) -> list[str]:
     except FileNotFoundError:
         raise DataError(f"vocab not found: {path}") from None
     except UnicodeDecodeError as err:
-        raise DataError(f"{path}: not valid UTF-8 at byte offset {err.start}") from None
+        raise not_utf8(path, err.start) from None  # names a record or compressed file as such
+    except IsADirectoryError:
+        raise DataError(f"{path}: is a directory, not a vocab file") from None
     # Split on "\n" only (not str.splitlines) to count lines exactly as tokenizers does.
     tokens = [line.strip() for line in text.split("\n")]
     if tokens and tokens[-1] == "":

@@ -1,8 +1,9 @@
 """``bertforge squad train | predict | evaluate | ask``.
 
     bertforge squad train --init MODEL --train-file train-v1.1.json [--predict-file dev-v1.1.json]
-        [--config squad_base] [--out DIR] [--vocab vocab.txt] [--train.lr 3e-5 --squad.doc_stride 128 …]
+        [--config squad_base] [--out DIR [--overwrite]] [--vocab vocab.txt] [--train.lr 3e-5 --squad.doc_stride 128 …]
     bertforge squad predict --model DIR --predict-file dev-v1.1.json --out predictions.json
+        [--nbest-out nbest_predictions.json]
     bertforge squad evaluate dev-v1.1.json predictions.json
     bertforge squad ask --model DIR --context "…" --question "…" [--questions-file q.txt] [--compare-hf]
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 import typing
 from pathlib import Path
@@ -28,7 +30,7 @@ OVERRIDES_HELP = ("Config fields are set with dotted flags, e.g. --train.lr 5e-5
 
 
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
-    from ..config import parse_overrides
+    from ..config import ConfigError, parse_overrides
     from .train import finetune, load_squad_config
 
     overrides = parse_overrides(extra)
@@ -36,7 +38,13 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
         overrides.append(("log.progress", "false"))
     if args.resume:
         overrides.append(("checkpoint.resume", args.resume))
+    if args.overwrite and args.resume:
+        raise ConfigError("--overwrite starts a new run; it cannot be used with --resume")
+    if args.overwrite and not args.out:
+        raise ConfigError("--overwrite needs --out DIR, the directory to replace")
     cfg, squad = load_squad_config(args.config, overrides, resume=args.resume)
+    if args.overwrite:
+        _clear_out_dir(args, cfg)
     summary = finetune(cfg, squad, args.init, args.train_file, args.out, args.predict_file, args.vocab)
     if summary["rank"] != 0:  # under torchrun, rank 0 speaks for the run
         return 0
@@ -49,6 +57,26 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
         print(f"predictions: {summary['predictions']}")
         print(json.dumps({"exact_match": summary["exact_match"], "f1": summary["f1"]}))
     return 0
+
+
+def _clear_out_dir(args: argparse.Namespace, cfg: Any) -> None:
+    """``--overwrite``: remove the files of the old run in ``--out`` before training starts.
+
+    ``cmd_train`` has checked that ``--out`` is given and ``--resume`` is not. Only the
+    directory the user named, only once (rank 0 under torchrun: the other ranks do not
+    touch the directory before it has chosen it), and only when the inputs exist, so that
+    a mistyped path does not cost the old run; a directory holding an input, or the
+    current directory, is refused.
+    """
+    from .data import SquadError
+    from .train import _out_dir
+
+    inputs = [args.init, args.train_file, args.predict_file, args.vocab]
+    for flag, value in zip(("--init", "--train-file", "--predict-file", "--vocab"), inputs):
+        if value and not Path(value).exists():
+            raise SquadError(f"{flag} {value}: not found (nothing in {args.out} was removed)")
+    if int(os.environ.get("RANK", "0")) == 0:
+        _out_dir(cfg, args.out, None, overwrite=True, inputs=inputs)
 
 
 def _predict_settings(args: argparse.Namespace, extra: list[str]) -> tuple[Any, ...]:
@@ -82,29 +110,32 @@ def _predict_settings(args: argparse.Namespace, extra: list[str]) -> tuple[Any, 
 
 
 def cmd_predict(args: argparse.Namespace, extra: list[str]) -> int:
-    from .data import read_examples
+    from .data import SquadError, read_examples
     from .postprocess import write_predictions
     from .train import predict
 
+    # Only the files named are written: --out, and --nbest-out when given.
+    out = Path(args.out)
+    nbest_file = Path(args.nbest_out) if args.nbest_out else None
+    if nbest_file is not None and nbest_file.resolve() == out.resolve():
+        raise SquadError(f"--out and --nbest-out are the same file: {out}")
     model, tokenizer, seq_len, squad, lowercase = _predict_settings(args, extra)
     examples, _ = read_examples(args.predict_file)
+    if not examples:
+        raise SquadError(f"{args.predict_file}: no questions to predict")
     predictions, nbest = predict(model, examples, tokenizer, seq_len, squad, lowercase,
                                  precision=args.precision)
-    out = Path(args.out)
-    nbest_file = out.with_name("nbest_predictions.json")
-    write_predictions(predictions, out, nbest, nbest_file)
-    print(f"{len(predictions)} predictions: {out} (n-best: {nbest_file})")
+    write_predictions(predictions, out, nbest if nbest_file else None, nbest_file)
+    print(f"{len(predictions)} predictions: {out}" + (f" (n-best: {nbest_file})" if nbest_file else ""))
     return 0
 
 
 def cmd_evaluate(args: argparse.Namespace, extra: list[str]) -> int:
-    from .data import SquadError, load_json
-    from .metric import evaluate
+    from .data import load_json
+    from .metric import check_predictions, evaluate
 
-    predictions = load_json(args.predictions)
-    if not isinstance(predictions, dict):
-        raise SquadError(f"{args.predictions}: expected an object of question id → answer text")
-    print(json.dumps(evaluate(load_json(args.dataset), predictions)))
+    predictions = check_predictions(load_json(args.predictions), str(args.predictions))
+    print(json.dumps(evaluate(args.dataset, predictions, predictions_source=str(args.predictions))))
     return 0
 
 
@@ -116,7 +147,11 @@ def _questions(args: argparse.Namespace) -> list[str]:
         path = Path(args.questions_file)
         if not path.is_file():
             raise SquadError(f"file not found: {path}")
-        questions += [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as err:
+            raise SquadError(f"{path}: not UTF-8 text (byte offset {err.start})") from None
+        questions += [line.strip() for line in text.splitlines() if line.strip()]
     if not questions:
         raise SquadError("ask needs --question or --questions-file")
     return questions
@@ -200,11 +235,13 @@ def add_squad_commands(sub: Any) -> None:
     p.add_argument("--out", help="run directory, new or empty: checkpoints, metrics and the fine-tuned "
                                  "model (default: runs/squad-TIMESTAMP)")
     p.add_argument("--resume", help="a run or step directory of squad train to continue exactly")
+    p.add_argument("--overwrite", action="store_true",
+                   help="--out may be a non-empty directory: the files in it are removed first")
     p.add_argument("--vocab", help="vocab.txt (default: the one beside --init)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_train, takes_overrides=True)
 
-    for name, helptext in (("predict", "write predictions.json and nbest_predictions.json"),
+    for name, helptext in (("predict", "write predictions.json (and the n-best lists with --nbest-out)"),
                            ("ask", "answer questions about a context")):
         p = commands.add_parser(name, help=helptext,
                                 epilog="--data.seq_len N and --squad.* override the saved settings.")
@@ -214,6 +251,8 @@ def add_squad_commands(sub: Any) -> None:
         if name == "predict":
             p.add_argument("--predict-file", required=True)
             p.add_argument("--out", required=True, help="predictions.json to write")
+            p.add_argument("--nbest-out", help="also write the n-best lists to this file "
+                                               "(nbest_predictions.json); nothing else is written")
             # Prediction runs on the CPU, where fp16 autocast is not supported.
             p.add_argument("--precision", default="fp32",
                            choices=[x for x in typing.get_args(Precision) if x != "fp16"])

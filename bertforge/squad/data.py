@@ -31,9 +31,11 @@ Bad input
     Missing or mistyped fields, an empty context, duplicate question ids, a
     training question without exactly one answer, an empty answer or an
     ``answer_start`` outside its context raise :class:`SquadError` naming the
-    file, question id and field. A training answer whose text is not found in
-    the words at its ``answer_start`` is skipped, as the reference skips it; the
-    skips are returned with their reason, so callers can count and report them.
+    file, the field's path and the question id
+    (``dev.json: data[3].paragraphs[0].qas[2].answers (question ID): expected a list, got a string``).
+    A training answer whose text is not found in the words at its ``answer_start``
+    is skipped, as the reference skips it; the skips are returned with their
+    reason, so callers can count and report them.
 """
 
 from __future__ import annotations
@@ -133,27 +135,65 @@ def split_context(context: str) -> tuple[list[str], list[int]]:
     return [m.group() for m in matches], [m.start() for m in matches]
 
 
-def _field(obj: Any, key: str, kind: type, where: str) -> Any:
+_KINDS: dict[type, str] = {dict: "an object", list: "a list", str: "a string", int: "an integer",
+                           float: "a number"}
+
+
+def json_kind(value: Any) -> str:
+    """What a parsed JSON value is, in JSON's words (for messages)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    return next((name for kind, name in _KINDS.items() if isinstance(value, kind)), type(value).__name__)
+
+
+def location(source: str, path: str = "", qas_id: str | None = None) -> str:
+    """``dev.json: data[3].paragraphs[0].qas[2] (question ID)``: where a problem is."""
+    where = f"{source}: {path}" if path else source
+    return f"{where} (question {qas_id})" if qas_id is not None else where
+
+
+def get_field(obj: Any, key: str, kind: type, source: str, path: str = "",
+              qas_id: str | None = None) -> Any:
+    """``obj[key]``, checked to be an object with that field of that JSON type.
+
+    Errors name the file, the field's path and (when known) the question id:
+    ``dev.json: data[3].paragraphs[0].qas[2].answers (question ID): expected a list, got a string``.
+    """
     if not isinstance(obj, dict):
-        raise SquadError(f"{where}: expected an object, got {type(obj).__name__}")
+        raise SquadError(f"{location(source, path, qas_id)}: expected an object, got {json_kind(obj)}")
     if key not in obj:
-        raise SquadError(f"{where}: missing field '{key}'")
+        raise SquadError(f"{location(source, path, qas_id)}: missing field '{key}'")
     value = obj[key]
     # bool is an int in Python; an answer_start of true is still a mistake.
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise SquadError(f"{where}: field '{key}' should be {kind.__name__}, "
-                         f"got {type(value).__name__}")
+        child = f"{path}.{key}" if path else key
+        raise SquadError(f"{location(source, child, qas_id)}: expected {_KINDS[kind]}, got {json_kind(value)}")
     return value
 
 
+def answer_texts(qa: dict, source: str, path: str, qas_id: str, need_offsets: bool = False) -> list[str]:
+    """The texts of a question's ``answers`` (each checked: an object with a string ``text``,
+    and an integer ``answer_start`` when ``need_offsets``)."""
+    answers = get_field(qa, "answers", list, source, path, qas_id)
+    texts = []
+    for i, answer in enumerate(answers):
+        texts.append(get_field(answer, "text", str, source, f"{path}.answers[{i}]", qas_id))
+        if need_offsets:
+            get_field(answer, "answer_start", int, source, f"{path}.answers[{i}]", qas_id)
+    return texts
+
+
 def _training_answer(qa: dict, context: str, words: list[str], starts: list[int],
-                     where: str) -> tuple[str, int, int] | str:
+                     source: str, path: str, qas_id: str) -> tuple[str, int, int] | str:
     """(text, start word, end word) of a training question, or why it is skipped."""
-    answers = _field(qa, "answers", list, where)
-    if len(answers) != 1:
-        raise SquadError(f"{where}: a training question needs exactly 1 answer, has {len(answers)}")
-    text = _field(answers[0], "text", str, f"{where}, answer")
-    offset = _field(answers[0], "answer_start", int, f"{where}, answer")
+    texts = answer_texts(qa, source, path, qas_id, need_offsets=True)
+    where = location(source, path, qas_id)
+    if len(texts) != 1:
+        raise SquadError(f"{where}: a training question needs exactly 1 answer, has {len(texts)}")
+    text = texts[0]
+    offset = qa["answers"][0]["answer_start"]  # checked by answer_texts
     if not text.strip():
         raise SquadError(f"{where}: the answer text is empty")
     if offset < 0 or offset + len(text) > len(context):
@@ -179,35 +219,39 @@ def parse_examples(dataset: Any, is_training: bool = False,
     """Examples from a parsed SQuAD v1.1 JSON object (``{"data": [...]}``).
 
     Returns the examples in file order and the training answers that were
-    skipped (always empty when not training: answers are not read then).
+    skipped (always empty when not training). Answers that are present are
+    checked when not training too (each an object with a string ``text``), so
+    that a dev set to be scored after training is refused before it starts.
     """
-    articles = _field(dataset, "data", list, source)
+    articles = get_field(dataset, "data", list, source)
     examples: list[SquadExample] = []
     skipped: list[SkippedAnswer] = []
     seen: set[str] = set()
     for a, article in enumerate(articles):
-        paragraphs = _field(article, "paragraphs", list, f"{source}: data[{a}]")
+        paragraphs = get_field(article, "paragraphs", list, source, f"data[{a}]")
         for p, paragraph in enumerate(paragraphs):
-            where = f"{source}: data[{a}].paragraphs[{p}]"
-            context = _field(paragraph, "context", str, where)
-            qas = _field(paragraph, "qas", list, where)
+            path = f"data[{a}].paragraphs[{p}]"
+            context = get_field(paragraph, "context", str, source, path)
+            qas = get_field(paragraph, "qas", list, source, path)
             words, starts = split_context(context)
             if not words:
-                raise SquadError(f"{where}: the context is empty")
+                raise SquadError(f"{location(source, path)}: the context is empty")
             for q, qa in enumerate(qas):
-                qas_id = _field(qa, "id", str, f"{where}.qas[{q}]")
-                where_q = f"{source}: question {qas_id}"
-                question = _field(qa, "question", str, where_q)
+                path_q = f"{path}.qas[{q}]"
+                qas_id = get_field(qa, "id", str, source, path_q)
+                question = get_field(qa, "question", str, source, path_q, qas_id)
                 if qas_id in seen:
-                    raise SquadError(f"{where_q}: the question id is used twice")
+                    raise SquadError(f"{location(source, path_q, qas_id)}: the question id is used twice")
                 seen.add(qas_id)
                 example = SquadExample(qas_id, question, words)
                 if is_training:
-                    answer = _training_answer(qa, context, words, starts, where_q)
+                    answer = _training_answer(qa, context, words, starts, source, path_q, qas_id)
                     if isinstance(answer, str):
                         skipped.append(SkippedAnswer(qas_id, answer))
                         continue
                     example.answer_text, example.start_word, example.end_word = answer
+                elif "answers" in qa:
+                    answer_texts(qa, source, path_q, qas_id)
                 examples.append(example)
     return examples, skipped
 
@@ -224,6 +268,14 @@ def load_json(path: str | Path) -> Any:
         raise SquadError(f"{path}: not valid UTF-8 at byte offset {err.start}") from None
     except json.JSONDecodeError as err:
         raise SquadError(f"{path}: not valid JSON: {err}") from None
+    except IsADirectoryError:
+        raise SquadError(f"{path}: is a directory, not a JSON file") from None
+    except RecursionError:
+        raise SquadError(f"{path}: not valid JSON: nested too deeply") from None
+    except ValueError as err:  # e.g. an integer of more than 4300 digits
+        raise SquadError(f"{path}: not valid JSON: {err}") from None
+    except OSError as err:  # unreadable: permissions, an I/O error
+        raise SquadError(f"{path}: cannot be read ({err.strerror or err})") from None
 
 
 def read_examples(path: str | Path,

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .data import SquadError, load_json
+from .data import SquadError, answer_texts, get_field, json_kind, load_json, location
 
 log = logging.getLogger(__name__)
 
@@ -52,41 +52,56 @@ def _best(metric: Callable[[str, str], float], prediction: str, ground_truths: l
     return max(metric(prediction, truth) for truth in ground_truths)
 
 
-def evaluate(dataset: Any, predictions: dict[str, str]) -> dict[str, float]:
+def check_predictions(predictions: Any, source: str = "predictions") -> dict[str, str]:
+    """``predictions`` checked to be a JSON object of question id → answer string.
+
+    The first wrong entry is an error naming ``source`` and the question id, e.g.
+    ``predictions.json: question 56be4db0acb8001400a502ec: expected a string answer, got an integer``.
+    """
+    if not isinstance(predictions, dict):
+        raise SquadError(f"{source}: expected an object of question id → answer text, "
+                         f"got {json_kind(predictions)}")
+    for qas_id, text in predictions.items():
+        if not isinstance(text, str):
+            raise SquadError(f"{source}: question {qas_id}: expected a string answer, got {json_kind(text)}")
+    return predictions
+
+
+def evaluate(dataset: Any, predictions: dict[str, str], predictions_source: str = "predictions"
+             ) -> dict[str, float]:
     """``{"exact_match": …, "f1": …}`` of ``predictions`` (question id → text) on ``dataset``.
 
     ``dataset`` is a SQuAD JSON object (``{"data": [...]}``), its ``"data"``
-    list, or the path of a SQuAD JSON file.
+    list, or the path of a SQuAD JSON file. A malformed dataset or predictions
+    object is a :class:`SquadError` naming the file (``predictions_source`` for
+    the predictions), the field's path and the question id.
     """
     source = "<dataset>"
     if isinstance(dataset, (str, Path)):
         source, dataset = str(dataset), load_json(dataset)
-    articles = dataset["data"] if isinstance(dataset, dict) and "data" in dataset else dataset
-    if not isinstance(articles, list):
+    if isinstance(dataset, list):  # the "data" list alone
+        dataset = {"data": dataset}
+    if not isinstance(dataset, dict) or not isinstance(dataset.get("data"), list):
         raise SquadError(f"{source}: expected a SQuAD dataset with a 'data' list")
-    if not isinstance(predictions, dict):
-        raise SquadError(f"predictions should map question ids to answer texts, "
-                         f"got {type(predictions).__name__}")
+    check_predictions(predictions, predictions_source)
 
     exact_match = f1 = 0.0
     total = unanswered = 0
-    for a, article in enumerate(articles):
-        for p, paragraph in enumerate(_get(article, "paragraphs", f"{source}: data[{a}]")):
-            for q, qa in enumerate(_get(paragraph, "qas", f"{source}: data[{a}].paragraphs[{p}]")):
-                qas_id = _get(qa, "id", f"{source}: data[{a}].paragraphs[{p}].qas[{q}]")
+    for a, article in enumerate(dataset["data"]):
+        paragraphs = get_field(article, "paragraphs", list, source, f"data[{a}]")
+        for p, paragraph in enumerate(paragraphs):
+            qas = get_field(paragraph, "qas", list, source, f"data[{a}].paragraphs[{p}]")
+            for q, qa in enumerate(qas):
+                path = f"data[{a}].paragraphs[{p}].qas[{q}]"
+                qas_id = get_field(qa, "id", str, source, path)
+                truths = answer_texts(qa, source, path, qas_id)
+                if not truths:
+                    raise SquadError(f"{location(source, path, qas_id)}: no ground-truth answers")
                 total += 1
                 if qas_id not in predictions:
                     unanswered += 1
                     continue
                 prediction = predictions[qas_id]
-                if not isinstance(prediction, str):
-                    raise SquadError(f"prediction for question {qas_id} should be a string, "
-                                     f"got {type(prediction).__name__}")
-                where = f"{source}: question {qas_id}"
-                truths = [_get(answer, "text", f"{where}, answer")
-                          for answer in _get(qa, "answers", where)]
-                if not truths:
-                    raise SquadError(f"{where}: no ground-truth answers")
                 exact_match += _best(exact_match_score, prediction, truths)
                 f1 += _best(f1_score, prediction, truths)
     if total == 0:
@@ -94,9 +109,3 @@ def evaluate(dataset: Any, predictions: dict[str, str]) -> dict[str, float]:
     if unanswered:
         log.warning("%d of %d questions have no prediction and score 0", unanswered, total)
     return {"exact_match": 100.0 * exact_match / total, "f1": 100.0 * f1 / total}
-
-
-def _get(obj: Any, key: str, where: str) -> Any:
-    if not isinstance(obj, dict) or key not in obj:
-        raise SquadError(f"{where}: missing field '{key}'")
-    return obj[key]

@@ -86,7 +86,7 @@ from ..dist import (
     unwrap,
     write_error,
 )
-from ..engine import BatchStream, Engine, autocast, set_threads
+from ..engine import BatchStream, Engine, Preemption, autocast, set_threads
 from ..fileio import atomic_file
 from ..log import MetricsLogger, ProgressBar, Throughput
 from ..model import BertForQuestionAnswering
@@ -150,7 +150,7 @@ def load_squad_config(name: str | None = None, overrides: Sequence[tuple[str, An
     """
     cfg, squad = Config(), SquadConfig()
     path: Path | None
-    if name is None and resume:
+    if name is None and resume and resume != ckpt.AUTO:  # auto: the launch command's config
         checkpoint = ckpt.find_checkpoint(resume)
         path = checkpoint / "config.yaml"
         data = dict(load_yaml(path) or {})
@@ -370,19 +370,38 @@ class FeatureBatches:
         return _batch(self.features, np.sort(indices), torch.device("cpu"))
 
 
-def _out_dir(cfg: Config, out_dir: str | Path | None, resume_from: Path | None) -> Path:
+def _out_dir(cfg: Config, out_dir: str | Path | None, resume_from: Path | None, overwrite: bool = False,
+             inputs: Sequence[str | Path | None] = ()) -> Path:
     """The run directory: the resumed run's, or a new (or empty) one, never someone's files.
 
     A new one is made only when training is about to start (``write_run_files``),
-    so a run refused for bad input leaves nothing behind.
+    so a run refused for bad input leaves nothing behind. With ``overwrite``
+    (``squad train --out DIR --overwrite``: the user named the directory) the
+    files of a non-empty one are removed first, unless it holds one of
+    ``inputs`` (the ``--init`` weights, the SQuAD files, the vocab) or the
+    current directory.
     """
     if resume_from is not None:
         return resume_from.parent.parent
     path = Path(out_dir) if out_dir else (
         Path(cfg.log.run_dir) / (cfg.log.name or datetime.now().strftime("squad-%Y%m%d-%H%M%S")))
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{path} exists and is not a directory: choose another --out")
+    if not path.exists() or not any(path.iterdir()):
+        return path
+    if not overwrite:
         raise ConfigError(f"{path} already exists and is not empty: pass --resume {path} to continue "
-                          f"its run, or choose another --out")
+                          f"its run, --overwrite to replace it, or choose another --out")
+    root = path.resolve()
+    for kept in [Path.cwd(), *(Path(x) for x in inputs if x)]:
+        kept = kept.resolve()
+        if kept == root or root in kept.parents:
+            raise ConfigError(f"--overwrite would delete {kept}, which is in {path}: choose another --out")
+    for entry in sorted(path.iterdir()):
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:  # a file, or a link (removed, not what it points to)
+            entry.unlink()
     return path
 
 
@@ -404,8 +423,7 @@ def finetune(cfg: Config, squad: SquadConfig, init: str | Path | None, train_fil
     dist = init_distributed(cfg.execution.device)
     try:
         check_execution(cfg.execution, dist.world_size)
-        resume_from = ckpt.find_checkpoint(cfg.checkpoint.resume) if cfg.checkpoint.resume else None
-        run_dir = Path(from_main(dist, lambda: _out_dir(cfg, out_dir, resume_from)))
+        resume_from, run_dir = from_main(dist, lambda: _locate_run(cfg, out_dir))
         try:
             summary = _finetune(cfg, squad, dist, run_dir, resume_from, init, train_file, predict_file,
                                 vocab, log if dist.is_main else (lambda _: None), started)
@@ -434,7 +452,7 @@ def _finetune(cfg: Config, squad: SquadConfig, dist: DistContext, out_dir: Path,
             raise ConfigError("squad train needs --init (or --resume RUN)")
         vocab_path = find_vocab(init, vocab)
         model = load_qa_model(init, vocab_path)
-        cfg.checkpoint.init = str(init)
+        cfg.checkpoint.init = str(Path(init).resolve())
     else:  # the weights come from the checkpoint
         vocab_path = find_vocab(out_dir, vocab)
         model = BertForQuestionAnswering(ckpt.read_config(resume_from).model)
@@ -460,7 +478,7 @@ def _finetune(cfg: Config, squad: SquadConfig, dist: DistContext, out_dir: Path,
     optimizer = build_optimizer(unwrap(wrapped), t)
     engine = Engine(wrapped, optimizer, build_scheduler(optimizer, t, total), qa_forward_loss,
                     cfg.execution.precision, t.grad_clip, dist, seed=t.seed)
-    step = ckpt.resume(resume_from, engine)["step"] if resume_from is not None else 0
+    step = ckpt.resume(resume_from, engine, verified=True)["step"] if resume_from is not None else 0
     if dist.is_main and resume_from is None:
         write_run_files(out_dir, cfg, squad, Path(vocab_path))
     examples = dev_set = None
@@ -486,7 +504,8 @@ def _finetune(cfg: Config, squad: SquadConfig, dist: DistContext, out_dir: Path,
 
     losses: list[torch.Tensor] = []
     with contextlib.ExitStack() as stack:
-        logger = stack.enter_context(MetricsLogger(out_dir, cfg, enabled=dist.is_main))
+        logger = stack.enter_context(MetricsLogger(out_dir, cfg, enabled=dist.is_main, start_step=step))
+        engine.preemption = preemption = stack.enter_context(Preemption())
         bar = stack.enter_context(ProgressBar(total, step, enabled=cfg.log.progress, main=dist.is_main,
                                                   label="squad"))
 
@@ -518,6 +537,15 @@ def _finetune(cfg: Config, squad: SquadConfig, dist: DistContext, out_dir: Path,
                 bar.update(step)
             if t.eval_every and step % t.eval_every == 0 and step < total:
                 run_eval()
+            if engine.stop_requested and step < total:  # every rank stops after this same step
+                checkpoint = ckpt.save(out_dir, step, engine, cfg, {"data": stream.state()})
+                bar.print(f"preempted by {preemption.name or 'a signal on another rank'} after step {step}: "
+                          f"checkpoint {checkpoint}; continue with --resume {out_dir}")
+                return {"out_dir": str(out_dir), "checkpoint": str(checkpoint), "questions": questions,
+                        "features": len(features), "skipped": skipped, "steps": step,
+                        "losses": torch.stack(losses).tolist(), "rank": dist.rank,
+                        "world_size": dist.world_size, "preempted": True,
+                        "minutes": (time.perf_counter() - started) / 60}
             if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < total:
                 ckpt.save(out_dir, step, engine, cfg, {"data": stream.state()})
         final_checkpoint = ckpt.save(out_dir, step, engine, cfg, {"data": stream.state()})
@@ -559,3 +587,27 @@ def full_model(model: nn.Module, cfg: Config, dist: DistContext) -> BertForQuest
     whole = BertForQuestionAnswering(cfg.model)
     whole.load_state_dict(state)
     return whole.to(dist.device)
+
+
+def _locate_run(cfg: Config, out_dir: str | Path | None) -> tuple[Path | None, Path]:
+    """(the checkpoint to resume, verified, or None; the run directory), on rank 0.
+
+    ``checkpoint.resume: auto`` resumes the newest sound checkpoint of ``--out``
+    when it is a fine-tuning run directory (it has ``squad.yaml``), skipping
+    damaged ones with a warning, and starts fresh there otherwise. Temporaries
+    of interrupted saves are removed first.
+    """
+    resume = cfg.checkpoint.resume
+    if resume == ckpt.AUTO:
+        run_dir = Path(out_dir) if out_dir else ckpt.auto_run_dir(cfg.log.run_dir, cfg.log.name, "--out")
+        if (run_dir / "squad.yaml").is_file():  # ours: never take a pre-training run's checkpoints
+            ckpt.remove_temporaries_of(run_dir)
+            # None: it started before and failed before its first checkpoint; start again there.
+            return ckpt.find_resumable(run_dir), run_dir
+        return None, _out_dir(cfg, run_dir, None)
+    if resume:
+        resume_from = ckpt.find_checkpoint(resume)
+        ckpt.remove_temporaries_of(resume_from.parent.parent)
+        ckpt.verify(resume_from)
+        return resume_from, _out_dir(cfg, out_dir, resume_from)
+    return None, _out_dir(cfg, out_dir, None)

@@ -1,0 +1,223 @@
+"""Runs survive preemption and restarts: SIGTERM, ``--resume auto``, torchrun --max-restarts.
+
+The runs are BERT-tiny on synthetic sequences of 32 tokens with a constant
+learning rate, so a run of N steps is the first N steps of any longer one and
+a preempted run can be compared with an uninterrupted one of the same length.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from bertforge.checkpoint import load_model
+from bertforge.cli import main
+from bertforge.config import ConfigError, load_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_args(run_dir: Path, name: str, steps: int, *extra: str) -> list[str]:
+    return ["pretrain", "--config", "tiny", "--data.synthetic", "--steps", str(steps), "--no-progress",
+            "--run-dir", str(run_dir), "--name", name, "--data.seq_len", "32", "--data.max_predictions", "5",
+            "--train.micro_batch_size", "4", "--train.global_batch_size", "8", "--train.schedule", "constant",
+            "--train.warmup_steps", "0", "--log.every", "1", "--log.tensorboard", "false",
+            "--execution.threads", "1", "--checkpoint.keep", "0", *extra]
+
+
+def env() -> dict[str, str]:
+    clean = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    clean["PYTHONPATH"] = os.pathsep.join([str(REPO), clean.get("PYTHONPATH", "")])
+    return clean
+
+
+def train_rows(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+    return [r for r in rows if r.get("split") != "eval"]
+
+
+def losses(run_dir: Path) -> list[float]:
+    return [r["loss"] for r in train_rows(run_dir)]
+
+
+def checkpoints(run_dir: Path) -> list[str]:
+    return sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+
+
+def wait_for_rows(run_dir: Path, process: subprocess.Popen, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not train_rows(run_dir):
+        assert process.poll() is None, process.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "no step was logged"
+        time.sleep(0.05)
+
+
+def finish(process: subprocess.Popen, timeout: float = 300) -> str:
+    """The stderr of ``process`` once it exits; killed (its whole group) if it outlives ``timeout``."""
+    try:
+        return process.communicate(timeout=timeout)[1]
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise
+
+
+def worker_pids(launcher: int) -> dict[int, int]:
+    """{rank: pid} of the worker processes torchrun started."""
+    pids: dict[int, int] = {}
+    for task in Path(f"/proc/{launcher}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+            ranks = [e.split(b"=", 1)[1] for e in environ if e.startswith(b"RANK=")]
+            if ranks:
+                pids[int(ranks[0])] = int(child)
+    return pids
+
+
+def test_sigterm_checkpoints_the_step_and_resumes_exactly(tmp_path):
+    """One process, SIGTERM after the first logged step: exit 0, a checkpoint of the step it
+    stopped at, and resuming gives the losses of an uninterrupted run. About 15 s."""
+    run = tmp_path / "pre"
+    process = subprocess.Popen([sys.executable, "-m", "bertforge", *run_args(tmp_path, "pre", 100_000)],
+                               cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    wait_for_rows(run, process)
+    process.send_signal(signal.SIGTERM)
+    stderr = finish(process, 120)
+    assert process.returncode == 0, stderr[-3000:]
+    stopped = train_rows(run)[-1]["step"]
+    assert 1 <= stopped < 100_000
+    assert checkpoints(run) == [f"step_{stopped:08d}"]
+    assert (f"preempted by SIGTERM after step {stopped}: checkpoint {run}/checkpoints/step_{stopped:08d}; "
+            f"continue with --resume {run}") in " ".join(stderr.split())
+    assert [r["step"] for r in train_rows(run)] == list(range(1, stopped + 1))
+
+    assert main(["pretrain", "--resume", str(run), "--steps", str(stopped + 3), "--no-progress"]) == 0
+    assert main(run_args(tmp_path, "whole", stopped + 3)) == 0
+    assert [r["step"] for r in train_rows(run)] == list(range(1, stopped + 4))  # each step once
+    assert losses(run) == losses(tmp_path / "whole")
+    resumed, whole = load_model(run).state_dict(), load_model(tmp_path / "whole").state_dict()
+    assert all(torch.equal(v, whole[k]) for k, v in resumed.items())
+
+
+SECOND_SIGNAL = """
+import os, signal, time
+from bertforge.engine import Preemption
+with Preemption() as preemption:
+    os.kill(os.getpid(), signal.SIGUSR1)
+    assert preemption.requested and preemption.name == "SIGUSR1"
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(30)
+"""
+
+
+def test_a_second_signal_exits_at_once():
+    """SIGUSR1 asks for a checkpoint; a second signal exits with 128 + SIGTERM. About 2 s."""
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", SECOND_SIGNAL], cwd=REPO, env=env(), capture_output=True,
+                            text=True, timeout=60, check=False)
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr
+    assert time.monotonic() - started < 20  # not the 30 s sleep
+    assert result.stderr.splitlines()[-2:] == [
+        "SIGUSR1: finishing this step, then saving a checkpoint (send it again to exit at once)",
+        "SIGTERM again: exiting now, without a checkpoint"]
+
+
+def test_resume_auto_starts_fresh_then_resumes(tmp_path, capsys):
+    """``--resume auto``: the same command starts a run and continues it. About 6 s."""
+    assert main(run_args(tmp_path, "auto", 4, "--checkpoint.every", "2", "--resume", "auto")) == 0
+    assert checkpoints(tmp_path / "auto") == ["step_00000002", "step_00000004"]
+    assert main(run_args(tmp_path, "auto", 6, "--checkpoint.every", "2", "--resume", "auto")) == 0
+    assert checkpoints(tmp_path / "auto") == ["step_00000002", "step_00000004", "step_00000006"]
+    assert main(run_args(tmp_path, "whole", 6)) == 0
+    assert [r["step"] for r in train_rows(tmp_path / "auto")] == [1, 2, 3, 4, 5, 6]
+    assert losses(tmp_path / "auto") == losses(tmp_path / "whole")
+    # No --config: the saved config of the run, with the flags on top.
+    assert main(["pretrain", "--resume", "auto", "--run-dir", str(tmp_path), "--name", "auto",
+                 "--steps", "7", "--no-progress"]) == 0
+    assert [r["step"] for r in train_rows(tmp_path / "auto")] == [1, 2, 3, 4, 5, 6, 7]
+    capsys.readouterr()
+    assert main(["pretrain", "--resume", "auto", "--run-dir", str(tmp_path), "--steps", "1"]) == 2
+    assert capsys.readouterr().err == ("error: --resume auto needs a named run directory: pass --name "
+                                       "(log.name), so that every restart finds the same one\n")
+
+
+def test_resume_auto_needs_a_name_in_config_from_args():
+    import argparse
+
+    from bertforge.config import config_from_args
+
+    args = argparse.Namespace(config=None, resume="auto", name=None, run_dir=None)
+    with pytest.raises(ConfigError, match="--resume auto needs a named run directory"):
+        config_from_args(args, [], default="tiny")
+    cfg = load_config("tiny", [("checkpoint.resume", "auto")])
+    with pytest.raises(ConfigError, match="--resume auto needs a named run directory"):
+        from bertforge.train import locate_run
+
+        locate_run(cfg)
+
+
+def torchrun(args: list[str], *launcher: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", *launcher,
+           "-m", "bertforge", *args]
+    return subprocess.Popen(cmd, cwd=REPO, env={**env(), **(extra_env or {})}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+@pytest.mark.dist
+def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step(tmp_path):
+    """torchrun, 2 gloo ranks (ddp): SIGTERM to rank 1 alone; both ranks finish the same step,
+    checkpoint it and exit 0, and the run resumes. About 25 s."""
+    run = tmp_path / "ddp"
+    launcher = torchrun(run_args(tmp_path, "ddp", 100_000, "--execution.parallel", "ddp"), "--standalone")
+    wait_for_rows(run, launcher)
+    pids = worker_pids(launcher.pid)
+    assert sorted(pids) == [0, 1]
+    os.kill(pids[1], signal.SIGTERM)
+    stderr = finish(launcher, 120)
+    assert launcher.returncode == 0, stderr[-3000:]
+    stopped = train_rows(run)[-1]["step"]
+    assert checkpoints(run) == [f"step_{stopped:08d}"]
+    assert f"preempted by a signal on another rank after step {stopped}" in " ".join(stderr.split())
+    saved = torch.load(run / "checkpoints" / f"step_{stopped:08d}" / "trainer.pt", weights_only=True)
+    assert saved["step"] == stopped and saved["world_size"] == 2
+    assert not list(run.glob("error_rank*.log"))
+
+    # The in-memory stream continues at any world size: resume in one process.
+    assert main(["pretrain", "--resume", str(run), "--steps", str(stopped + 2), "--no-progress",
+                 "--execution.parallel", "none"]) == 0
+    assert main(run_args(tmp_path, "whole", stopped + 2)) == 0
+    assert [r["step"] for r in train_rows(run)] == list(range(1, stopped + 3))
+    assert losses(run) == pytest.approx(losses(tmp_path / "whole"), rel=1e-5)
+
+
+@pytest.mark.dist
+def test_torchrun_restarts_a_killed_rank_and_continues_exactly(tmp_path):
+    """torchrun --max-restarts 1, 2 gloo ranks: rank 1 exits hard after step 3 on the first
+    attempt; the group restarts with --resume auto from step 2 and ends with the weights
+    and losses of an uninterrupted torchrun run. About 40 s."""
+    args = ["--execution.parallel", "ddp", "--checkpoint.every", "2", "--resume", "auto"]
+    launcher = torchrun(run_args(tmp_path, "restarted", 6, *args), "--standalone", "--max-restarts", "1",
+                        extra_env={"BERTFORGE_TEST_FAIL_AT": "1:3"})
+    stderr = finish(launcher)
+    assert launcher.returncode == 0, stderr[-3000:]
+    whole = torchrun(run_args(tmp_path, "whole", 6, *args), "--standalone")
+    stderr = finish(whole)
+    assert whole.returncode == 0, stderr[-3000:]
+    run = tmp_path / "restarted"
+    assert [r["step"] for r in train_rows(run)] == [1, 2, 3, 4, 5, 6]  # step 3 once, though run twice
+    assert losses(run) == losses(tmp_path / "whole")
+    assert checkpoints(run) == ["step_00000002", "step_00000004", "step_00000006"]
+    resumed, uninterrupted = load_model(run).state_dict(), load_model(tmp_path / "whole").state_dict()
+    assert all(torch.equal(v, uninterrupted[k]) for k, v in resumed.items())

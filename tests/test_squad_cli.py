@@ -1,0 +1,202 @@
+"""The squad commands never touch what they were not given: predict writes only the files
+named, train --out refuses a non-empty directory unless --overwrite, and evaluate names
+the question of a mistyped prediction. Small hand-made files and a tiny random model; each
+test takes under 10 s."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from bertforge.cli import main
+from bertforge.config import ConfigError, ModelConfig, load_config
+from bertforge.convert import export_hf
+from bertforge.model import BertForQuestionAnswering
+from bertforge.squad.metric import check_predictions
+from bertforge.squad.train import _out_dir
+
+CONTEXT = "Paris is the capital of France ."
+DEV = {"version": "1.1", "data": [{"title": "t", "paragraphs": [{"context": CONTEXT, "qas": [
+    {"id": "q1", "question": "What is the capital of France?", "answers": [{"text": "Paris", "answer_start": 0}]},
+    {"id": "q2", "question": "Paris is the capital of what?", "answers": [{"text": "France", "answer_start": 24}]},
+]}]}]}
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "paris", "is", "the", "capital", "of", "france", ".",
+         "what", "?"]
+
+
+@pytest.fixture
+def tiny(tmp_path) -> Path:
+    """A tiny random QA model as a Hugging Face directory with its vocab."""
+    cfg = ModelConfig(vocab_size=len(VOCAB), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                      intermediate_size=32, max_position_embeddings=64)
+    path = export_hf(BertForQuestionAnswering(cfg), tmp_path / "tiny")
+    (path / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    (tmp_path / "dev.json").write_text(json.dumps(DEV))
+    return path
+
+
+def files(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+# ------------------------------------------------------------------ predict
+
+
+def test_predict_writes_only_the_files_named(tiny, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "nbest_predictions.json").write_text("the user's\n")
+    argv = ["squad", "predict", "--model", str(tiny), "--predict-file", str(tmp_path / "dev.json"),
+            "--data.seq_len", "32", "--squad.max_query_length", "8"]
+    assert main([*argv, "--out", str(out / "a.json")]) == 0
+    assert files(out).keys() == {"a.json", "nbest_predictions.json"}
+    assert (out / "nbest_predictions.json").read_text() == "the user's\n"
+    assert sorted(json.loads((out / "a.json").read_text())) == ["q1", "q2"]
+    assert capsys.readouterr().out == f"2 predictions: {out / 'a.json'}\n"
+
+    assert main([*argv, "--out", str(out / "b.json"), "--nbest-out", str(out / "b-nbest.json")]) == 0
+    assert files(out).keys() == {"a.json", "b.json", "b-nbest.json", "nbest_predictions.json"}
+    nbest = json.loads((out / "b-nbest.json").read_text())
+    predictions = json.loads((out / "b.json").read_text())
+    assert sorted(nbest) == ["q1", "q2"] and all(nbest[q][0]["text"] == predictions[q] for q in nbest)
+    assert capsys.readouterr().out == f"2 predictions: {out / 'b.json'} (n-best: {out / 'b-nbest.json'})\n"
+
+    assert main([*argv, "--out", str(out / "c.json"), "--nbest-out", str(out / "c.json")]) == 2
+    assert capsys.readouterr().err == f"error: --out and --nbest-out are the same file: {out / 'c.json'}\n"
+    assert not (out / "c.json").exists()
+
+
+def test_predict_of_a_file_without_questions_is_one_line(tiny, tmp_path, capsys):
+    (tmp_path / "empty.json").write_text(json.dumps({"data": []}))
+    assert main(["squad", "predict", "--model", str(tiny), "--predict-file", str(tmp_path / "empty.json"),
+                 "--out", str(tmp_path / "p.json")]) == 2
+    assert capsys.readouterr().err == f"error: {tmp_path / 'empty.json'}: no questions to predict\n"
+    assert not (tmp_path / "p.json").exists()
+
+
+# ------------------------------------------------------------------ evaluate
+
+
+@pytest.mark.parametrize("predictions, message", [
+    ({"q1": 3}, "question q1: expected a string answer, got an integer"),
+    ({"q1": "Paris", "q2": ["France"]}, "question q2: expected a string answer, got a list"),
+    ({"q2": None}, "question q2: expected a string answer, got null"),
+    ({"q1": {"text": "Paris"}}, "question q1: expected a string answer, got an object"),
+    ({"unknown": True}, "question unknown: expected a string answer, got a boolean"),
+    (["Paris", "France"], "expected an object of question id → answer text, got a list"),
+    ("Paris", "expected an object of question id → answer text, got a string"),
+])
+def test_evaluate_names_the_question_of_a_mistyped_prediction(tmp_path, capsys, predictions, message):
+    (tmp_path / "dev.json").write_text(json.dumps(DEV))
+    (tmp_path / "p.json").write_text(json.dumps(predictions))
+    assert main(["squad", "evaluate", str(tmp_path / "dev.json"), str(tmp_path / "p.json")]) == 2
+    assert capsys.readouterr().err == f"error: {tmp_path / 'p.json'}: {message}\n"
+
+
+def test_evaluate_of_good_predictions(tmp_path, capsys):
+    (tmp_path / "dev.json").write_text(json.dumps(DEV))
+    (tmp_path / "p.json").write_text(json.dumps({"q1": "Paris", "q2": "Lyon"}))
+    assert main(["squad", "evaluate", str(tmp_path / "dev.json"), str(tmp_path / "p.json")]) == 0
+    assert json.loads(capsys.readouterr().out) == {"exact_match": 50.0, "f1": 50.0}
+    assert check_predictions({"q": "a"}) == {"q": "a"}
+
+
+# ------------------------------------------------------------------ train --out / --overwrite
+
+
+def test_a_non_empty_out_dir_is_refused_and_names_overwrite(tmp_path):
+    cfg = load_config()
+    run = tmp_path / "run"
+    run.mkdir()
+    assert _out_dir(cfg, run, None) == run  # empty: used as it is
+    (run / "model.safetensors").write_bytes(b"weights")
+    with pytest.raises(ConfigError) as err:
+        _out_dir(cfg, run, None)
+    assert str(err.value) == (f"{run} already exists and is not empty: pass --resume {run} to continue its run, "
+                              "--overwrite to replace it, or choose another --out")
+    assert files(run) == {"model.safetensors": b"weights"}
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match="exists and is not a directory"):
+        _out_dir(cfg, tmp_path / "file", None, overwrite=True)
+
+
+def test_overwrite_removes_the_old_run_only_inside_the_directory_named(tmp_path, monkeypatch):
+    cfg = load_config()
+    run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    (run / "checkpoints" / "step_00000001").mkdir(parents=True)
+    (run / "checkpoints" / "step_00000001" / "model.safetensors").write_bytes(b"w")
+    (run / "metrics.jsonl").write_text("{}\n")
+    elsewhere.mkdir()
+    (elsewhere / "keep.txt").write_text("mine")
+    (run / "link").symlink_to(elsewhere)  # a link is removed, not what it points to
+    monkeypatch.chdir(tmp_path)
+    assert _out_dir(cfg, run, None, overwrite=True, inputs=[tmp_path / "train.json", None]) == run
+    assert list(run.iterdir()) == []
+    assert files(elsewhere) == {"keep.txt": b"mine"}
+
+    # A directory that holds an input, or the current directory, is never cleared.
+    (run / "init").mkdir()
+    (run / "init" / "model.safetensors").write_bytes(b"w")
+    with pytest.raises(ConfigError) as err:
+        _out_dir(cfg, run, None, overwrite=True, inputs=[run / "init"])
+    assert str(err.value) == (f"--overwrite would delete {run / 'init'}, which is in {run}: "
+                              "choose another --out")
+    monkeypatch.chdir(run / "init")
+    with pytest.raises(ConfigError, match="--overwrite would delete"):
+        _out_dir(cfg, run, None, overwrite=True)
+    assert files(run) == {"init/model.safetensors": b"w"}
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--resume", "RUN"], "error: --overwrite starts a new run; it cannot be used with --resume\n"),
+    ([], "error: --overwrite needs --out DIR, the directory to replace\n"),
+])
+def test_overwrite_flag_misuse_is_one_line(tmp_path, capsys, extra, message, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "RUN"
+    (run / "checkpoints" / "step_00000001").mkdir(parents=True)
+    before = files(run)
+    assert main(["squad", "train", "--train-file", "t.json", "--overwrite", *extra]) == 2
+    assert capsys.readouterr().err == message
+    assert files(run) == before
+
+
+def test_overwrite_with_a_missing_input_removes_nothing(tiny, tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "old.txt").write_text("old run")
+    assert main(["squad", "train", "--init", str(tiny), "--train-file", str(tmp_path / "typo.json"),
+                 "--out", str(run), "--overwrite"]) == 2
+    assert capsys.readouterr().err == (f"error: --train-file {tmp_path / 'typo.json'}: not found "
+                                       f"(nothing in {run} was removed)\n")
+    assert files(run) == {"old.txt": b"old run"}
+
+
+def test_squad_train_refuses_a_non_empty_out_then_overwrites_it(tiny, tmp_path, capsys):
+    """End to end, with the tiny model: 2 steps (about 3 s)."""
+    train = tmp_path / "train.json"
+    train.write_text(json.dumps({"data": DEV["data"] * 1}))
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "old.txt").write_text("old run")
+    argv = ["squad", "train", "--init", str(tiny), "--train-file", str(train), "--out", str(run),
+            "--data.seq_len", "32", "--squad.max_query_length", "8",
+            "--train.global_batch_size", "2", "--train.micro_batch_size", "2",
+            "--train.steps", "2", "--train.epochs", "0", "--no-progress", "--log.tensorboard", "false"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.startswith(f"error: {run} already exists and is not empty: ")
+    assert files(run) == {"old.txt": b"old run"}
+    assert main([*argv, "--overwrite"]) == 0
+    assert not (run / "old.txt").exists()
+    assert (run / "model.safetensors").is_file() and (run / "config.yaml").is_file()
+    assert os.path.isfile(tiny / "model.safetensors")  # the --init directory is untouched
+
+
+def test_a_binary_questions_file_is_one_line(tiny, tmp_path, capsys):
+    (tmp_path / "q.txt").write_bytes(b"What is it?\n\xff\xfe\n")
+    assert main(["squad", "ask", "--model", str(tiny), "--context", CONTEXT, "--questions-file",
+                 str(tmp_path / "q.txt")]) == 2
+    assert capsys.readouterr().err == f"error: {tmp_path / 'q.txt'}: not UTF-8 text (byte offset 12)\n"
