@@ -452,6 +452,20 @@ def find_resumable(run_dir: Path, only: Iterable[str] | None = None, warn: bool 
     return None
 
 
+def checkpoint_to_resume(resume: str, run_dir: Path | None = None) -> Path | None:
+    """On rank 0, at a run's start: the checkpoint ``checkpoint.resume`` names, verified, after
+    the temporaries of interrupted saves in its run are removed. With ``auto`` it is the newest
+    sound checkpoint of ``run_dir``, or None for a fresh start."""
+    if resume == AUTO:
+        assert run_dir is not None  # auto works in a named run directory
+        remove_temporaries_of(run_dir)
+        return find_resumable(run_dir)
+    checkpoint = find_checkpoint(resume)
+    remove_temporaries_of(checkpoint.parent.parent)
+    verify(checkpoint)
+    return checkpoint
+
+
 def auto_run_dir(run_dir: str | Path, name: str, flag: str = "--name (log.name)") -> Path:
     """The run directory ``--resume auto`` works in: it must be named, so that a restart finds it."""
     if not name:

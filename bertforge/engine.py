@@ -34,6 +34,7 @@ import random
 import signal
 import threading
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, Protocol, cast
 
@@ -73,6 +74,11 @@ class Preemption:
     @property
     def name(self) -> str:
         return signal.Signals(self.signum).name if self.signum is not None else ""
+
+    def message(self, step: int, checkpoint: Path, run_dir: Path) -> str:
+        """The line a job prints when it stopped for a signal (here or on another rank)."""
+        return (f"preempted by {self.name or 'a signal on another rank'} after step {step}: "
+                f"checkpoint {checkpoint}; continue with --resume {run_dir}")
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signum is not None:

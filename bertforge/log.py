@@ -9,7 +9,7 @@ Only the main process logs. A resumed run first drops the rows after the step
 it resumes from (:func:`truncate_metrics`), so every step appears once.
 
 Python ``logging`` records of the ``bertforge`` loggers go to stderr through
-:func:`configure_logging`, which the command line calls once; they share the
+:func:`console_logging`, which the command line enters once; they share the
 progress bar's console, so a log line never tears the bar.
 """
 
@@ -56,28 +56,17 @@ class ConsoleHandler(logging.Handler):
             self.handleError(record)
 
 
-def configure_logging(level: str | int = "INFO") -> ConsoleHandler:
-    """Show the ``bertforge.*`` loggers' records at ``level`` and above on stderr.
-
-    Calling it again replaces the handler it added before instead of adding a second.
-    """
+@contextlib.contextmanager
+def console_logging(level: str | int = "INFO") -> Iterator[None]:
+    """Show the ``bertforge.*`` loggers' records at ``level`` and above on stderr for the length
+    of a ``with`` block (one command); then the ``bertforge`` logger is as it was, so that
+    calling ``main`` in a process leaves nothing behind."""
     logger = logging.getLogger("bertforge")
-    for old in [h for h in logger.handlers if isinstance(h, ConsoleHandler)]:
-        logger.removeHandler(old)
+    before = logger.level
     handler = ConsoleHandler()
     handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     logger.addHandler(handler)
     logger.setLevel(level.upper() if isinstance(level, str) else level)
-    return handler
-
-
-@contextlib.contextmanager
-def console_logging(level: str | int = "INFO") -> Iterator[None]:
-    """:func:`configure_logging` for the length of a ``with`` block (one command), then the
-    ``bertforge`` logger as it was, so that calling ``main`` in a process leaves nothing behind."""
-    logger = logging.getLogger("bertforge")
-    before = logger.level
-    handler = configure_logging(level)
     try:
         yield
     finally:
@@ -151,7 +140,7 @@ class MetricsLogger(_Closing):
 
     def _open(self, run_dir: Path, cfg: Config) -> None:
         # Appending keeps the history of a resumed run in one file.
-        self.jsonl = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
+        self.jsonl = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")  # closed by close()
         if cfg.log.tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter

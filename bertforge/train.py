@@ -151,15 +151,13 @@ def locate_run(cfg: Config) -> tuple[Path | None, Path, bool]:
     if resume == ckpt.AUTO:
         run_dir = ckpt.auto_run_dir(cfg.log.run_dir, cfg.log.name)
         created = not run_dir.exists()
-        ckpt.remove_temporaries_of(run_dir)
-        resume_from = ckpt.find_resumable(run_dir)
+        resume_from = ckpt.checkpoint_to_resume(resume, run_dir)
         if resume_from is None:
             _make_dir(run_dir)
         return resume_from, run_dir, created
     if resume:
-        resume_from = ckpt.find_checkpoint(resume)
-        ckpt.remove_temporaries_of(resume_from.parent.parent)
-        ckpt.verify(resume_from)
+        resume_from = ckpt.checkpoint_to_resume(resume)
+        assert resume_from is not None  # a named checkpoint, or an error
         return resume_from, resume_from.parent.parent, False
     return None, make_run_dir(cfg), True
 
@@ -378,7 +376,7 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
             if _fail_here(dist.rank, step):
                 os._exit(1)
             throughput.add(cfg.train.global_batch_size)
-            if (cfg.log.every > 0 and step % cfg.log.every == 0) or step == steps or step == 1:
+            if step % cfg.log.every == 0 or step == steps or step == 1:
                 values = {k: v.item() for k, v in out.items()}
                 first_loss = values["loss"] if first_loss is None else first_loss
                 last_loss = values["loss"]
@@ -392,8 +390,7 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
                 last_eval = run_eval()
             if engine.stop_requested and step < steps:  # every rank stops after this same step
                 final_checkpoint = save()
-                bar.print(f"preempted by {preemption.name or 'a signal on another rank'} after step {step}: "
-                          f"checkpoint {final_checkpoint}; continue with --resume {run_dir}")
+                bar.print(preemption.message(step, final_checkpoint, run_dir))
                 break
             if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < steps:
                 save()

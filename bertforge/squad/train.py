@@ -520,13 +520,14 @@ def _finetune(cfg: Config, squad: SquadConfig, dist: DistContext, out_dir: Path,
             return result
 
         throughput = Throughput()
+        preempted: Path | None = None  # the checkpoint written when a signal stopped the run
         while step < total:
             lr = engine.lr
             out = engine.step((stream.next() for _ in range(accumulation)), accumulation, step)
             step += 1
             losses.append(out["loss"])
             throughput.add(t.global_batch_size)
-            if cfg.log.every > 0 and (step % cfg.log.every == 0 or step == total or step == 1):
+            if step % cfg.log.every == 0 or step == total or step == 1:
                 values = {k: v.item() for k, v in out.items()}
                 seq_per_s = throughput.rate()
                 logger.log({"step": step, **values, "lr": lr, "seq_per_s": seq_per_s, "epoch": stream.epoch})
@@ -538,24 +539,23 @@ def _finetune(cfg: Config, squad: SquadConfig, dist: DistContext, out_dir: Path,
             if t.eval_every and step % t.eval_every == 0 and step < total:
                 run_eval()
             if engine.stop_requested and step < total:  # every rank stops after this same step
-                checkpoint = ckpt.save(out_dir, step, engine, cfg, {"data": stream.state()})
-                bar.print(f"preempted by {preemption.name or 'a signal on another rank'} after step {step}: "
-                          f"checkpoint {checkpoint}; continue with --resume {out_dir}")
-                return {"out_dir": str(out_dir), "checkpoint": str(checkpoint), "questions": questions,
-                        "features": len(features), "skipped": skipped, "steps": step,
-                        "losses": torch.stack(losses).tolist(), "rank": dist.rank,
-                        "world_size": dist.world_size, "preempted": True,
-                        "minutes": (time.perf_counter() - started) / 60}
+                preempted = ckpt.save(out_dir, step, engine, cfg, {"data": stream.state()})
+                bar.print(preemption.message(step, preempted, out_dir))
+                break
             if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < total:
                 ckpt.save(out_dir, step, engine, cfg, {"data": stream.state()})
-        final_checkpoint = ckpt.save(out_dir, step, engine, cfg, {"data": stream.state()})
-        whole = full_model(engine.model, cfg, dist)
-        if whole is not None and dist.is_main:
-            save_model(whole, out_dir)
+        final_checkpoint = preempted or ckpt.save(out_dir, step, engine, cfg, {"data": stream.state()})
         summary: dict[str, Any] = {"out_dir": str(out_dir), "checkpoint": str(final_checkpoint),
                                    "questions": questions, "features": len(features), "skipped": skipped,
                                    "steps": step, "losses": torch.stack(losses).tolist() if losses else [],
-                                   "rank": dist.rank, "world_size": dist.world_size}
+                                   "rank": dist.rank, "world_size": dist.world_size,
+                                   "preempted": preempted is not None}
+        if preempted is not None:  # the model and predictions wait for the run to finish
+            summary["minutes"] = (time.perf_counter() - started) / 60
+            return summary
+        whole = full_model(engine.model, cfg, dist)
+        if whole is not None and dist.is_main:
+            save_model(whole, out_dir)
         if examples is not None:
             def final_scores() -> dict[str, float]:
                 scores, predictions, nbest = score(whole)
@@ -601,13 +601,11 @@ def _locate_run(cfg: Config, out_dir: str | Path | None) -> tuple[Path | None, P
     if resume == ckpt.AUTO:
         run_dir = Path(out_dir) if out_dir else ckpt.auto_run_dir(cfg.log.run_dir, cfg.log.name, "--out")
         if (run_dir / "squad.yaml").is_file():  # ours: never take a pre-training run's checkpoints
-            ckpt.remove_temporaries_of(run_dir)
             # None: it started before and failed before its first checkpoint; start again there.
-            return ckpt.find_resumable(run_dir), run_dir
+            return ckpt.checkpoint_to_resume(resume, run_dir), run_dir
         return None, _out_dir(cfg, run_dir, None)
     if resume:
-        resume_from = ckpt.find_checkpoint(resume)
-        ckpt.remove_temporaries_of(resume_from.parent.parent)
-        ckpt.verify(resume_from)
+        resume_from = ckpt.checkpoint_to_resume(resume)
+        assert resume_from is not None  # a named checkpoint, or an error
         return resume_from, _out_dir(cfg, out_dir, resume_from)
     return None, _out_dir(cfg, out_dir, None)
