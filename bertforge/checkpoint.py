@@ -37,7 +37,7 @@ Every command goes through three functions here: :func:`save` writes a step
 directory of an :class:`~bertforge.engine.Engine`, :func:`resume` loads one
 back into an engine (any world size, any parallel mode), and
 :func:`load_weights` (``--init``) and :func:`load_model` load weights only, from
-our checkpoints or a Hugging Face directory. A tensor whose shape differs from
+our checkpoints, a Hugging Face directory or a TensorFlow 1 checkpoint prefix. A tensor whose shape differs from
 the model's, or a missing encoder tensor, is an error that names it, wherever
 it is loaded (:func:`assign_weights`).
 """
@@ -691,12 +691,19 @@ def assign_weights(model: nn.Module, state: dict[str, torch.Tensor], source: Pat
     return missing
 
 
-def read_weights(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor], Path]:
-    """(model shape, weights in our BertForPreTraining names, the directory read) of our
-    checkpoint (run, step or model directory) or a Hugging Face BERT directory."""
-    from . import convert
+def read_weights(path: str | Path, bert_config: str | Path | None = None,
+                 ) -> tuple[ModelConfig, dict[str, torch.Tensor], Path]:
+    """(model shape, weights in our BertForPreTraining names, the directory or prefix read) of
+    our checkpoint (run, step or model directory), a Hugging Face BERT directory, or a
+    TensorFlow 1 checkpoint (a prefix such as ``ckpt/model.ckpt-28252``, or a directory with a
+    ``checkpoint`` file; ``bert_config`` defaults to the ``bert_config.json`` beside it)."""
+    from . import convert, tf1
 
     path = Path(path)
+    prefix = tf1.find_prefix(path)
+    if prefix is not None:  # every head it has comes along: the caller takes what its model needs
+        cfg, state, _ = convert.read_tf1(prefix, bert_config, head="encoder")
+        return cfg, state, prefix
     if (path / "config.json").is_file() and not (path / "config.yaml").is_file():
         return convert.read_hf_config(path), convert.hf_to_ours(convert.load_hf_state_dict(path), "pretraining"), path
     checkpoint = find_checkpoint(path, weights_only=True)
@@ -704,7 +711,7 @@ def read_weights(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]
     return read_config(checkpoint).model, load_safetensors(checkpoint / "model.safetensors"), checkpoint
 
 
-def load_weights(model: nn.Module, path: str | Path) -> list[str]:
+def load_weights(model: nn.Module, path: str | Path, bert_config: str | Path | None = None) -> list[str]:
     """Load the weights at ``path`` (see :func:`read_weights`) into a built model: ``--init``.
 
     The source must have the model's shape (the first differing field is
@@ -713,38 +720,51 @@ def load_weights(model: nn.Module, path: str | Path) -> list[str]:
     """
     from .model import BertModel
 
-    saved, state, source = read_weights(path)
+    saved, state, source = read_weights(path, bert_config)
     wanted = model.config
     assert isinstance(wanted, ModelConfig)  # our models carry their shape
     check_model_config(saved, wanted, source)
+    if saved.hidden_act != wanted.hidden_act:  # the weights load, but the function differs a little
+        logger.warning("%s was trained with model.hidden_act=%s but this model uses %s (a TF1 checkpoint's "
+                       "gelu is gelu_new)", source, saved.hidden_act, wanted.hidden_act)
     if isinstance(model, BertModel):  # the encoder alone: its keys have no "bert." prefix
         state = {k.removeprefix("bert."): v for k, v in state.items() if k.startswith("bert.")}
     return assign_weights(model, state, source)
 
 
-def load_model(path: str | Path, head: str = "pretraining", allow_pickle: bool = False) -> nn.Module:
-    """A model from our checkpoint or a Hugging Face BERT directory.
+def load_model(path: str | Path, head: str = "pretraining", allow_pickle: bool = False,
+               bert_config: str | Path | None = None) -> nn.Module:
+    """A model from our checkpoint, a Hugging Face BERT directory or a TensorFlow 1 checkpoint.
 
     Ours is a run directory (its newest complete step) or any directory with
     ``model.safetensors`` and ``config.yaml`` (a step, a SQuAD fine-tune); a
     directory with both ``config.yaml`` and ``config.json`` is read as ours.
+    A TF1 checkpoint is a prefix (``ckpt/model.ckpt-28252``) or a directory
+    with a ``checkpoint`` file, its shape from ``bert_config`` (default: the
+    ``bert_config.json`` beside it).
 
     ``head`` is ``"pretraining"`` (MLM + NSP), ``"qa"`` (SQuAD span head, newly
     initialised when the source has none) or ``"encoder"`` (BertModel). The
     model is returned in eval mode on the CPU.
     """
-    from . import convert
+    from . import convert, tf1
     from .model import BertForPreTraining, BertForQuestionAnswering, BertModel
 
     if head not in HEADS:
         raise ValueError(f"head must be one of {', '.join(HEADS)}, got {head!r}")
     path = Path(path)
-    if (path / "config.json").is_file() and not (path / "config.yaml").is_file():
+    prefix = tf1.find_prefix(path)
+    checkpoint: Path
+    if prefix is not None:
+        cfg, state, _ = convert.read_tf1(prefix, bert_config, head=head)
+        checkpoint = prefix
+    elif (path / "config.json").is_file() and not (path / "config.yaml").is_file():
         return convert.load_hf(path, head=head, allow_pickle=allow_pickle).eval()
-    checkpoint = find_checkpoint(path, weights_only=True)
-    verify(checkpoint, WEIGHTS_FILES)
-    cfg = read_config(checkpoint).model
-    state = load_safetensors(checkpoint / "model.safetensors")
+    else:
+        checkpoint = find_checkpoint(path, weights_only=True)
+        verify(checkpoint, WEIGHTS_FILES)
+        cfg = read_config(checkpoint).model
+        state = load_safetensors(checkpoint / "model.safetensors")
     model: nn.Module
     if head == "encoder":  # with a pooler when the source has one (a QA model has none)
         state = {k.removeprefix("bert."): v for k, v in state.items() if k.startswith("bert.")}

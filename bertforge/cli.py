@@ -3,8 +3,12 @@
     bertforge pretrain [--config NAME] [--steps N] [--resume RUN] [--section.key VALUE ...]
     bertforge bench pretrain --config tiny --batch-size 16 --seq-len 128 --steps 20 --json
     bertforge bench squad --model base --batch-size 8 --seq-len 384 --json   # train + infer
-    bertforge export CHECKPOINT OUT_DIR [--overwrite]   # to a Hugging Face BERT directory
+    bertforge bench --spec benchmarks.yml [--benchmark NAME ...] [--json] [--list] [--quick]
+    bertforge export CHECKPOINT OUT_DIR [--overwrite] [--format hf|tf1]   # to Hugging Face or TF1
+    bertforge import tf1 PREFIX OUT_DIR [--bert-config FILE]   # a TF1 checkpoint to our model directory
+    bertforge eval CKPT... --data.eval_input FILE [--batch-size N] [--json]   # masked-LM / NSP accuracy
     bertforge config [--config NAME] [--section.key VALUE ...]   # print the resolved config
+    bertforge report RUN... --out DIR [--overwrite]   # figures and one HTML page (see report.py)
     bertforge data …                           # Wikipedia / text → records (see data/cli.py)
     bertforge squad train|predict|evaluate|ask # SQuAD v1.1 (see squad/cli.py)
 
@@ -41,6 +45,8 @@ from .squad.cli import add_squad_commands
 
 LOG_LEVEL_ENV = "BERTFORGE_LOG_LEVEL"
 
+PROFILE_HELP = ("torch.profiler over steps START..END-1 (from 0): a trace, a TensorBoard profile and the "
+                "top operators in RUN/profile/ (log.profile)")
 OVERRIDES_HELP = ("Any config field can be set with a dotted flag, e.g. --train.lr 1e-4 "
                   "--data.input corpus.txt --execution.precision bf16 (see `bertforge config`).")
 
@@ -84,6 +90,14 @@ def cmd_bench(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
+def cmd_bench_spec(args: argparse.Namespace, extra: list[str]) -> int:
+    from .benchspec import run_command
+
+    if not args.spec:
+        raise ConfigError("bench: name a benchmark (pretrain, squad) or a spec: --spec benchmarks.yml")
+    return run_command(args)
+
+
 def cmd_bench_squad(args: argparse.Namespace, extra: list[str]) -> int:
     from .squad.bench import bench_squad
     from .squad.train import load_squad_config
@@ -104,7 +118,7 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
     from .checkpoint import find_checkpoint, load_model
     from .convert import check_export_target, export_hf
 
-    checkpoint = find_checkpoint(args.checkpoint)
+    checkpoint = find_checkpoint(args.checkpoint, weights_only=True)  # a model directory will do
     out = Path(args.out).resolve()
     if args.overwrite and (out == checkpoint.resolve() or out in checkpoint.resolve().parents):
         raise ConfigError(f"{args.out}: --overwrite would delete the checkpoint being exported "
@@ -112,8 +126,56 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
     check_export_target(args.out, args.overwrite)  # refused before the weights are loaded
     model = load_model(checkpoint, head=args.head)
     vocab = checkpoint / "vocab.txt"
-    export_hf(model, args.out, vocab_path=vocab if vocab.is_file() else None, overwrite=args.overwrite)
+    if args.format == "tf1":
+        from .checkpoint import read_trainer_state
+        from .convert import export_tf1
+
+        step = read_trainer_state(checkpoint)["step"] if (checkpoint / "trainer.pt").is_file() else 0
+        export_tf1(model, args.out, vocab_path=vocab if vocab.is_file() else None, overwrite=args.overwrite,
+                   global_step=int(step))
+    else:
+        export_hf(model, args.out, vocab_path=vocab if vocab.is_file() else None, overwrite=args.overwrite)
     print(f"exported {checkpoint} to {args.out}")
+    return 0
+
+
+def cmd_import_tf1(args: argparse.Namespace, extra: list[str]) -> int:
+    from . import tf1
+    from .checkpoint import CheckpointError
+    from .convert import import_tf1
+
+    prefix = tf1.find_prefix(args.prefix)
+    if prefix is None:
+        raise CheckpointError(f"{args.prefix}: not a TensorFlow checkpoint ({args.prefix}.index is missing)")
+    out = Path(args.out).resolve()
+    if args.overwrite and (out == prefix.parent.resolve() or out in prefix.parent.resolve().parents):
+        raise ConfigError(f"{args.out}: --overwrite would delete the checkpoint being imported ({prefix}); "
+                          f"choose another output directory")
+    out, skipped = import_tf1(prefix, args.out, args.bert_config, args.vocab, overwrite=args.overwrite)
+    print(f"imported {prefix} to {out}; skipped {len(skipped)} variables that are not model weights "
+          f"(optimizer slots, global_step, …)")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace, extra: list[str]) -> int:
+    from .report import write_report
+
+    write_report(args.runs, args.out, overwrite=args.overwrite)
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
+    from .engine import set_threads
+    from .evaluate import evaluate_checkpoints, format_result
+
+    cfg = config_from_args(args, extra, default=None)
+    if not cfg.data.eval_input:
+        raise ConfigError("bertforge eval needs the eval records: --data.eval_input FILE")
+    set_threads(cfg.execution.threads)
+    batch_size = args.batch_size or cfg.train.eval_batch_size or cfg.train.micro_batch_size
+    for result in evaluate_checkpoints(args.checkpoints, cfg.data.eval_input, batch_size,
+                                       cfg.execution.device, cfg.execution.precision):
+        print(format_result(result, args.json), flush=True)
     return 0
 
 
@@ -149,15 +211,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, help="optimizer steps (train.steps)")
     p.add_argument("--epochs", type=int, help="passes over the data instead of --steps (train.epochs)")
     p.add_argument("--resume", help="run or checkpoint directory to continue exactly")
-    p.add_argument("--init", help="start from these weights: our checkpoint (checkpoint.init)")
+    p.add_argument("--init", help="start from these weights: our checkpoint, a Hugging Face directory or a "
+                                  "TF1 checkpoint prefix with bert_config.json beside it (checkpoint.init)")
     p.add_argument("--run-dir", help="parent directory of run directories (log.run_dir)")
     p.add_argument("--name", help="run directory name (log.name)")
     p.add_argument("--wandb", action="store_true", help="log to Weights & Biases (log.wandb)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (log.progress)")
+    p.add_argument("--profile", metavar="START:END", help=PROFILE_HELP)
     p.set_defaults(func=cmd_pretrain, takes_overrides=True)
 
-    bench = sub.add_parser("bench", help="benchmarks on synthetic data")
-    bench_sub = bench.add_subparsers(dest="bench", required=True)
+    bench = sub.add_parser("bench", help="benchmarks on synthetic data, or named ones from a spec",
+                           description="bertforge bench pretrain|squad …, or bertforge bench --spec "
+                                       "benchmarks.yml [--benchmark NAME ...] (see bertforge/benchspec.py)")
+    bench.add_argument("--spec", help="a YAML benchmark spec (e.g. benchmarks.yml): run its benchmarks")
+    bench.add_argument("--benchmark", nargs="+", action="extend", metavar="NAME",
+                       help="with --spec: only these benchmarks (default: all)")
+    bench.add_argument("--list", action="store_true", help="with --spec: list the benchmarks, run nothing")
+    bench.add_argument("--quick", action="store_true",
+                       help="with --spec: each benchmark once with its small 'quick' sizes")
+    bench.add_argument("--json", dest="spec_json", action="store_true",
+                       help="with --spec: one JSON line per benchmark")
+    bench.add_argument("--set", action="append", metavar="NAME.KEY=VALUE",
+                       help="with --spec: change a benchmark first, e.g. data_create_fast.args.input=corpus.txt")
+    bench.set_defaults(func=cmd_bench_spec)
+    bench_sub = bench.add_subparsers(dest="bench")
     p = bench_sub.add_parser("pretrain", help="pre-training step throughput and peak memory",
                              epilog=OVERRIDES_HELP)
     p.add_argument("--config", help=config_help + " (default: tiny)")
@@ -187,15 +264,51 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_bench_squad, takes_overrides=True)
 
-    p = sub.add_parser("export", help="export a checkpoint to a Hugging Face BERT directory")
+    p = sub.add_parser("export", help="export a checkpoint to a Hugging Face BERT directory or a TF1 checkpoint")
     p.add_argument("checkpoint", help="run or step directory")
     p.add_argument("out", type=Path, help="output directory: new or empty, unless --overwrite")
     p.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists and is not empty")
     p.add_argument("--head", choices=typing.get_args(Head), default="pretraining")
+    p.add_argument("--format", choices=("hf", "tf1"), default="hf",
+                   help="hf: config.json + model.safetensors; tf1: model.ckpt.index/.data-00000-of-00001, "
+                        "checkpoint and bert_config.json, as google-research/bert reads them (default: hf)")
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("import", help="convert another format's checkpoint to our model directory")
+    import_sub = p.add_subparsers(dest="format", required=True)
+    p = import_sub.add_parser("tf1", help="a TensorFlow 1 checkpoint (google-research/bert, MLPerf)",
+                              description="Write a TF1 checkpoint (e.g. ckpt/model.ckpt-28252) as a directory "
+                                          "that load_model, --init, eval and export read. Optimizer slots and "
+                                          "global_step are skipped.")
+    p.add_argument("prefix", help="checkpoint prefix (PREFIX.index and PREFIX.data-* exist), or its directory")
+    p.add_argument("out", type=Path, help="output directory: new or empty, unless --overwrite")
+    p.add_argument("--bert-config", help="bert_config.json (default: the one beside the checkpoint)")
+    p.add_argument("--vocab", help="vocab.txt to copy (default: the one beside the checkpoint, if any)")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists and is not empty")
+    p.set_defaults(func=cmd_import_tf1)
 
     add_data_commands(sub)
     add_squad_commands(sub)
+
+    p = sub.add_parser("report", help="figures and one HTML page for runs, from their metrics.jsonl and config.yaml",
+                       description="Write DIR/index.html (figures embedded) and DIR/*.png for one or more run "
+                                   "directories, overlaid, with a summary table and the config values they differ in.")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run directories (pretrain or squad train)")
+    p.add_argument("--out", required=True, type=Path, help="output directory: new or empty, unless --overwrite")
+    p.add_argument("--overwrite", action="store_true", help="write into a non-empty OUT (other files stay)")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("eval", help="masked-LM and NSP accuracy of checkpoints on an eval file",
+                       epilog=OVERRIDES_HELP,
+                       description="Evaluate each checkpoint (our run, step or model directory, a Hugging Face "
+                                   "BERT directory, a TF1 checkpoint prefix) on every record of "
+                                   "--data.eval_input, as a training run's evaluations do.")
+    p.add_argument("checkpoints", nargs="+", metavar="CKPT")
+    p.add_argument("--config", help=config_help + " (for execution.* and train.eval_batch_size)")
+    p.add_argument("--batch-size", type=int, default=0,
+                   help="sequences per batch (default: train.eval_batch_size, else train.micro_batch_size)")
+    p.add_argument("--json", action="store_true", help="one JSON object per checkpoint")
+    p.set_defaults(func=cmd_eval, takes_overrides=True)
 
     p = sub.add_parser("config", help="print a resolved config as YAML", epilog=OVERRIDES_HELP)
     p.add_argument("--config", help=config_help + " (default: the built-in defaults)")

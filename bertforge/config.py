@@ -36,7 +36,8 @@ Precision = Literal["fp32", "bf16", "fp16"]  # fp16 only on GPU
 Parallel = Literal["none", "ddp", "fsdp"]
 Recompute = Literal["none", "layer", "attention"]
 Optimizer = Literal["lamb", "adamw"]
-Schedule = Literal["poly", "exp", "table", "constant"]
+LambVariant = Literal["bertforge", "mlperf", "nvidia", "paper"]  # see bertforge/optim.py
+Schedule = Literal["poly", "poly_tf", "exp", "exp_staircase", "table", "constant"]
 HiddenAct = Literal["gelu", "relu", "gelu_new"]
 Head = Literal["pretraining", "qa", "encoder"]  # what a checkpoint is loaded or exported as
 
@@ -108,13 +109,14 @@ class TrainConfig:
     """Optimisation. global_batch_size = micro_batch_size × accumulation × world size."""
 
     optimizer: Optimizer = "lamb"
+    lamb: LambVariant = "bertforge"  # whose LAMB: which tensors adapt, clamp, decay (README)
     lr: float = 1e-3
     weight_decay: float = 0.01
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-6
     bias_correction: bool = True
-    max_trust_ratio: float = 10.0  # LAMB trust-ratio clamp; 0 = no clamp
+    max_trust_ratio: float = 10.0  # LAMB trust-ratio clamp (lamb: bertforge only); 0 = no clamp
     micro_batch_size: int = 32
     global_batch_size: int = 32
     steps: int = 1000
@@ -122,14 +124,21 @@ class TrainConfig:
     warmup_steps: int = 0
     warmup_proportion: float = 0.0  # used when warmup_steps is 0
     schedule: Schedule = "poly"
+    start_warmup_step: int = 0  # poly_tf: warm-up lr × (step - this) / warmup_steps; <= 0
     decay_power: float = 1.0  # poly: 1.0 is linear decay
     end_lr: float = 0.0  # poly: lr reached at the last step
-    exp_decay_rate: float = 0.5  # exp: lr × exp(-rate × step / exp_decay_steps)
+    exp_decay_rate: float = 0.5  # exp: lr × exp(-rate × step / exp_decay_steps); exp_staircase: floor(...)
     exp_decay_steps: int = 1000
     lr_table: dict[int, float] = field(default_factory=dict)  # table: step → lr from that step
     grad_clip: float = 1.0  # global-norm clip; 0 = off
     eval_every: int = 0  # steps between evaluations; 0 = only at the end
     eval_batches: int = 0  # 0 = the whole eval set
+    # Training sequences between evaluations; 0 = eval_every applies; mlperf = the MLPerf BERT
+    # formula for the global batch (mlperf.eval_interval_samples: 225000 for 8192)
+    eval_every_samples: int | Literal["mlperf"] = 0
+    eval_at_start: bool = True  # evaluate before the first step (at 0 samples)
+    eval_batch_size: int = 0  # sequences per eval batch; 0 = micro_batch_size
+    target_mlm_accuracy: float = 0.0  # stop at the first evaluation that reaches it; 0 = none (MLPerf: 0.720)
     seed: int = 42
 
 
@@ -145,6 +154,7 @@ class ExecutionConfig:
     compile: bool = False  # torch.compile the model
     compile_cache: str = ""  # persistent compile cache directory; "" = ~/.cache/bertforge/compile
     threads: int = 0  # CPU threads for torch; 0 = torch's default
+    dist_timeout: int = 1800  # seconds a rank waits for the others in a collective (torch's default)
 
 
 @dataclass
@@ -152,7 +162,7 @@ class CheckpointConfig:
     every: int = 0  # steps between checkpoints; 0 = only at the end; not negative
     keep: int = 3  # newest step directories kept; 0 = keep all
     resume: str = ""  # a run or checkpoint directory to continue
-    init: str = ""  # start from these weights (our checkpoint or a Hugging Face dir)
+    init: str = ""  # start from these weights (our checkpoint, a Hugging Face dir or a TF1 checkpoint prefix)
 
 
 @dataclass
@@ -164,6 +174,10 @@ class LogConfig:
     tensorboard: bool = True  # when the tensorboard package is installed
     wandb: bool = False
     wandb_project: str = "bertforge"
+    mlperf: str = ""  # write an MLPerf log (mllog) to this file; needs the [mlperf] extra (mlperf.py)
+    mlperf_org: str = ""  # its submission_org; "" = bertforge
+    mlperf_platform: str = ""  # its submission_platform; "" = ranks × device name
+    profile: str = ""  # "START:END": torch.profiler over steps START..END-1, into RUN/profile/ (profile.py)
 
 
 @dataclass
@@ -174,6 +188,11 @@ class Config:
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
+
+    def __post_init__(self) -> None:
+        # The keys a config file or an override set, even to their default value: where the data
+        # decides a value too (the records' seq_len), one the user gave must agree with it.
+        self.given: set[str] = set()
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -218,9 +237,16 @@ def _coerce(key: str, value: Any, typ: Any) -> Any:
                 for k, v in value.items()}
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(typ) if a is not type(None)]
-        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+        if len(args) < len(typing.get_args(typ)) and (
+                value is None or (isinstance(value, str) and value.lower() in ("none", "null"))):
             return None
-        return _coerce(key, value, args[0])
+        problems = []
+        for arg in args:  # the first type that takes the value (int | Literal["mlperf"])
+            try:
+                return _coerce(key, value, arg)
+            except ConfigError as err:
+                problems.append(str(err).removeprefix(f"{key}: "))
+        raise ConfigError(f"{key}: {' or '.join(problems)}")
     if typ is bool:
         if isinstance(value, bool):
             return value
@@ -277,6 +303,7 @@ def set_value(cfg: Config, dotted: str, value: Any) -> None:
         raise ConfigError(f"unknown config key {dotted!r} "
                           f"(keys of {section_name}: {', '.join(fields)})")
     setattr(section, name, _coerce(dotted, value, fields[name]))
+    cfg.given.add(dotted)
 
 
 def apply_model_preset(cfg: Config, preset: Any) -> None:
@@ -411,7 +438,7 @@ def config_from_args(args: argparse.Namespace, extra: list[str], default: str | 
     overrides: list[tuple[str, Any]] = parse_overrides(extra)  # flags add non-string values
     for flag, key in (("steps", "train.steps"), ("epochs", "train.epochs"),
                       ("resume", "checkpoint.resume"), ("init", "checkpoint.init"),
-                      ("run_dir", "log.run_dir"), ("name", "log.name")):
+                      ("run_dir", "log.run_dir"), ("name", "log.name"), ("profile", "log.profile")):
         value = getattr(args, flag, None)
         if value is not None:
             overrides.append((key, value))
@@ -475,8 +502,10 @@ _INT_RANGES: dict[str, tuple[int, int]] = {
     "train.exp_decay_steps": (1, _INT64_MAX),
     "train.eval_every": (0, _INT64_MAX),
     "train.eval_batches": (0, _INT64_MAX),
+    "train.eval_batch_size": (0, _INT64_MAX),
     "train.seed": (0, _SEED_MAX),
     "execution.threads": (0, 2**16),
+    "execution.dist_timeout": (1, 2**31),
     "checkpoint.every": (0, _INT64_MAX),
     "checkpoint.keep": (0, _INT64_MAX),
     "log.every": (1, _INT64_MAX),
@@ -499,6 +528,7 @@ _FLOAT_RANGES: dict[str, tuple[float, float, bool]] = {
     "train.end_lr": (0.0, float("inf"), False),
     "train.exp_decay_rate": (0.0, float("inf"), False),
     "train.grad_clip": (0.0, float("inf"), False),
+    "train.target_mlm_accuracy": (0.0, 1.0, True),
 }
 _POSITIVE_FLOATS = ("model.layer_norm_eps", "train.eps")  # divided by: 0 is not allowed
 
@@ -536,9 +566,24 @@ def _check_ranges(cfg: Config) -> None:
                               "learning rates must be finite and not negative")
 
 
+def profile_steps(text: str) -> tuple[int, int] | None:
+    """``log.profile`` "START:END" as (START, END), the steps START..END-1 (from 0); None for ""."""
+    if not text:
+        return None
+    begin, sep, end = text.partition(":")
+    try:
+        window = int(begin), int(end)
+    except ValueError:
+        window = (-1, -1)
+    if not sep or window[0] < 0 or window[1] <= window[0]:
+        raise ConfigError(f"log.profile={text!r}: expected START:END, steps from 0 with END > START, e.g. 20:25")
+    return window
+
+
 def validate(cfg: Config) -> None:
     """Single-field ranges, then cross-field checks, each naming the fields involved."""
     _check_ranges(cfg)
+    profile_steps(cfg.log.profile)
     m = cfg.model
     if m.hidden_size % m.num_attention_heads:
         raise ConfigError(f"model.hidden_size={m.hidden_size} is not divisible by "
@@ -553,4 +598,7 @@ def validate(cfg: Config) -> None:
                           f"1..data.seq_len={cfg.data.seq_len}")
     if cfg.train.steps <= 0 and cfg.train.epochs <= 0:
         raise ConfigError("train.steps or train.epochs must be positive")
+    samples = cfg.train.eval_every_samples
+    if samples != "mlperf" and samples < 0:
+        raise ConfigError(f"train.eval_every_samples={samples} must not be negative (0 = off, or mlperf)")
     accumulation_steps(cfg.train, world_size=1)

@@ -21,9 +21,12 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import time
 import traceback
+import uuid
 import warnings
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -83,13 +86,15 @@ def _backend(device: torch.device) -> str:
     return "cuda:nccl,cpu:gloo" if device.type == "cuda" else "gloo"
 
 
-def init_distributed(device: str = "auto") -> DistContext:
+def init_distributed(device: str = "auto", timeout_s: float = 1800) -> DistContext:
     """This process's rank, world size and device; joins the process group under torchrun.
 
-    ``device`` is ``execution.device`` (auto | cpu | cuda | cuda:N). Under
-    torchrun (WORLD_SIZE set) the default process group is initialised from
-    the environment unless the caller already did; a single process gets no
-    group until ``prepare_model`` needs one.
+    ``device`` is ``execution.device`` (auto | cpu | cuda | cuda:N) and
+    ``timeout_s`` is ``execution.dist_timeout``: how long a rank waits for the
+    others in a collective before it fails (and torchrun restarts the group).
+    Under torchrun (WORLD_SIZE set) the default process group is initialised
+    from the environment unless the caller already did; a single process gets
+    no group until ``prepare_model`` needs one.
     """
     global _owns_group
     world_size = _env_int("WORLD_SIZE", 1)
@@ -100,20 +105,49 @@ def init_distributed(device: str = "auto") -> DistContext:
     if target.type == "cuda":
         torch.cuda.set_device(target)
     if "WORLD_SIZE" in os.environ and not dist.is_initialized():
-        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-        if attempt is None:
-            dist.init_process_group(_backend(target))
+        timeout = timedelta(seconds=timeout_s)
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            # torchrun's agents keep one store for all the group's starts, holding the keys of
+            # the starts before: a restarted group would read a dead rank's address. Each start
+            # works under a prefix of its own.
+            store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
+            store = dist.PrefixStore(_fresh_prefix(store, rank, world_size, timeout), store)
+            dist.init_process_group(_backend(target), store=store, rank=rank, world_size=world_size,
+                                    timeout=timeout)
         else:
-            # torchrun's workers share the agent's store, which outlives a restart with the last
-            # attempt's keys: a restarted group would read a dead rank's address and fail to
-            # connect. One prefix per attempt keeps the attempts apart.
-            store, rank, world_size = next(dist.rendezvous("env://"))
-            dist.init_process_group(_backend(target), store=dist.PrefixStore(f"bertforge/attempt_{attempt}", store),
-                                    rank=rank, world_size=world_size)
+            dist.init_process_group(_backend(target), timeout=timeout)
         _owns_group = True
     if dist.is_initialized():
         rank, world_size = dist.get_rank(), dist.get_world_size()
     return DistContext(rank, world_size, local_rank, target)
+
+
+def _fresh_prefix(store: dist.Store, rank: int, world_size: int, timeout: timedelta) -> str:
+    """A key prefix that every rank of this start of the group agrees on, and no earlier start used.
+
+    The agents' restart counts cannot name the start: they differ between nodes (a replacement
+    node counts from 0; an agent that restarts for a new node does not count it). Rank 0 draws
+    a new name; each other rank answers the name it reads with a new token of its own, and
+    rank 0 confirms the tokens it receives: a name left by a dead rank 0 is never confirmed,
+    so that rank reads the name again.
+    """
+    if rank == 0:
+        name = uuid.uuid4().hex
+        store.set("bertforge/start", name)
+        for other in range(1, world_size):
+            token = store.get(f"bertforge/{name}/answer/{other}").decode()
+            store.set(f"bertforge/{name}/confirmed/{token}", "")
+        return f"bertforge/{name}/"
+    token, deadline = uuid.uuid4().hex, time.monotonic() + timeout.total_seconds()
+    while True:
+        name = store.get("bertforge/start").decode()
+        store.set(f"bertforge/{name}/answer/{rank}", token)
+        try:
+            store.wait([f"bertforge/{name}/confirmed/{token}"], timedelta(seconds=1))
+            return f"bertforge/{name}/"
+        except dist.DistStoreError:
+            if time.monotonic() > deadline:
+                raise
 
 
 def _ensure_process_group(ctx: DistContext) -> None:

@@ -5,6 +5,8 @@ object per line (training rows have ``step``, ``loss``, ``mlm_loss``,
 ``nsp_loss``, ``lr``, ``seq_per_s``; evaluation rows have ``split: "eval"``,
 ``mlm_accuracy`` and ``nsp_accuracy``). TensorBoard gets the same scalars when
 the ``tensorboard`` package is installed, and wandb when ``--log.wandb`` is set.
+Run metadata (versions, device, peak memory) goes to ``metadata.jsonl``
+(:meth:`MetricsLogger.log_metadata`).
 Only the main process logs. A resumed run first drops the rows after the step
 it resumes from (:func:`truncate_metrics`), so every step appears once.
 
@@ -125,6 +127,7 @@ class MetricsLogger(_Closing):
 
     def __init__(self, run_dir: Path, cfg: Config, enabled: bool = True, start_step: int | None = None):
         self.enabled = enabled
+        self.run_dir = run_dir
         self.tensorboard: SummaryWriter | None = None
         self.wandb_run: Any = None  # a wandb Run; wandb is optional
         self.jsonl: IO[str] | None = None
@@ -170,6 +173,25 @@ class MetricsLogger(_Closing):
                 self.tensorboard.add_scalar(f"{prefix}/{key}", value, step)
         if self.wandb_run is not None:
             self.wandb_run.log({f"{prefix}/{k}": v for k, v in scalars.items()}, step=step)
+
+    def log_metadata(self, row: dict[str, Any]) -> None:
+        """One row of run metadata (``event`` "start": versions, device, …; "end": peak memory, …;
+        see profile.py): appended to ``metadata.jsonl`` (metrics.jsonl holds only steps and
+        evaluations, which is what its readers expect), a text summary in TensorBoard, wandb's
+        config at the start and its summary at the end."""
+        if not self.enabled or self.jsonl is None:
+            return
+        with open(self.run_dir / "metadata.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+        event, step = row.get("event", "start"), row.get("step", 0)
+        if self.tensorboard is not None:
+            table = "\n".join(["| key | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in row.items()])
+            self.tensorboard.add_text(f"run/{event}", table, step)
+        if self.wandb_run is not None:
+            if event == "start":
+                self.wandb_run.config.update({"run": row}, allow_val_change=True)
+            else:
+                self.wandb_run.summary.update({f"run/{k}": v for k, v in row.items()})
 
     def close(self) -> None:
         """Flush and close every sink; later calls do nothing."""

@@ -6,7 +6,13 @@ importing and exporting weights is a near-identity key map (see convert.py).
 The model is single-device and knows nothing of processes or files.
 
 Shapes: B batch, T sequence length, H hidden size, P masked positions per
-sequence, V vocab size.
+sequence, V vocab size, S sequences per packed row.
+
+Packed rows (``bertforge.data.packing``) hold several sequences: given
+``sequence_ids`` (B, T), each token's 1-based sequence index (0 = padding),
+attention is block-diagonal (a token sees only its own sequence), positions
+come from ``position_ids``, and the pooler and NSP head read each sequence's
+own [CLS] at ``cls_positions`` (B, S). Without them nothing changes.
 """
 
 from __future__ import annotations
@@ -36,9 +42,13 @@ class BertEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
-        T = input_ids.shape[1]
-        positions = self.position_embeddings.weight[:T]  # (T, H), broadcast over B
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        if position_ids is None:
+            T = input_ids.shape[1]
+            positions = self.position_embeddings.weight[:T]  # (T, H), broadcast over B
+        else:  # packed rows: each sequence's positions start at 0
+            positions = self.position_embeddings(position_ids)  # (B, T, H)
         x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids) + positions
         return self.dropout(self.LayerNorm(x))  # (B, T, H)
 
@@ -140,8 +150,11 @@ class BertPooler(nn.Module):
         super().__init__()
         self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.dense(x[:, 0]))  # (B, H) from the [CLS] position
+    def forward(self, x: torch.Tensor, cls_positions: torch.Tensor | None = None) -> torch.Tensor:
+        if cls_positions is None:
+            return torch.tanh(self.dense(x[:, 0]))  # (B, H) from the [CLS] position
+        cls = torch.gather(x, 1, cls_positions.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+        return torch.tanh(self.dense(cls))  # (B, S, H): each packed sequence's own [CLS]
 
 
 def attention_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
@@ -151,6 +164,19 @@ def attention_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> t
     bias = torch.zeros(attention_mask.shape, dtype=dtype, device=attention_mask.device)
     bias.masked_fill_(attention_mask == 0, torch.finfo(dtype).min)
     return bias[:, None, None, :]
+
+
+def block_diagonal_bias(sequence_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(B, T) sequence index per token (0 = padding) → additive (B, 1, T, T) bias for SDPA.
+
+    A token attends only to the tokens of its own sequence (padding to padding,
+    so that no row is empty: SDPA's softmax of an all-masked row is NaN). Built
+    once per batch and shared by every layer and head.
+    """
+    same = sequence_ids[:, :, None] == sequence_ids[:, None, :]
+    bias = torch.zeros(same.shape, dtype=dtype, device=sequence_ids.device)
+    bias.masked_fill_(~same, torch.finfo(dtype).min)
+    return bias[:, None]
 
 
 class BertModel(nn.Module):
@@ -166,19 +192,25 @@ class BertModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None,
-                all_hidden_states: list[torch.Tensor] | None = None,
+                all_hidden_states: list[torch.Tensor] | None = None, *,
+                position_ids: torch.Tensor | None = None, sequence_ids: torch.Tensor | None = None,
+                cls_positions: torch.Tensor | None = None,
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``sequence_ids`` (packed rows, replacing ``attention_mask``), ``position_ids`` and
+        ``cls_positions``: see the module docstring; the pooled output is then (B, S, H)."""
         B, T = input_ids.shape
         if T > self.config.max_position_embeddings:
             raise ValueError(f"sequence length {T} exceeds "
                              f"max_position_embeddings={self.config.max_position_embeddings}")
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        x = self.embeddings(input_ids, token_type_ids)
+        x = self.embeddings(input_ids, token_type_ids, position_ids)
         # Under autocast SDPA runs in the autocast dtype; the bias must match it.
         dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
-        x = self.encoder(x, attention_bias(attention_mask, dtype), all_hidden_states)
-        pooled = self.pooler(x) if self.pooler is not None else None
+        bias = (attention_bias(attention_mask, dtype) if sequence_ids is None
+                else block_diagonal_bias(sequence_ids, dtype))
+        x = self.encoder(x, bias, all_hidden_states)
+        pooled = self.pooler(x, cls_positions) if self.pooler is not None else None
         return x, pooled  # (B, T, H), (B, H)
 
 
@@ -233,6 +265,8 @@ class BertForPreTraining(nn.Module):
     With ``masked_lm_positions`` (B, P) only those positions are gathered and
     projected onto the vocab: (B, P, V) logits instead of (B, T, V). With 20 of
     128 positions masked this skips ~84% of the largest matmul of the model.
+    Packed rows (``sequence_ids`` …, see the module docstring) give (B, S, 2)
+    NSP logits, one pair per sequence slot.
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -244,14 +278,17 @@ class BertForPreTraining(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None,
-                masked_lm_positions: torch.Tensor | None = None,
+                masked_lm_positions: torch.Tensor | None = None, *,
+                position_ids: torch.Tensor | None = None, sequence_ids: torch.Tensor | None = None,
+                cls_positions: torch.Tensor | None = None,
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        x, pooled = self.bert(input_ids, token_type_ids, attention_mask)
+        x, pooled = self.bert(input_ids, token_type_ids, attention_mask, position_ids=position_ids,
+                              sequence_ids=sequence_ids, cls_positions=cls_positions)
         if masked_lm_positions is not None:
             H = x.shape[-1]
             x = torch.gather(x, 1, masked_lm_positions.unsqueeze(-1).expand(-1, -1, H))  # (B, P, H)
         mlm_logits = self.cls.predictions(x)  # (B, P, V), or (B, T, V) without positions
-        nsp_logits = self.cls.seq_relationship(pooled)  # (B, 2)
+        nsp_logits = self.cls.seq_relationship(pooled)  # (B, 2), packed (B, S, 2)
         return mlm_logits, nsp_logits
 
 
@@ -274,9 +311,13 @@ class BertForQuestionAnswering(nn.Module):
 
 def pretraining_loss(mlm_logits: torch.Tensor, nsp_logits: torch.Tensor,
                      batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """MLM cross-entropy averaged over real (weight 1) predictions, plus NSP cross-entropy.
+    """MLM cross-entropy averaged over real (weight 1) predictions, plus NSP cross-entropy
+    averaged over real sequences.
 
-    Also returns the counts of correct predictions, for accuracy without a second pass.
+    A packed batch's ``next_sentence_weights`` (B, S) marks the real sequences
+    among the slots of the (B, S, 2) NSP logits; so a packed batch gives the
+    losses of the same sequences unpacked. Also returns the counts of correct
+    predictions, for accuracy without a second pass.
     """
     weights = batch["masked_lm_weights"].float()  # (B, P); 0 marks padding predictions
     token_loss = F.cross_entropy(mlm_logits.float().flatten(0, 1), batch["masked_lm_ids"].flatten(),
@@ -284,10 +325,21 @@ def pretraining_loss(mlm_logits: torch.Tensor, nsp_logits: torch.Tensor,
     n_pred = weights.sum()
     mlm_loss = (token_loss * weights.flatten()).sum() / n_pred.clamp(min=1.0)
     nsp_labels = batch["next_sentence_labels"].flatten()
-    nsp_loss = F.cross_entropy(nsp_logits.float(), nsp_labels)
+    if "next_sentence_weights" in batch:  # packed rows: (B, S, 2) logits; only the real sequences count
+        nsp_logits = nsp_logits.flatten(0, 1)
+        nsp_weights = batch["next_sentence_weights"].flatten().float()
+        nsp_count = nsp_weights.sum()
+        nsp_loss = ((F.cross_entropy(nsp_logits.float(), nsp_labels, reduction="none") * nsp_weights).sum()
+                    / nsp_count.clamp(min=1.0))
+        with torch.no_grad():
+            nsp_correct = ((nsp_logits.argmax(-1) == nsp_labels).float() * nsp_weights).sum()
+    else:
+        nsp_loss = F.cross_entropy(nsp_logits.float(), nsp_labels)
+        with torch.no_grad():
+            nsp_correct = (nsp_logits.argmax(-1) == nsp_labels).float().sum()
+            nsp_count = torch.tensor(float(nsp_labels.numel()), device=nsp_logits.device)
     with torch.no_grad():
         mlm_correct = ((mlm_logits.argmax(-1) == batch["masked_lm_ids"]).float() * weights).sum()
-        nsp_correct = (nsp_logits.argmax(-1) == nsp_labels).float().sum()
     return {
         "loss": mlm_loss + nsp_loss,
         "mlm_loss": mlm_loss,
@@ -295,7 +347,7 @@ def pretraining_loss(mlm_logits: torch.Tensor, nsp_logits: torch.Tensor,
         "mlm_correct": mlm_correct,
         "mlm_count": n_pred,
         "nsp_correct": nsp_correct,
-        "nsp_count": torch.tensor(float(nsp_labels.numel()), device=nsp_logits.device),
+        "nsp_count": nsp_count,
     }
 
 

@@ -3,16 +3,43 @@
 * ``param_groups``: splits a model's parameters into a weight-decay group and
   a no-decay group (biases and LayerNorm), as google-research/bert does.
 * ``Lamb``: LAMB (You et al. 2019, "Large Batch Optimization for Deep
-  Learning", Algorithm 2) with an optional clamp of the trust ratio.
+  Learning", Algorithm 2) with per-group layer adaptation and an optional
+  clamp of the trust ratio; ``build_optimizer`` sets these per
+  ``train.lamb`` so that each named variant equals its reference:
+
+  =========  ===================  ============  ==========  ======  ===============
+  lamb       trust ratio on       decay on      clamp of r  r at 0  bias correction
+  =========  ===================  ============  ==========  ======  ===============
+  bertforge  every tensor         decay group   yes         1       as configured
+  mlperf     decay group only     decay group   no          1       always
+  nvidia     tensors with wd > 0  decay group   no          1       as configured
+  paper      every tensor         every tensor  no          0       always
+  =========  ===================  ============  ==========  ======  ===============
+
+  ``mlperf`` is MLCommons' BERT reference (``lamb_optimizer_v1.LAMBOptimizer``
+  as ``optimization.create_optimizer`` builds it: LayerNorm and bias excluded
+  from decay and from layer adaptation); ``nvidia`` is apex's ``FusedLAMB``
+  as NVIDIA's DeepLearningExamples BERT uses it (``use_nvlamb=False``: no
+  adaptation where a group's weight decay is 0, so none at all when
+  ``train.weight_decay`` is 0); ``paper`` is Algorithm 2 as written, with
+  φ the identity: r = ||w|| / ||u|| is 0 for a zero tensor, so zero-initialised
+  tensors (BERT's biases) never move. "r at 0" is the ratio where a norm is 0.
+  All use u = m̂ / (sqrt(v̂) + eps) + wd · w. Both references clip the
+  gradients by global norm before the update (``tf.clip_by_global_norm``,
+  FusedLAMB's ``max_grad_norm``); here the training engine does that, with
+  ``train.grad_clip`` (1.0 in both references).
 * ``AdamWNoBiasCorrection``: Adam with decoupled weight decay and no bias
   correction, the update of google-research/bert's AdamWeightDecayOptimizer.
-  With bias correction we use ``torch.optim.AdamW``.
+  With bias correction we use ``torch.optim.AdamW`` (fused on CUDA).
 * ``build_optimizer``: one of the above from a ``TrainConfig``.
-* ``lr_at`` / ``build_scheduler``: the learning-rate schedules of Graphcore's
-  TF1 BERT application (polynomial decay, natural exponential decay, a
-  step → lr table) plus a constant one, all with linear warm-up except the
-  table.
+* ``lr_at`` / ``build_scheduler``: polynomial decay after a warm-up
+  (``poly``), the MLPerf reference's TensorFlow polynomial decay over the
+  whole run (``poly_tf``), natural exponential decay, smooth (``exp``) or as
+  Graphcore's TF1 BERT application steps it (``exp_staircase``), a step → lr
+  table, and a constant; see ``lr_at``.
 
+Our optimisers update all tensors of a device and dtype with multi-tensor
+(``torch._foreach_*``) operations: no Python loop over tensors does arithmetic.
 Optimiser state holds only tensors and Python numbers, so ``state_dict()``
 survives ``torch.save`` / ``torch.load(weights_only=True)``.
 """
@@ -22,6 +49,7 @@ from __future__ import annotations
 import bisect
 import copy
 import math
+import typing
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import TypeGuard
@@ -29,7 +57,7 @@ from typing import TypeGuard
 import torch
 from torch import nn
 
-from .config import ConfigError, TrainConfig
+from .config import ConfigError, LambVariant, Schedule, TrainConfig
 
 try:  # the parameters of a model sharded by FSDP2
     from torch.distributed.tensor import DTensor, Shard
@@ -107,8 +135,15 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 class _AdamMoments(torch.optim.Optimizer):
     """Shared part of our Adam-style optimisers: state, moments, the step loop.
 
-    Subclasses implement ``_apply(group, params, updates, shard_group)`` given
-    the Adam direction ``m̂ / (sqrt(v̂) + eps)`` of each parameter.
+    Per group (with its ``betas``, ``eps``, ``weight_decay`` and optional
+    ``bias_correction``), the moments and the Adam direction plus decoupled
+    weight decay of every tensor::
+
+        m = b1 m + (1 - b1) g;   v = b2 v + (1 - b2) g²
+        u = m̂ / (sqrt(v̂) + eps) + weight_decay · w
+
+    Subclasses implement ``_apply(group, params, updates, scale, shard_group)``,
+    which moves the weights along u = ``scale`` × ``updates`` (see ``_step_bucket``).
 
     Parameters sharded across ranks (FSDP2's DTensors) are updated through
     their local shards: the state stays sharded like the parameter (which is
@@ -116,8 +151,8 @@ class _AdamMoments(torch.optim.Optimizer):
     ranks that hold the other parts, for updates that need whole-tensor norms.
     """
 
-    def _apply(self, group: dict, params: list[torch.Tensor], updates: tuple[torch.Tensor, ...],
-               shard_group) -> None:
+    def _apply(self, group: dict, params: list[torch.Tensor], updates: list[torch.Tensor],
+               scale: Scalars, shard_group) -> None:
         raise NotImplementedError
 
     @torch.no_grad()
@@ -133,9 +168,9 @@ class _AdamMoments(torch.optim.Optimizer):
                 self._step_bucket(group, bucket)
         return loss
 
-    def _step_bucket(self, group: dict, params: list[torch.Tensor]) -> None:
-        beta1, beta2 = group["betas"]
-        grads, exp_avgs, exp_avg_sqs, steps = [], [], [], []
+    def _state_lists(self, params: list[torch.Tensor]) -> tuple[list[torch.Tensor], ...]:
+        """Gradients, first and second moments (local shards) of ``params``; counts this step."""
+        grads, exp_avgs, exp_avg_sqs = [], [], []
         for p in params:
             grad = p.grad
             assert grad is not None  # step() passes only parameters with a gradient
@@ -151,27 +186,57 @@ class _AdamMoments(torch.optim.Optimizer):
             grads.append(_local(grad))
             exp_avgs.append(_local(state["exp_avg"]))
             exp_avg_sqs.append(_local(state["exp_avg_sq"]))
-            steps.append(state["step"])
+        return grads, exp_avgs, exp_avg_sqs
 
-        # m = b1 m + (1 - b1) g ;  v = b2 v + (1 - b2) g²
-        torch._foreach_mul_(exp_avgs, beta1)
-        torch._foreach_add_(exp_avgs, grads, alpha=1.0 - beta1)
+    def _step_bucket(self, group: dict, params: list[torch.Tensor]) -> None:
+        beta1, beta2 = group["betas"]
+        grads, exp_avgs, exp_avg_sqs = self._state_lists(params)
+        torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)  # m += (1 - b1)(g - m)
         torch._foreach_mul_(exp_avg_sqs, beta2)
         torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
 
-        m_hat: list[torch.Tensor] | tuple[torch.Tensor, ...]
+        # With c = sqrt(1 - b2^t) / (1 - b1^t) and eps' = eps · sqrt(1 - b2^t),
+        #   u = m̂ / (sqrt(v̂) + eps) + wd · w = c · (m / (sqrt(v) + eps') + (wd / c) · w):
+        # the bias corrections are scalars, and the bracket is built in place in
+        # one new buffer per tensor (on the CPU a fresh buffer costs as much as
+        # several passes over it). Steps may differ between tensors (one without
+        # a gradient on some step), so the scalars are per tensor.
+        steps = [self.state[p]["step"] for p in params]
         if group.get("bias_correction", False):
-            # Steps may differ between parameters (one without a gradient on
-            # some step), so the corrections are per tensor.
-            m_hat = torch._foreach_div(exp_avgs, [1.0 - beta1 ** t for t in steps])
-            denom = torch._foreach_div(exp_avg_sqs, [1.0 - beta2 ** t for t in steps])
-            torch._foreach_sqrt_(denom)
+            root2 = [math.sqrt(1.0 - beta2 ** t) for t in steps]
+            scales = [r / (1.0 - beta1 ** t) for r, t in zip(root2, steps)]
+            eps = [group["eps"] * r for r in root2]
         else:
-            m_hat = exp_avgs
-            denom = torch._foreach_sqrt(exp_avg_sqs)
-        torch._foreach_add_(denom, group["eps"])
-        updates = torch._foreach_div(m_hat, denom)  # new tensors: the moments stay intact
-        self._apply(group, [_local(p) for p in params], updates, _shard_group(params[0]))
+            scales, eps = [1.0] * len(steps), [group["eps"]] * len(steps)
+        local = [_local(p) for p in params]
+        updates = list(torch._foreach_sqrt(exp_avg_sqs))
+        torch._foreach_add_(updates, _scalars(eps))
+        torch._foreach_reciprocal_(updates)
+        torch._foreach_mul_(updates, exp_avgs)
+        if group["weight_decay"] != 0:
+            decay = _scalars([group["weight_decay"] / c for c in scales])
+            if isinstance(decay, float):
+                torch._foreach_add_(updates, local, alpha=decay)
+            else:
+                torch._foreach_add_(updates, torch._foreach_mul(local, decay))
+        self._apply(group, local, updates, _scalars(scales), _shard_group(params[0]))
+
+
+Scalars = float | list[float]  # one number for every tensor of a foreach call, or one each
+
+
+def _scalars(values: list[float]) -> Scalars:
+    """One scalar for a foreach op when all tensors share it (the usual case), else the list."""
+    return values[0] if all(v == values[0] for v in values) else values
+
+
+def _add_scaled(params: list[torch.Tensor], updates: list[torch.Tensor], coeff: Scalars) -> None:
+    """``params[i] += coeff[i] · updates[i]`` (``updates`` may be overwritten)."""
+    if isinstance(coeff, float):
+        torch._foreach_add_(params, updates, alpha=coeff)
+    else:
+        torch._foreach_mul_(updates, coeff)
+        torch._foreach_add_(params, updates)
 
 
 class Lamb(_AdamMoments):
@@ -183,60 +248,66 @@ class Lamb(_AdamMoments):
         m = b1 m + (1 - b1) g;   v = b2 v + (1 - b2) g²
         m̂, v̂ = m / (1 - b1^t), v / (1 - b2^t)     (m, v without bias_correction)
         u = m̂ / (sqrt(v̂) + eps) + weight_decay · w
-        r = ||w|| / ||u||  (1 when either norm is 0), at most max_trust_ratio if > 0
+        r = ||w|| / ||u||  (ratio_at_zero_norm when either norm is 0), at most max_trust_ratio if > 0
         w -= lr · r · u
+
+    A group with ``layer_adaptation=False`` uses r = 1 (plain AdamW there).
+    ``build_optimizer`` sets these per group for each ``train.lamb`` variant.
     """
 
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-6, weight_decay: float = 0.0, bias_correction: bool = True,
-                 max_trust_ratio: float = 10.0):
+                 max_trust_ratio: float = 10.0, layer_adaptation: bool = True, ratio_at_zero_norm: float = 1.0):
         _check_hyperparameters(lr, betas, eps, weight_decay)
         if max_trust_ratio < 0:
             raise ValueError(f"invalid max_trust_ratio {max_trust_ratio}")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-                        bias_correction=bias_correction, max_trust_ratio=max_trust_ratio)
+                        bias_correction=bias_correction, max_trust_ratio=max_trust_ratio,
+                        layer_adaptation=layer_adaptation, ratio_at_zero_norm=ratio_at_zero_norm)
         super().__init__(params, defaults)
 
-    def _trust_ratio(self, w: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
-        """``||w|| / ||update||`` of a whole tensor as a 0-dim tensor on w's device."""
-        return _ratio(torch.linalg.vector_norm(w), torch.linalg.vector_norm(update))
+    def _apply(self, group: dict, params: list[torch.Tensor], updates: list[torch.Tensor],
+               scale: Scalars, shard_group) -> None:
+        lr = group["lr"]
+        # (Optimizer states saved before these options existed adapt every tensor, 1 at zero norms.)
+        if not group.get("layer_adaptation", True):
+            _add_scaled(params, updates, _times(scale, -lr))
+            return
+        # All ratios use the weights before this step, as in the paper.
+        w_norms, u_norms = _whole_norms(params, updates, shard_group)
+        scales = scale if isinstance(scale, float) else torch.tensor(scale, dtype=u_norms.dtype).to(u_norms.device)
+        u_norms = u_norms * scales
+        at_zero = torch.full_like(w_norms, group.get("ratio_at_zero_norm", 1.0))
+        # torch.where instead of a Python ``if``: no device → host sync per tensor.
+        ratios = torch.where((w_norms > 0) & (u_norms > 0), w_norms / u_norms, at_zero)
+        if group["max_trust_ratio"] > 0:
+            ratios = ratios.clamp(max=group["max_trust_ratio"])
+        # w -= lr · r · u, every tensor with its own r.
+        coeffs = (ratios * scales * -lr).to(params[0].dtype).unbind()
+        torch._foreach_addcmul_(params, updates, coeffs)
 
-    def _sharded_trust_ratios(self, params: list[torch.Tensor], updates: tuple[torch.Tensor, ...],
-                              shard_group) -> list[torch.Tensor]:
-        """The trust ratios of tensors of which this rank holds one part each.
 
-        The norms must be of the whole tensors: each rank's squared norms of
-        its parts are summed over the ranks, all tensors in one all-reduce.
-        """
+def _times(scale: Scalars, factor: float) -> Scalars:
+    return scale * factor if isinstance(scale, float) else [c * factor for c in scale]
+
+
+def _whole_norms(params: list[torch.Tensor], updates: list[torch.Tensor],
+                 shard_group) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(||w||, ||u||)`` of every tensor as two vectors, in float32 or wider.
+
+    Of tensors sharded over ``shard_group`` this rank holds one part each: the
+    squared norms of the parts are summed over the ranks, all in one all-reduce.
+    """
+    dtype = torch.promote_types(params[0].dtype, torch.float32)
+    norms = torch.stack([torch.stack(torch._foreach_norm(ts, 2, dtype=dtype)) for ts in (params, updates)])
+    if shard_group is not None:
         import torch.distributed as dist
 
-        norms = [torch.stack(torch._foreach_norm(ts)).float() for ts in (params, updates)]
-        squares = torch.stack(norms).square()  # (2, tensors)
+        squares = norms.square()  # (2, tensors)
         dist.all_reduce(squares, group=shard_group)
-        w_norms, u_norms = squares.sqrt().unbind()
-        return [r.to(p.dtype) for r, p in zip(_ratio(w_norms, u_norms).unbind(), params)]
-
-    def _apply(self, group: dict, params: list[torch.Tensor], updates: tuple[torch.Tensor, ...],
-               shard_group) -> None:
-        if group["weight_decay"] != 0:
-            torch._foreach_add_(updates, params, alpha=group["weight_decay"])
-        # All ratios use the weights before this step, as in the paper.
-        if shard_group is None:
-            ratios = [self._trust_ratio(w, u) for w, u in zip(params, updates)]
-        else:
-            ratios = self._sharded_trust_ratios(params, updates, shard_group)
-        if group["max_trust_ratio"] > 0:
-            torch._foreach_clamp_max_(ratios, group["max_trust_ratio"])
-        torch._foreach_mul_(updates, ratios)
-        torch._foreach_add_(params, updates, alpha=-group["lr"])
-
-
-def _ratio(w_norm: torch.Tensor, u_norm: torch.Tensor) -> torch.Tensor:
-    """``w_norm / u_norm``, 1 where either is 0 (elementwise).
-
-    torch.where instead of a Python ``if``: no device → host sync per tensor.
-    """
-    return torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
+        norms = squares.sqrt()
+    w_norms, u_norms = norms.unbind()
+    return w_norms, u_norms
 
 
 class AdamWNoBiasCorrection(_AdamMoments):
@@ -257,12 +328,14 @@ class AdamWNoBiasCorrection(_AdamMoments):
         _check_hyperparameters(lr, betas, eps, weight_decay)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
 
-    def _apply(self, group: dict, params: list[torch.Tensor], updates: tuple[torch.Tensor, ...],
-               shard_group) -> None:
+    def _apply(self, group: dict, params: list[torch.Tensor], updates: list[torch.Tensor],
+               scale: Scalars, shard_group) -> None:
         # Elementwise: each rank updates its own shard, no communication needed.
-        if group["weight_decay"] != 0:
-            torch._foreach_add_(updates, params, alpha=group["weight_decay"])
-        torch._foreach_add_(params, updates, alpha=-group["lr"])
+        _add_scaled(params, updates, _times(scale, -group["lr"]))
+
+
+LAMB_VARIANTS: tuple[LambVariant, ...] = typing.get_args(LambVariant)
+_ALWAYS_BIAS_CORRECTED = ("mlperf", "paper")
 
 
 def _check_train_optimizer(train: TrainConfig) -> None:
@@ -276,20 +349,50 @@ def _check_train_optimizer(train: TrainConfig) -> None:
         value = getattr(train, key)
         if value < 0:
             raise ConfigError(f"train.{key}={value} must not be negative")
+    if train.optimizer == "lamb":
+        if train.lamb not in LAMB_VARIANTS:
+            raise ConfigError(f"train.lamb: {train.lamb!r} is not one of {', '.join(LAMB_VARIANTS)}")
+        if train.lamb in _ALWAYS_BIAS_CORRECTED and not train.bias_correction:
+            raise ConfigError(f"train.bias_correction=false: train.lamb={train.lamb} always corrects the bias "
+                              "(use lamb bertforge or nvidia without it)")
+
+
+def lamb_groups(model: nn.Module, train: TrainConfig) -> list[dict]:
+    """``param_groups`` with the per-group LAMB settings of ``train.lamb`` (see the module doc)."""
+    decay, no_decay = param_groups(model, train.weight_decay)
+    groups = (decay, no_decay)
+    for group in groups:
+        group.update(layer_adaptation=True, max_trust_ratio=0.0, ratio_at_zero_norm=1.0)
+    if train.lamb == "bertforge":
+        for group in groups:
+            group["max_trust_ratio"] = train.max_trust_ratio
+    elif train.lamb == "mlperf":  # exclude_from_layer_adaptation = exclude_from_weight_decay
+        no_decay["layer_adaptation"] = False
+    elif train.lamb == "nvidia":  # use_nvlamb=False: adapt only where the group decays
+        for group in groups:
+            group["layer_adaptation"] = group["weight_decay"] != 0
+    else:  # paper: one λ for every layer, r = φ(||w||) / ||u|| with φ(z) = z, so 0 where ||w|| = 0
+        no_decay["weight_decay"] = train.weight_decay
+        for group in groups:
+            group["ratio_at_zero_norm"] = 0.0
+    return [decay, no_decay]
 
 
 def build_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.Optimizer:
     """The optimizer named by ``train.optimizer`` over ``param_groups(model, ...)``."""
     _check_train_optimizer(train)
-    groups = param_groups(model, train.weight_decay)
     betas = (train.beta1, train.beta2)
     if train.optimizer == "lamb":
-        return Lamb(groups, lr=train.lr, betas=betas, eps=train.eps, weight_decay=train.weight_decay,
-                    bias_correction=train.bias_correction, max_trust_ratio=train.max_trust_ratio)
+        return Lamb(lamb_groups(model, train), lr=train.lr, betas=betas, eps=train.eps,
+                    weight_decay=train.weight_decay, bias_correction=train.bias_correction)
+    groups = param_groups(model, train.weight_decay)
     if train.optimizer == "adamw":
         if train.bias_correction:
+            # One fused kernel on CUDA; multi-tensor ops elsewhere (the CPU, offloaded parameters).
+            on_cuda = all(p.device.type == "cuda" for group in groups for p in group["params"])
             return torch.optim.AdamW(groups, lr=train.lr, betas=betas, eps=train.eps,
-                                     weight_decay=train.weight_decay, foreach=True)
+                                     weight_decay=train.weight_decay,
+                                     **({"fused": True} if on_cuda else {"foreach": True}))
         return AdamWNoBiasCorrection(groups, lr=train.lr, betas=betas, eps=train.eps,
                                      weight_decay=train.weight_decay)
     raise ConfigError(f"train.optimizer: {train.optimizer!r} is not one of lamb, adamw")
@@ -297,7 +400,7 @@ def build_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.Optimiz
 
 # ------------------------------------------------------------ lr schedules
 
-SCHEDULES = ("poly", "exp", "table", "constant")
+SCHEDULES: tuple[str, ...] = typing.get_args(Schedule)
 
 
 def warmup_steps(train: TrainConfig, total_steps: int) -> int:
@@ -318,12 +421,16 @@ def _check_schedule(train: TrainConfig, total_steps: int) -> None:
         raise ConfigError(f"train.warmup_proportion={train.warmup_proportion} must be in [0, 1]")
     if train.lr < 0:
         raise ConfigError(f"train.lr={train.lr} must not be negative")
-    if train.schedule == "poly":
+    if train.schedule in ("poly", "poly_tf"):
         if train.decay_power < 0:
             raise ConfigError(f"train.decay_power={train.decay_power} must not be negative")
         if train.end_lr < 0:
             raise ConfigError(f"train.end_lr={train.end_lr} must not be negative")
-    elif train.schedule == "exp":
+        if train.schedule == "poly_tf" and train.start_warmup_step > 0:
+            # The reference's formula would give negative learning rates before that step.
+            raise ConfigError(f"train.start_warmup_step={train.start_warmup_step} must not be positive "
+                              "(0, or negative: the run starts that many steps into the warm-up)")
+    elif train.schedule in ("exp", "exp_staircase"):
         if train.exp_decay_rate < 0:
             raise ConfigError(f"train.exp_decay_rate={train.exp_decay_rate} must not be negative")
         if train.exp_decay_steps <= 0:
@@ -337,7 +444,27 @@ def _check_schedule(train: TrainConfig, total_steps: int) -> None:
 
 
 def lr_at(step: int, train: TrainConfig, total_steps: int) -> float:
-    """The learning rate of optimizer step ``step`` (0-based) of a ``total_steps`` run."""
+    """The learning rate of optimizer step ``step`` (0-based) of a ``total_steps`` run.
+
+    With W warm-up steps, peak lr L, end lr E and power p:
+
+    * ``poly`` (ours): lr · (k + 1) / W for k < W (the first step is not
+      wasted at lr 0 and the last warm-up step reaches L), then
+      (L - E)(1 - (k - W) / (N - W))^p + E: the decay spans the steps after
+      warm-up.
+    * ``poly_tf``: the MLPerf BERT reference (``optimization.create_optimizer``):
+      ``tf.compat.v1.train.polynomial_decay(L, k, N, E, p, cycle=False)`` =
+      (L - E)(1 - min(k, N) / N)^p + E over the whole run, replaced during
+      warm-up by L · (k - s) / W while k - s < W, with s =
+      ``train.start_warmup_step`` (≤ 0; the first step has lr 0 when s = 0).
+    * ``exp``: L · exp(-rate · (k - W) / decay_steps) after our warm-up.
+    * ``exp_staircase``: Graphcore's TF1 BERT application
+      (``lr_schedules/natural_exponential.py``): L · k / W for k ≤ W, then
+      L · exp(-rate · floor((k - W) / decay_steps)). Graphcore's host loop
+      updates the lr once per ``device_iterations`` steps; this is its value
+      at every step (``device_iterations`` 1).
+    * ``table``: the entry of the largest step ≤ k; ``constant``: L after warm-up.
+    """
     _check_schedule(train, total_steps)
     if step < 0:
         raise ValueError(f"step={step} must not be negative")
@@ -347,6 +474,19 @@ def lr_at(step: int, train: TrainConfig, total_steps: int) -> float:
         return float(train.lr_table[keys[bisect.bisect_right(keys, step) - 1]])
 
     warmup = warmup_steps(train, total_steps)
+    if train.schedule == "poly_tf":
+        if warmup > 0 and step - train.start_warmup_step < warmup:
+            return train.lr * (step - train.start_warmup_step) / warmup
+        progress = min(step, total_steps) / total_steps
+        return (train.lr - train.end_lr) * (1.0 - progress) ** train.decay_power + train.end_lr
+    if train.schedule == "exp_staircase":
+        if train.warmup_steps == 0:  # Graphcore truncates the share of the run; we round it elsewhere
+            warmup = int(total_steps * train.warmup_proportion)
+        if warmup > 0 and step <= warmup:
+            return train.lr * step / warmup
+        drops = (step - warmup) // train.exp_decay_steps
+        return train.lr * math.exp(-train.exp_decay_rate * drops)
+
     if step < warmup:
         # google-research/bert uses lr · step / warmup, which makes step 0 a
         # wasted step with lr 0. We use (step + 1): the first step is non-zero

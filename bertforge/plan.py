@@ -261,14 +261,9 @@ def plan_memory(cfg: Config, world_size: int = 1, device: str | None = None) -> 
     params = math.ceil(n_params / shard) * FP32
     grads = params
     optimizer_state = 2 * params  # two fp32 moments, LAMB and AdamW alike
-    # Optimizer temporaries, per bucket (the decay group is by far the largest):
-    # optim.py makes m̂, the denominator and the update (the denominator and the
-    # update without bias correction); torch's AdamW one sqrt(v) list.
-    if tr.optimizer == "lamb" or not tr.bias_correction:
-        lists = 3 if tr.bias_correction else 2
-    else:
-        lists = 1
-    optimizer_workspace = lists * math.ceil(decayed_parameters(m) / shard) * FP32
+    # Optimizer temporaries, per bucket (the decay group is by far the largest): one
+    # list of tensors, the update that optim.py builds in place, or torch AdamW's sqrt(v).
+    optimizer_workspace = math.ceil(decayed_parameters(m) / shard) * FP32
     ddp_buckets = n_params * FP32 if parallel == "ddp" else 0
     # FSDP2: the root stays unsharded from forward to backward; encoder layers are
     # gathered one at a time with the next one prefetched; in the backward the

@@ -58,21 +58,32 @@ from .dist import (
 from .engine import BatchStream, Engine, Preemption, autocast, set_threads, to_device
 from .fileio import atomic_file
 from .log import MetricsLogger, ProgressBar, Throughput
+from .mlperf import eval_due, eval_every_samples, open_log
 from .model import BertForPreTraining, num_parameters, pretraining_loss
 from .optim import build_optimizer, build_scheduler
+from .profile import RunMonitor
 
 
 def forward_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The pre-training losses and accuracy counts of one batch (see ``pretraining_loss``)."""
+    if "sequence_ids" in batch:  # packed rows (see data/packing.py)
+        mlm_logits, nsp_logits = model(batch["input_ids"], batch["token_type_ids"], None,
+                                       batch["masked_lm_positions"], position_ids=batch["position_ids"],
+                                       sequence_ids=batch["sequence_ids"], cls_positions=batch["cls_positions"])
+        return pretraining_loss(mlm_logits, nsp_logits, batch)
     mlm_logits, nsp_logits = model(batch["input_ids"], batch["token_type_ids"],
                                    batch["attention_mask"], batch["masked_lm_positions"])
     return pretraining_loss(mlm_logits, nsp_logits, batch)
 
 
 def training_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The engine's loss function: the losses a training step reports."""
+    """The engine's loss function: the losses a training step reports (and, for packed rows,
+    ``sequences``: the real sequences of the batch, for a throughput in real sequences)."""
     out = forward_loss(model, batch)
-    return {key: out[key] for key in ("loss", "mlm_loss", "nsp_loss")}
+    losses = {key: out[key] for key in ("loss", "mlm_loss", "nsp_loss")}
+    if "sequence_ids" in batch:
+        losses["sequences"] = out["nsp_count"]
+    return losses
 
 
 @torch.no_grad()
@@ -105,6 +116,7 @@ def evaluate(model: nn.Module, dataset: PretrainingDataset, batch_size: int, dev
         "nsp_loss": sums["nsp_loss"] / nsp_count,
         "loss": sums["mlm_loss"] / mlm_count + sums["nsp_loss"] / nsp_count,
         "sequences": int(nsp_count),
+        "predictions": int(sums["mlm_count"]),  # real (weight 1) masked-LM predictions: the accuracy's denominator
     }
 
 
@@ -133,7 +145,8 @@ def _make_dir(path: Path) -> None:
 
 def absolute_paths(cfg: Config) -> None:
     """Make the paths a run reads absolute, so that the saved config resumes from any directory."""
-    for section, key in (("data", "input"), ("data", "eval_input"), ("data", "vocab"), ("checkpoint", "init")):
+    for section, key in (("data", "input"), ("data", "eval_input"), ("data", "vocab"), ("checkpoint", "init"),
+                         ("log", "mlperf")):
         part = getattr(cfg, section)
         value = getattr(part, key)
         if value:
@@ -192,17 +205,22 @@ def load_data(cfg: Config, run_dir: Path, rank: int = 0,
         cfg.model.vocab_size = vocab_size_of(vocab)
         return lambda position: BatchStream(train, batch_size, seed, **position, **split), eval_set
 
-    from .config import DataConfig
     from .data.loader import read_eval_records, records_shape
+    from .data.records import open_records
 
-    # The records decide the shapes. A value the config sets (one other than the default:
-    # given on the command line or in a config file) must agree with them, or it would be
-    # silently replaced; a resumed run's saved config holds the records' values.
+    # The records decide the shapes. A value the config sets (on the command line or in a config
+    # file, even the default value) must agree with them, or it would be silently replaced; a
+    # resumed run's saved config holds the records' values.
     first, seq_len, max_predictions, header_vocab = records_shape(files)
-    defaults = DataConfig()
+    with open_records(first, verify=False) as records:
+        packed = records.max_sequences_per_pack > 0
+    if packed and (cfg.log.mlperf or eval_every_samples(cfg) > 0):
+        # A step's real sequences vary with packed rows; samples are counted per step from the batch size.
+        raise ConfigError(f"{first}: packed records, but train.eval_every_samples and log.mlperf count samples "
+                          f"as global_batch_size per step: train on unpacked records, or use train.eval_every")
     for key, value in (("seq_len", seq_len), ("max_predictions", max_predictions)):
         given = getattr(d, key)
-        if given != getattr(defaults, key) and given != value:
+        if f"data.{key}" in cfg.given and given != value:
             raise ConfigError(f"data.{key}={given}, but the records have {key} {value} ({first}): leave "
                               f"data.{key} out to train on these records, or give records of {key} {given}")
         setattr(d, key, value)
@@ -265,7 +283,7 @@ def pretrain(cfg: Config) -> dict[str, Any]:
     started = time.perf_counter()
     set_threads(cfg.execution.threads)
     absolute_paths(cfg)
-    dist = init_distributed(cfg.execution.device)
+    dist = init_distributed(cfg.execution.device, cfg.execution.dist_timeout)
     try:
         check_execution(cfg.execution, dist.world_size)
         # One directory, named by rank 0.
@@ -293,6 +311,8 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
     """The body of ``pretrain`` on one rank, given the run directory (and the checkpoint to
     resume, already verified). ``progress["steps"]`` counts the steps this call completed."""
     progress = {"steps": 0} if progress is None else progress
+    # The MLPerf log's init phase starts here (rank 0 writes; without log.mlperf it logs nothing).
+    mlperf = open_log(cfg, dist, resumed=resume_from is not None)
     loaded = []
 
     def load_on_main() -> tuple[str, int]:
@@ -335,6 +355,8 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
         logger = stack.enter_context(MetricsLogger(run_dir, cfg, enabled=dist.is_main, start_step=step))
         engine.preemption = preemption = stack.enter_context(Preemption())
         bar = stack.enter_context(ProgressBar(steps, step, enabled=cfg.log.progress, main=dist.is_main))
+        monitor = stack.enter_context(RunMonitor(cfg, run_dir, dist, logger, bar.print, start_step=step,
+                                                 total_steps=steps, started=started))
         bar.print(f"run directory: {run_dir}")
         ranks = f" × {dist.world_size} ranks ({cfg.execution.parallel})" if dist.world_size > 1 else ""
         bar.print(f"model: {num_parameters(unwrap(model)) / 1e6:.2f}M parameters, "
@@ -342,52 +364,73 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
                   f"{stream.num_sequences} training sequences of {cfg.data.seq_len}; "
                   f"global batch {cfg.train.global_batch_size} = {cfg.train.micro_batch_size} × "
                   f"{accumulation}{ranks}")
+        batch, target = cfg.train.global_batch_size, cfg.train.target_mlm_accuracy
+        mlperf.run_start(cfg, accumulation, steps, len(eval_set) if eval_set is not None else 0)
+        # Time to train: the timed region from here to the stop, summed over a resumed run's parts.
+        run_started, trained_s = time.perf_counter(), saved.get("train_s", 0.0) if saved else 0.0
+        evaluated_at = -1  # the step of the newest evaluation
 
         def run_eval() -> dict[str, float] | None:
+            nonlocal evaluated_at
             if eval_set is None:
                 return None
+            mlperf.eval_start(step * batch)
             # Every rank evaluates the whole set: FSDP's forward needs all ranks.
-            result = evaluate(model, eval_set, cfg.train.micro_batch_size, dist.device,
-                              cfg.execution.precision, cfg.train.eval_batches)
+            with monitor.phase("eval"):
+                result = evaluate(model, eval_set, cfg.train.eval_batch_size or cfg.train.micro_batch_size,
+                                  dist.device, cfg.execution.precision, cfg.train.eval_batches)
+            mlperf.eval_stop(step * batch, result["mlm_accuracy"])
+            evaluated_at = step
             logger.log({"step": step, "split": "eval", **result})
             bar.print(f"step {step}: eval mlm_accuracy {result['mlm_accuracy']:.4f} "
                       f"nsp_accuracy {result['nsp_accuracy']:.4f} loss {result['loss']:.4f}")
             return result
 
-        def save() -> Path:
-            return ckpt.save(run_dir, step, engine, cfg, {"data": stream.state()})
+        def reached(result: dict[str, float] | None) -> bool:
+            return target > 0 and result is not None and result["mlm_accuracy"] >= target
 
-        first_eval = last_eval = run_eval() if step == 0 else None
+        def save() -> Path:
+            return ckpt.save(run_dir, step, engine, cfg, {"data": stream.state(),
+                                                          "train_s": trained_s + time.perf_counter() - run_started})
+
+        first_eval = last_eval = run_eval() if step == 0 and cfg.train.eval_at_start else None
         first_loss = last_loss = None
         throughput = Throughput()
         final_checkpoint: Path | None = None
         micro_batches: Iterable[dict[str, torch.Tensor]]
-        while step < steps:
+        while step < steps and not reached(last_eval):  # (the target may be reached at 0 samples)
             lr = engine.lr
+            mlperf.train(step * batch)
             if step == 0 and cfg.data.vocab and not cfg.data.synthetic:  # what the model is fed, for a person
                 first = stream.next()
                 bar.print(f"sample: {decode_sample(first, cfg.data.vocab)[:400]}")
                 micro_batches = itertools.chain([first], (stream.next() for _ in range(accumulation - 1)))
             else:
                 micro_batches = (stream.next() for _ in range(accumulation))
-            out = engine.step(micro_batches, accumulation, step)
+            with monitor.step(step):  # memory, step times and the --profile window
+                out = engine.step(micro_batches, accumulation, step)
             step += 1
             progress["steps"] += 1
             if _fail_here(dist.rank, step):
                 os._exit(1)
-            throughput.add(cfg.train.global_batch_size)
+            sequences = out.pop("sequences", None)  # packed rows: real sequences per micro-batch, averaged
+            throughput.add(cfg.train.global_batch_size if sequences is None else
+                           round(sequences.item() * cfg.train.global_batch_size / cfg.train.micro_batch_size))
             if step % cfg.log.every == 0 or step == steps or step == 1:
                 values = {k: v.item() for k, v in out.items()}
                 first_loss = values["loss"] if first_loss is None else first_loss
                 last_loss = values["loss"]
                 seq_per_s = throughput.rate()
-                logger.log({"step": step, **values, "lr": lr, "seq_per_s": seq_per_s, "epoch": stream.epoch})
+                logger.log({"step": step, **values, "lr": lr, "seq_per_s": seq_per_s, "epoch": stream.epoch,
+                            **monitor.row()})
                 bar.update(step, f"loss {values['loss']:.3f} mlm {values['mlm_loss']:.3f} "
                                  f"nsp {values['nsp_loss']:.3f} {seq_per_s:.0f} seq/s")
             else:
                 bar.update(step)
-            if cfg.train.eval_every and step % cfg.train.eval_every == 0 and step < steps:
+            if eval_due(cfg, step) and step < steps:  # (the last step's evaluation comes after the loop)
                 last_eval = run_eval()
+                if reached(last_eval):
+                    break
             if engine.stop_requested and step < steps:  # every rank stops after this same step
                 final_checkpoint = save()
                 bar.print(preemption.message(step, final_checkpoint, run_dir))
@@ -395,11 +438,23 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
             if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < steps:
                 save()
         preempted = final_checkpoint is not None
+        status = time_to_train = None
         if final_checkpoint is None:
+            if evaluated_at != step:
+                last_eval = run_eval() or last_eval
+            time_to_train = round(trained_s + time.perf_counter() - run_started, 3)
+            if target > 0:  # success: an evaluation reached the target; aborted: the steps ran out first
+                status = "success" if reached(last_eval) else "aborted"
+                logger.log({"step": step, "split": "result", "status": status, "time_to_train_s": time_to_train,
+                            "samples_to_train": step * batch})
+                bar.print(f"{status}: masked-LM accuracy target {target} "
+                          f"{'reached' if status == 'success' else 'not reached'} after {step * batch} samples "
+                          f"({step} steps); time to train {time_to_train} s")
+            mlperf.run_stop(step * batch, status or "aborted")
             final_checkpoint = save()
-            last_eval = run_eval() or last_eval
         summary = {
             "run_dir": str(run_dir), "checkpoint": str(final_checkpoint), "steps": step, "preempted": preempted,
+            "status": status, "time_to_train_s": time_to_train, "samples_to_train": step * batch,
             "first_loss": first_loss, "last_loss": last_loss,
             "first_eval": first_eval, "last_eval": last_eval,
             "wall_s": round(time.perf_counter() - started, 1),

@@ -15,7 +15,8 @@ SUBCOMMANDS = [["pretrain"], ["bench"], ["bench", "pretrain"], ["bench", "squad"
                ["data", "wikipedia"], ["data", "wikipedia", "download"], ["data", "wikipedia", "extract"],
                ["data", "preprocess"], ["data", "vocab"], ["data", "create"], ["data", "pick-eval"],
                ["data", "index"], ["data", "inspect"], ["squad"], ["squad", "train"], ["squad", "predict"],
-               ["squad", "evaluate"], ["squad", "ask"]]
+               ["squad", "evaluate"], ["squad", "ask"], ["eval"], ["report"], ["data", "checksum"], ["data", "pack"],
+               ["import"], ["import", "tf1"]]
 
 
 def all_commands(parser, prefix=()):

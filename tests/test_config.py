@@ -55,7 +55,7 @@ def test_phase_configs_have_the_published_recipe():
     shape = (p1.data.seq_len, p1.data.max_predictions, p1.train.global_batch_size, p1.train.lr)
     assert shape == (128, 20, 65536, 0.006)
     shape = (p2.data.seq_len, p2.data.max_predictions, p2.train.global_batch_size, p2.train.lr)
-    assert shape == (512, 80, 32768, 0.004)
+    assert shape == (512, 76, 32768, 0.004)
     assert p1.accumulation_steps == 1024 and p2.accumulation_steps == 2048
 
 
@@ -141,7 +141,8 @@ def test_choices_are_the_literal_types_of_the_fields():
     assert literal_fields() == {
         "model.hidden_act": ("gelu", "relu", "gelu_new"),
         "train.optimizer": ("lamb", "adamw"),
-        "train.schedule": ("poly", "exp", "table", "constant"),
+        "train.lamb": ("bertforge", "mlperf", "nvidia", "paper"),
+        "train.schedule": ("poly", "poly_tf", "exp", "exp_staircase", "table", "constant"),
         "execution.precision": ("fp32", "bf16", "fp16"),
         "execution.parallel": ("none", "ddp", "fsdp"),
         "execution.recompute": ("none", "layer", "attention"),
@@ -159,7 +160,8 @@ def test_literal_defaults_are_among_their_choices():
     ("execution.precision", "fp8", "execution.precision: 'fp8' is not one of fp32, bf16, fp16"),
     ("execution.parallel", "zero3", "execution.parallel: 'zero3' is not one of none, ddp, fsdp"),
     ("execution.recompute", "all", "execution.recompute: 'all' is not one of none, layer, attention"),
-    ("train.schedule", "cosine", "train.schedule: 'cosine' is not one of poly, exp, table, constant"),
+    ("train.schedule", "cosine",
+     "train.schedule: 'cosine' is not one of poly, poly_tf, exp, exp_staircase, table, constant"),
     ("model.hidden_act", "silu", "model.hidden_act: 'silu' is not one of gelu, relu, gelu_new"),
     ("execution.precision", "BF16", "execution.precision: 'BF16' is not one of fp32, bf16, fp16"),
 ])

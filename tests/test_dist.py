@@ -241,6 +241,39 @@ def test_a_failing_rank_leaves_its_traceback(tmp_path):
 
 # ------------------------------------------------------------ pieces
 
+def test_each_start_of_a_group_agrees_on_fresh_keys_in_the_kept_store():
+    """torchrun's store outlives the group's starts. A second start, in which ranks 1 and 2 read
+    the first start's name before rank 0 writes a new one, still agrees on one new prefix: a name
+    whose rank 0 is gone is never confirmed. About 2 s."""
+    import threading
+    from datetime import timedelta
+
+    from bertforge.dist import _fresh_prefix
+
+    store = dist.HashStore()  # stands in for the agent's TCPStore: the same calls
+
+    def start(rank_0_delay: float) -> dict[int, str]:
+        prefixes: dict[int, str] = {}
+
+        def rank(r: int) -> None:
+            prefixes[r] = _fresh_prefix(store, r, 3, timedelta(seconds=30))
+
+        others = [threading.Thread(target=rank, args=(r,)) for r in (1, 2)]
+        for thread in others:
+            thread.start()
+        threading.Event().wait(rank_0_delay)
+        rank(0)
+        for thread in others:
+            thread.join()
+        return prefixes
+
+    first = start(0.0)
+    assert len(set(first.values())) == 1
+    second = start(0.3)  # ranks 1 and 2 find the first start's name and its confirmations
+    assert len(set(second.values())) == 1 and second[0] != first[0]
+    assert second[0].startswith("bertforge/") and second[0].endswith("/")
+
+
 def test_execution_settings_that_cannot_work_are_config_errors():
     with pytest.raises(ConfigError, match="2 processes were launched but execution.parallel=none"):
         check_execution(ExecutionConfig(parallel="none"), world_size=2)

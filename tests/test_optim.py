@@ -3,14 +3,18 @@ independent numpy re-implementations of the published update rules."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from bertforge.config import ConfigError, ModelConfig, TrainConfig
+from bertforge.engine import Engine
 from bertforge.model import BertForPreTraining
 from bertforge.optim import AdamWNoBiasCorrection, Lamb, build_optimizer, build_scheduler, lr_at, param_groups
 
@@ -184,14 +188,208 @@ def test_lamb_per_tensor_ratio_and_state():
     assert opt.state[a]["exp_avg_sq"].tolist() == pytest.approx([0.00025, 0.004], rel=1e-5)
 
 
-def test_lamb_trust_ratio_hook_can_be_overridden():
-    class NoTrust(Lamb):
-        def _trust_ratio(self, w, update):
-            return torch.ones((), device=w.device)
-
-    # r = 1 → plain Adam-direction step: w -= 0.1 · sign(g)
-    got = one_step(NoTrust, [3.0, 4.0], [0.5, -2.0], lr=0.1, eps=1e-10)
+def test_lamb_without_layer_adaptation_uses_ratio_one():
+    # r = 1 → plain Adam-direction step: w -= 0.1 · sign(g); with adaptation r = 5 / 1.414
+    got = one_step(Lamb, [3.0, 4.0], [0.5, -2.0], lr=0.1, eps=1e-10, layer_adaptation=False)
     assert got == pytest.approx([2.9, 4.1], rel=1e-6)
+
+
+def test_lamb_tensors_at_different_steps():
+    # b has no gradient on the first step, so a is at step 2 and b at step 1: the
+    # bias corrections differ per tensor, each as in the single-tensor reference.
+    w_a, w_b = [0.5, -1.5, 2.0], [0.25, -0.75]
+    a, b = nn.Parameter(torch.tensor(w_a)), nn.Parameter(torch.tensor(w_b))
+    opt = Lamb([a, b], lr=0.02, betas=(0.8, 0.95), weight_decay=0.1, max_trust_ratio=0.0)
+    a.grad = torch.tensor(G1[:3])
+    opt.step()
+    a.grad, b.grad = torch.tensor(G2[:3]), torch.tensor(G2[3:])
+    opt.step()
+    common = dict(lr=0.02, b1=0.8, b2=0.95, eps=1e-6, wd=0.1, bias_correction=True, max_trust_ratio=0.0)
+    np.testing.assert_allclose(a.detach().numpy(), lamb_reference(w_a, [G1[:3], G2[:3]], **common), rtol=2e-6)
+    np.testing.assert_allclose(b.detach().numpy(), lamb_reference(w_b, [G2[3:]], **common), rtol=2e-6)
+    assert (opt.state[a]["step"], opt.state[b]["step"]) == (2, 1)
+
+
+# ------------------------------------------ LAMB variants against their references
+
+FIXTURES = Path(__file__).parent / "fixtures" / "optim"
+
+
+@pytest.fixture(scope="module")
+def real_gradients():
+    """Initial weights and five steps of real BERT gradients (fixtures/optim/make_lamb_inputs.py)."""
+    inputs = np.load(FIXTURES / "lamb_inputs.npz")
+    return inputs, json.loads(str(inputs["meta"]))
+
+
+def run_engine(train: TrainConfig, inputs, meta) -> list[tuple[float, dict[str, np.ndarray]]]:
+    """Our optimizer, schedule and gradient clipping, as the training engine applies them to the
+    fixture's gradients: (lr, weights after the step) per step. The loss sum(w · g) has gradient g."""
+    model = BertForPreTraining(ModelConfig(**meta["model"]))
+    model.load_state_dict({n: torch.from_numpy(inputs[f"init/{n}"]) for n in meta["names"]})
+    optimizer = build_optimizer(model, train)
+    engine = Engine(model, optimizer, build_scheduler(optimizer, train, train.steps),
+                    lambda m, grads: {"loss": sum((p * grads[n]).sum() for n, p in m.named_parameters())},
+                    "fp32", train.grad_clip)
+    out = []
+    for step in range(meta["steps"]):
+        lr = engine.lr
+        engine.step([{n: torch.from_numpy(inputs[f"grad/{step}/{n}"]) for n in meta["names"]}], 1, step)
+        out.append((lr, {n: p.detach().double().numpy() for n, p in model.named_parameters()}))
+    return out
+
+
+def relative_errors(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> dict[str, float]:
+    """max |got - want| / max |want| of each tensor."""
+    return {n: float(np.abs(got[n] - want[n]).max() / np.abs(want[n]).max()) for n in want}
+
+
+def mlperf_train(hyper: dict, **change) -> TrainConfig:
+    return TrainConfig(**{**dict(
+        lamb="mlperf", lr=hyper["learning_rate"], beta1=hyper["lamb_beta_1"], beta2=hyper["lamb_beta_2"],
+        weight_decay=hyper["lamb_weight_decay_rate"], eps=10 ** hyper["log_epsilon"], grad_clip=1.0,
+        schedule="poly_tf", steps=hyper["num_train_steps"], warmup_steps=hyper["num_warmup_steps"],
+        start_warmup_step=hyper["start_warmup_step"], decay_power=hyper["poly_power"], end_lr=0.0), **change})
+
+
+def test_mlperf_lamb_equals_the_tensorflow_reference(real_gradients):
+    # fixtures/optim/make_lamb_fixture.py ran the MLPerf reference's create_optimizer (its
+    # schedule, clip_by_global_norm and lamb_optimizer_v1) in TensorFlow on these gradients.
+    inputs, meta = real_gradients
+    ref = np.load(FIXTURES / "lamb_mlperf_reference.npz")
+    hyper = json.loads(str(ref["meta"]))["hyperparameters"]
+    steps = run_engine(mlperf_train(hyper), inputs, meta)
+    for step, (lr, weights) in enumerate(steps):
+        assert lr == pytest.approx(float(ref[f"lr/{step}"]), rel=1e-6), step
+        want = {n: ref[f"after/{step}/{n}"].astype(np.float64) for n in meta["names"]}
+        errors = relative_errors(weights, want)
+        assert max(errors.values()) < 1e-5, (step, max(errors.items(), key=lambda kv: kv[1]))
+    # The check can fail: the weights moved far beyond the tolerance, and our own LAMB
+    # (trust ratio on LayerNorm and biases, clamp) or no clipping end elsewhere.
+    moved = relative_errors({n: inputs[f"init/{n}"] for n in meta["names"]}, want)
+    assert min(v for n, v in moved.items() if "bias" not in n) > 1e-4
+    for other in (mlperf_train(hyper, lamb="bertforge"), mlperf_train(hyper, grad_clip=0.0)):
+        assert max(relative_errors(run_engine(other, inputs, meta)[-1][1], want).values()) > 1e-2
+
+
+def fused_lamb_reference(names, weights, decays, grads, lr, b1, b2, eps, max_grad_norm, use_nvlamb=False):
+    """apex.optimizers.FusedLAMB.step (adam_w_mode, grad_averaging, bias correction) and its
+    csrc/multi_tensor_lamb.cu, in float64: the global gradient norm clips inside the step."""
+    w = {n: weights[n].astype(np.float64) for n in names}
+    m = {n: np.zeros_like(w[n]) for n in names}
+    v = {n: np.zeros_like(w[n]) for n in names}
+    for t, g in enumerate(grads, start=1):
+        g = {n: g[n].astype(np.float64) for n in names}
+        global_norm = math.sqrt(sum(float((g[n] ** 2).sum()) for n in names))
+        clipped = global_norm / max_grad_norm if global_norm > max_grad_norm else 1.0
+        for n in names:
+            scaled = g[n] / clipped
+            m[n] = m[n] * b1 + (1 - b1) * scaled
+            v[n] = v[n] * b2 + (1 - b2) * scaled * scaled
+            update = (m[n] / (1 - b1 ** t)) / (np.sqrt(v[n] / (1 - b2 ** t)) + eps) + decays[n] * w[n]
+            ratio = lr
+            if use_nvlamb or decays[n] != 0:
+                p_norm, u_norm = np.linalg.norm(w[n]), np.linalg.norm(update)
+                ratio = lr * p_norm / u_norm if p_norm != 0 and u_norm != 0 else lr
+            w[n] = w[n] - ratio * update
+    return w
+
+
+@pytest.mark.parametrize("weight_decay", [0.01, 0.0])
+def test_nvidia_lamb_equals_fused_lamb(real_gradients, weight_decay):
+    # DeepLearningExamples' BERT: FusedLAMB(groups, lr) with its defaults, decay 0.01 except
+    # bias/LayerNorm. With weight decay 0 everywhere FusedLAMB adapts no tensor at all.
+    inputs, meta = real_gradients
+    names = meta["names"]
+    train = TrainConfig(lamb="nvidia", lr=6e-3, weight_decay=weight_decay, grad_clip=1.0,
+                        schedule="constant", steps=meta["steps"])
+    got = run_engine(train, inputs, meta)[-1][1]
+    model = BertForPreTraining(ModelConfig(**meta["model"]))
+    decaying = {id(p) for p in param_groups(model, weight_decay)[0]["params"]}
+    decays = {n: weight_decay if id(p) in decaying else 0.0 for n, p in model.named_parameters()}
+    grads = [{n: inputs[f"grad/{k}/{n}"] for n in names} for k in range(meta["steps"])]
+    args = (names, {n: inputs[f"init/{n}"] for n in names}, decays, grads, 6e-3, 0.9, 0.999, 1e-6, 1.0)
+    assert max(relative_errors(got, fused_lamb_reference(*args)).values()) < 1e-5
+    # use_nvlamb=True (adapt every tensor) is a different update: the comparison can fail.
+    assert max(relative_errors(got, fused_lamb_reference(*args, use_nvlamb=True)).values()) > 1e-2
+
+
+def paper_lamb_reference(names, weights, grads, lr, b1, b2, eps, wd):
+    """You et al. 2019, Algorithm 2, per layer, float64, φ(z) = z and one λ for all layers."""
+    x = {n: weights[n].astype(np.float64) for n in names}
+    m = {n: np.zeros_like(x[n]) for n in names}
+    v = {n: np.zeros_like(x[n]) for n in names}
+    for t, g in enumerate(grads, start=1):
+        for n in names:
+            gt = g[n].astype(np.float64)
+            m[n] = b1 * m[n] + (1 - b1) * gt
+            v[n] = b2 * v[n] + (1 - b2) * gt ** 2
+            r = (m[n] / (1 - b1 ** t)) / (np.sqrt(v[n] / (1 - b2 ** t)) + eps)
+            step = r + wd * x[n]
+            x[n] = x[n] - lr * np.linalg.norm(x[n]) / np.linalg.norm(step) * step
+    return x
+
+
+def test_paper_lamb_equals_algorithm_2(real_gradients):
+    inputs, meta = real_gradients
+    names = meta["names"]
+    train = TrainConfig(lamb="paper", lr=0.01, beta1=0.9, beta2=0.999, eps=1e-6, weight_decay=0.01,
+                        grad_clip=0.0, schedule="constant", steps=meta["steps"])
+    got = run_engine(train, inputs, meta)[-1][1]
+    grads = [{n: inputs[f"grad/{k}/{n}"] for n in names} for k in range(meta["steps"])]
+    want = paper_lamb_reference(names, {n: inputs[f"init/{n}"] for n in names}, grads, 0.01, 0.9, 0.999,
+                                1e-6, 0.01)
+    nonzero = [n for n in names if np.abs(want[n]).max() > 0]
+    assert max(relative_errors({n: got[n] for n in nonzero}, {n: want[n] for n in nonzero}).values()) < 1e-5
+    # Zero-initialised biases: φ(0) = 0, they stay exactly 0 (mlperf, nvidia, bertforge move them).
+    assert "cls.predictions.bias" not in nonzero and not got["cls.predictions.bias"].any()
+    assert run_engine(TrainConfig(**{**train.__dict__, "lamb": "mlperf"}), inputs, meta)[-1][1][
+        "cls.predictions.bias"].any()
+
+
+def test_lamb_variant_groups():
+    groups = {v: build_optimizer(Tiny(), TrainConfig(lamb=v, weight_decay=0.1, max_trust_ratio=5.0)).param_groups
+              for v in ("bertforge", "mlperf", "nvidia", "paper")}
+    settings = {v: [(g["weight_decay"], g["layer_adaptation"], g["max_trust_ratio"], g["ratio_at_zero_norm"])
+                    for g in gs] for v, gs in groups.items()}
+    assert settings == {
+        "bertforge": [(0.1, True, 5.0, 1.0), (0.0, True, 5.0, 1.0)],
+        "mlperf": [(0.1, True, 0.0, 1.0), (0.0, False, 0.0, 1.0)],
+        "nvidia": [(0.1, True, 0.0, 1.0), (0.0, False, 0.0, 1.0)],
+        "paper": [(0.1, True, 0.0, 0.0), (0.1, True, 0.0, 0.0)],
+    }
+    nvidia_no_decay = build_optimizer(Tiny(), TrainConfig(lamb="nvidia", weight_decay=0.0)).param_groups
+    mlperf_no_decay = build_optimizer(Tiny(), TrainConfig(lamb="mlperf", weight_decay=0.0)).param_groups
+    assert [g["layer_adaptation"] for g in nvidia_no_decay] == [False, False]
+    assert [g["layer_adaptation"] for g in mlperf_no_decay] == [True, False]
+
+
+class OpCounter(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("variant", ["bertforge", "mlperf", "nvidia", "paper"])
+def test_lamb_step_has_no_per_tensor_loop(variant):
+    # The operations one step dispatches do not grow with the number of tensors.
+    def ops_of_a_step(tensors: int) -> list[str]:
+        model = nn.Sequential(*[nn.Linear(3, 3) for _ in range(tensors)])
+        opt = build_optimizer(model, TrainConfig(lamb=variant, weight_decay=0.01))
+        for p in model.parameters():
+            p.grad = torch.ones_like(p)
+        opt.step()  # creates the state
+        with OpCounter() as counter:
+            opt.step()
+        return counter.ops
+
+    few, many = ops_of_a_step(2), ops_of_a_step(40)
+    assert len(few) == len(many) and few == many
+    assert any("_foreach_norm" in op for op in few) and not any("linalg_vector_norm" in op for op in few)
 
 
 def test_lamb_rejects_bad_arguments():
@@ -331,9 +529,18 @@ def test_build_optimizer_types_and_settings():
     assert (g["lr"], g["betas"], g["eps"], g["weight_decay"], g["bias_correction"],
             g["max_trust_ratio"]) == (2e-3, (0.8, 0.98), 1e-8, 0.05, False, 3.0)
     assert opt.param_groups[1]["weight_decay"] == 0.0
-    assert type(build_optimizer(model, TrainConfig(optimizer="adamw"))) is torch.optim.AdamW
+    adamw = build_optimizer(model, TrainConfig(optimizer="adamw"))
+    assert type(adamw) is torch.optim.AdamW
+    assert adamw.defaults["foreach"] is True and not adamw.defaults["fused"]  # fused only on CUDA
     assert type(build_optimizer(model, TrainConfig(optimizer="adamw", bias_correction=False))) \
         is AdamWNoBiasCorrection
+
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_adamw_is_fused_on_cuda():
+    adamw = build_optimizer(Tiny().cuda(), TrainConfig(optimizer="adamw"))
+    assert adamw.defaults["fused"] is True and not adamw.defaults["foreach"]
 
 
 @pytest.mark.parametrize("change, key", [
@@ -344,6 +551,9 @@ def test_build_optimizer_types_and_settings():
     (dict(eps=-1e-6), "train.eps"),
     (dict(weight_decay=-0.01), "train.weight_decay"),
     (dict(max_trust_ratio=-1.0), "train.max_trust_ratio"),
+    (dict(lamb="apex"), "train.lamb"),
+    (dict(lamb="mlperf", bias_correction=False), "train.bias_correction"),
+    (dict(lamb="paper", bias_correction=False), "train.bias_correction"),
 ])
 def test_build_optimizer_config_errors(change, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
@@ -411,6 +621,54 @@ def test_constant_schedule_by_hand():
     assert lr_at(0, train, 100) == 1e-3
 
 
+def test_poly_tf_schedule_by_hand():
+    # The MLPerf reference: warm-up lr·(k - s)/W, then decay over the whole run (N = 10).
+    train = TrainConfig(lr=1.0, warmup_steps=4, schedule="poly_tf", steps=10)
+    got = [lr_at(k, train, 10) for k in range(12)]
+    assert got == pytest.approx([0.0, 0.25, 0.5, 0.75, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.0, 0.0], abs=1e-12)
+    train.start_warmup_step = -2  # warm-up ends 2 steps early, at poly(2) = 0.8
+    assert [lr_at(k, train, 10) for k in range(3)] == pytest.approx([0.5, 0.75, 0.8], abs=1e-12)
+    # Our poly warms up to lr·(k + 1)/W and decays over the steps after warm-up.
+    ours = TrainConfig(lr=1.0, warmup_steps=4, schedule="poly")
+    assert [lr_at(k, ours, 10) for k in (0, 3, 4, 7)] == pytest.approx([0.25, 1.0, 1.0, 0.5], abs=1e-12)
+
+
+def test_exp_staircase_schedule_by_hand():
+    # Graphcore: lr·k/W up to k = W, then exp(-rate · floor((k - W) / decay_steps)).
+    train = TrainConfig(lr=1.0, warmup_steps=4, schedule="exp_staircase", exp_decay_rate=0.5, exp_decay_steps=3)
+    got = [lr_at(k, train, 100) for k in (0, 2, 4, 5, 6, 7, 9, 10)]
+    e = math.exp
+    assert got == pytest.approx([0.0, 0.5, 1.0, 1.0, 1.0, e(-0.5), e(-0.5), e(-1.0)], rel=1e-12)
+    smooth = TrainConfig(lr=1.0, warmup_steps=4, schedule="exp", exp_decay_rate=0.5, exp_decay_steps=3)
+    assert lr_at(5, smooth, 100) == pytest.approx(e(-0.5 / 3), rel=1e-12)
+    train.warmup_steps = 0
+    assert lr_at(0, train, 100) == 1.0
+
+
+SCHEDULE_CASES = json.loads((FIXTURES / "schedule_reference.json").read_text())["cases"]
+
+
+@pytest.mark.parametrize("case", SCHEDULE_CASES,
+                         ids=[f"{c['schedule']}-{c['source']}-{i}" for i, c in enumerate(SCHEDULE_CASES)])
+def test_schedule_equals_its_reference(case):
+    # fixtures/optim/make_schedule_fixture.py: the MLPerf reference's lr tensor and
+    # tf.compat.v1.train.polynomial_decay run by TensorFlow (float32, hence the
+    # tolerance of 1e-6 of the peak lr), and Graphcore's natural_exponential schedule.
+    train = TrainConfig(schedule=case["schedule"], **case["train"])
+    got = [lr_at(k, train, train.steps) for k in case["steps"]]
+    np.testing.assert_allclose(got, case["lr"], rtol=0, atol=1e-6 * max(case["lr"]))
+
+
+def test_poly_tf_equals_tensorflow():
+    tf = pytest.importorskip("tensorflow")
+    for lr, steps, end_lr, power in [(0.001, 40, 1e-5, 1.0), (0.003, 25, 1e-4, 0.5), (0.02, 13, 0.0, 2.0)]:
+        train = TrainConfig(lr=lr, steps=steps, end_lr=end_lr, decay_power=power, schedule="poly_tf")
+        want = [float(tf.compat.v1.train.polynomial_decay(lr, k, steps, end_learning_rate=end_lr, power=power,
+                                                          cycle=False)()) for k in range(steps + 2)]
+        got = [lr_at(k, train, steps) for k in range(steps + 2)]
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6 * lr)
+
+
 @pytest.mark.parametrize("change, key", [
     (dict(schedule="cosine"), "train.schedule"),
     (dict(schedule="table", lr_table={}), "train.lr_table"),
@@ -424,6 +682,9 @@ def test_constant_schedule_by_hand():
     (dict(schedule="poly", end_lr=-1e-5), "train.end_lr"),
     (dict(schedule="exp", exp_decay_steps=0), "train.exp_decay_steps"),
     (dict(schedule="exp", exp_decay_rate=-0.5), "train.exp_decay_rate"),
+    (dict(schedule="exp_staircase", exp_decay_steps=0), "train.exp_decay_steps"),
+    (dict(schedule="poly_tf", end_lr=-1e-5), "train.end_lr"),
+    (dict(schedule="poly_tf", start_warmup_step=3), "train.start_warmup_step"),
 ])
 def test_schedule_config_errors(change, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
@@ -462,7 +723,7 @@ def train_steps(model, opt, sched, steps) -> None:
         sched.step()
 
 
-@pytest.mark.parametrize("schedule", ["poly", "exp", "table", "constant"])
+@pytest.mark.parametrize("schedule", ["poly", "poly_tf", "exp", "exp_staircase", "table", "constant"])
 def test_scheduler_gives_lr_at_each_step(schedule):
     train = TrainConfig(lr=1e-3, warmup_steps=5, schedule=schedule, exp_decay_steps=10,
                         lr_table={0: 1e-3, 7: 4e-4, 12: 2e-4})

@@ -16,11 +16,13 @@ import time
 from pathlib import Path
 
 import pytest
+import test_squad_cli
 import torch
 
 from bertforge.checkpoint import load_model
 from bertforge.cli import main
 from bertforge.config import ConfigError, load_config
+from bertforge.data.records import read_records
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -221,3 +223,153 @@ def test_torchrun_restarts_a_killed_rank_and_continues_exactly(tmp_path):
     assert checkpoints(run) == ["step_00000002", "step_00000004", "step_00000006"]
     resumed, uninterrupted = load_model(run).state_dict(), load_model(tmp_path / "whole").state_dict()
     assert all(torch.equal(v, uninterrupted[k]) for k, v in resumed.items())
+
+
+@pytest.mark.dist
+def test_sigterm_to_torchrun_checkpoints_on_every_rank(tmp_path):
+    """SIGTERM to the launcher itself (what Slurm sends a job step): torchrun forwards it to every
+    worker, which finish the same step, checkpoint it and exit 0 within torchrun's
+    --shutdown-timeout; torchrun itself then exits 1 (it re-raises the signal). About 20 s."""
+    run = tmp_path / "ddp"
+    launcher = torchrun(run_args(tmp_path, "ddp", 100_000, "--execution.parallel", "ddp"), "--standalone")
+    wait_for_rows(run, launcher)
+    launcher.send_signal(signal.SIGTERM)
+    stderr = finish(launcher, 120)
+    assert launcher.returncode == 1, stderr[-3000:]
+    assert "SignalException: Process" in stderr  # torchrun's own account of the signal
+    stopped = train_rows(run)[-1]["step"]
+    assert checkpoints(run) == [f"step_{stopped:08d}"]
+    assert (f"preempted by SIGTERM after step {stopped}: checkpoint {run}/checkpoints/step_{stopped:08d}"
+            in " ".join(stderr.split()))
+    assert "Unable to shutdown process" not in stderr  # the workers exited themselves, not by SIGKILL
+    saved = torch.load(run / "checkpoints" / f"step_{stopped:08d}" / "trainer.pt", weights_only=True)
+    assert saved["step"] == stopped and saved["world_size"] == 2
+    assert not list(run.glob("error_rank*.log"))
+    # --resume auto takes it up: the checkpoint is complete (its manifest checks).
+    assert main(["pretrain", "--resume", "auto", "--run-dir", str(tmp_path), "--name", "ddp",
+                 "--steps", str(stopped + 1), "--no-progress", "--execution.parallel", "none"]) == 0
+    assert [r["step"] for r in train_rows(run)] == list(range(1, stopped + 2))
+
+
+# ------------------------------------------------------------ squad train
+
+qa_model = test_squad_cli.tiny  # a tiny random QA model, two questions in dev.json beside it
+
+
+def squad_args(model: Path, out: Path, steps: int, *extra: str) -> list[str]:
+    """Fine-tuning ``model`` (qa_model) on its two questions, 2 per step."""
+    return ["squad", "train", "--init", str(model), "--train-file", str(model.parent / "dev.json"), "--out", str(out),
+            "--no-progress", "--data.seq_len", "32", "--squad.max_query_length", "8", "--train.epochs", "0",
+            "--train.steps", str(steps), "--train.micro_batch_size", "1", "--train.global_batch_size", "2",
+            "--train.schedule", "constant", "--train.warmup_proportion", "0", "--train.warmup_steps", "0",
+            "--train.lr", "1e-3", "--log.every", "1", "--log.tensorboard", "false", "--execution.threads", "1",
+            "--checkpoint.keep", "0", *extra]
+
+
+def test_squad_train_sigterm_checkpoints_and_resume_auto_continues(qa_model, tmp_path):
+    """squad train, SIGTERM after the first logged step: exit 0 and a checkpoint of that step; the
+    same command with --resume auto then ends where an uninterrupted run does. About 10 s."""
+    out = tmp_path / "ft"
+    argv = squad_args(qa_model, out, 100_000, "--resume", "auto")
+    process = subprocess.Popen([sys.executable, "-m", "bertforge", *argv], cwd=REPO, env=env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    wait_for_rows(out, process)
+    process.send_signal(signal.SIGTERM)
+    stderr = finish(process, 120)
+    assert process.returncode == 0, stderr[-3000:]
+    stopped = train_rows(out)[-1]["step"]
+    assert 1 <= stopped < 100_000
+    assert checkpoints(out) == [f"step_{stopped:08d}"]
+    assert (f"preempted by SIGTERM after step {stopped}: checkpoint {out}/checkpoints/step_{stopped:08d}; "
+            f"continue with --resume {out}") in " ".join(stderr.split())
+    assert not (out / "model.safetensors").exists()  # the finished model waits for the end of the run
+
+    assert main(squad_args(qa_model, out, stopped + 2, "--resume", "auto")) == 0
+    assert main(squad_args(qa_model, tmp_path / "whole", stopped + 2)) == 0
+    assert [r["step"] for r in train_rows(out)] == list(range(1, stopped + 3))  # each step once
+    assert losses(out) == losses(tmp_path / "whole")
+    resumed, whole = load_model(out, head="qa").state_dict(), load_model(tmp_path / "whole", head="qa").state_dict()
+    assert all(torch.equal(v, whole[k]) for k, v in resumed.items())
+
+
+def test_squad_train_resume_auto_starts_fresh_then_resumes(qa_model, tmp_path):
+    """The first --resume auto start makes the run; the next continues it from its newest
+    checkpoint (not from --init): the losses are those of one run of 4 steps. About 5 s."""
+    out = tmp_path / "ft"
+    assert main(squad_args(qa_model, out, 2, "--resume", "auto")) == 0
+    assert checkpoints(out) == ["step_00000002"]
+    assert main(squad_args(qa_model, out, 4, "--resume", "auto")) == 0
+    assert checkpoints(out) == ["step_00000002", "step_00000004"]
+    assert main(squad_args(qa_model, tmp_path / "whole", 4)) == 0
+    assert [r["step"] for r in train_rows(out)] == [1, 2, 3, 4]
+    assert losses(out) == losses(tmp_path / "whole")
+
+
+# ------------------------------------------------------------ data create: nothing replaced unasked
+# (issue 11's "never destroy what the user did not name", for the one command that writes record files)
+
+WORDS = ["the", "cat", "sat", "on", "mat", ".", "it", "was", "a", "good", "dog", "ran", "far", "away"]
+
+
+def test_data_create_refuses_existing_outputs_unless_overwrite(tmp_path, capsys):
+    """An existing output file is refused (exit 2, nothing written) unless --overwrite; shards of
+    another count of the same name are refused even then, and never deleted. About 1 s."""
+    (tmp_path / "a.txt").write_text("the cat sat on the mat .\nit was a good cat .\n\nthe dog ran far away .\n"
+                                    "it was a good dog .\n")
+    (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]) + "\n")
+    out = tmp_path / "out" / "train.tfrecord"
+    out.parent.mkdir()
+    out.write_text("the user's\n")
+
+    def create(*extra: str) -> int:
+        return main(["data", "create", "--input", str(tmp_path / "a.txt"), "--vocab", str(tmp_path / "vocab.txt"),
+                     "--output", str(out), "--seq-len", "16", "--max-predictions", "2", *extra])
+
+    capsys.readouterr()
+    assert create() == 2
+    assert capsys.readouterr().err == f"error: {out} exists; pass --overwrite to replace it\n"
+    assert out.read_text() == "the user's\n"
+    assert create("--overwrite") == 0
+    assert "15 instances" in capsys.readouterr().out
+    assert len(read_records(out).input_ids) == 15
+
+    capsys.readouterr()
+    assert create("--num-output-files", "2", "--overwrite") == 2  # train.tfrecord would be read with the 2 shards
+    assert capsys.readouterr().err == (
+        f"error: {out} has the name of --output {out} but is not one of the 2 file(s) this run writes "
+        f"(1 such file(s)): a glob or directory would read them with the new ones; remove them or choose "
+        f"another --output\n")
+    out.unlink()
+    assert create("--num-output-files", "2") == 0
+    shards = sorted(p.name for p in out.parent.iterdir())
+    assert shards == ["train-00000-of-00002.tfrecord", "train-00001-of-00002.tfrecord"]
+    capsys.readouterr()
+    assert create("--num-output-files", "2") == 2
+    assert capsys.readouterr().err == (f"error: {out.parent / shards[0]} exists (2 of the 2 output files); "
+                                       f"pass --overwrite to replace them\n")
+
+
+# ------------------------------------------------------------ a shape given equal to the default
+# (issue 11's "records of sequence 128 train under data.seq_len 512 with no word", for the value 128)
+
+def test_a_seq_len_given_equal_to_the_default_must_agree_with_the_records(tmp_path):
+    """``--data.seq_len 128`` (the default) or a config file's ``seq_len: 128`` is a value the user
+    gave: records of 16 are refused, as for any other value; left out, the records decide."""
+    from test_loader import numbered_arrays, records_config
+
+    from bertforge.config import DataConfig
+    from bertforge.data.records import write_records
+    from bertforge.train import load_data
+
+    path = write_records(tmp_path / "train.native", numbered_arrays(0, 12), fmt="native")
+    default = DataConfig().seq_len
+    cfg = records_config(tmp_path, **{"data.input": str(path), "data.seq_len": default})
+    with pytest.raises(ConfigError, match=rf"^data.seq_len={default}, but the records have seq_len 16 "):
+        load_data(cfg, tmp_path)
+    # pretrain_tiny.yaml sets seq_len 128 and max_predictions 20, both the defaults.
+    cfg = load_config("pretrain_tiny", [("data.input", str(path)), ("log.run_dir", str(tmp_path))])
+    with pytest.raises(ConfigError, match=rf"^data.seq_len={default}, but the records have seq_len 16 "):
+        load_data(cfg, tmp_path)
+    cfg = records_config(tmp_path, **{"data.input": str(path)})
+    load_data(cfg, tmp_path)
+    assert (cfg.data.seq_len, cfg.data.max_predictions) == (16, 3)

@@ -605,7 +605,9 @@ def test_describe(tmp_path, sample):
     assert lines[3].startswith("  A: [CLS] the [MASK] from his wood pile refused to [MASK] [MASK] a fire")
     assert lines[3].endswith("[SEP]") and lines[4].startswith("  B: ") and lines[4].endswith("[SEP]")
     assert lines[5].startswith("  masked: 2 [MASK]→chips, 9 [MASK]→kind, 10 [MASK]→##le, 14 [MASK]→dry")
-    assert lines[6].startswith("record 1 (byte offset 841): ") and len(lines) == 10
+    assert lines[6].startswith("record 1 (byte offset 841): ") and len(lines) == 11
+    assert lines[10] == ("packing: packing factor 1.000 sequences per row (45 sequences in 45 rows), "
+                         "padding 16.3% of tokens")
 
     path = _copy(sample, tmp_path)
     _flip(path, 841 + 12 + 3)

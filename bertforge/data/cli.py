@@ -6,9 +6,12 @@
     bertforge data vocab TEXT_DIR/train vocab.txt
     bertforge data create --input 'TEXT_DIR/train/*.txt' --vocab vocab.txt --output records/train.tfrecord \\
         --mode fast --workers 8 --num-output-files 64
+    bertforge data create --input corpus.parquet --text-column text --vocab vocab.txt --output records/train.tfrecord
     bertforge data pick-eval TEXT_DIR/eval/eval.txt records/eval.tfrecord --vocab vocab.txt --num 10000
+    bertforge data pack records/ packed/ --max-sequences-per-pack 3
     bertforge data index records/*.tfrecord
     bertforge data inspect records/train-00000-of-00064.tfrecord --vocab vocab.txt
+    bertforge data checksum records/ [--verify]   # md5 and size of every file, written once, verified later
 """
 # (The docstring is the help of ``bertforge data``.) The handlers raise; bertforge.cli.main
 # turns a user's mistake into one ``error: …`` line and exit status 2, as for every command.
@@ -46,7 +49,7 @@ def _command(run):
 
 
 def add_data_commands(sub: argparse._SubParsersAction) -> None:
-    from . import create, pick_eval, preprocess, wikipedia
+    from . import checksum, create, packing, pick_eval, preprocess, wikipedia
 
     data = sub.add_parser("data", help="make pre-training data: Wikipedia, text, records",
                           description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -75,6 +78,12 @@ def add_data_commands(sub: argparse._SubParsersAction) -> None:
     pick_eval.add_arguments(p)
     p.set_defaults(func=_command(pick_eval.run))
 
+    p = data_sub.add_parser("pack", help="pack up to N sequences per record (SPFHP, Graphcore's packed schema)")
+    packing.add_pack_arguments(p)
+    p.set_defaults(func=packing.cmd_pack)
+    p = data_sub.add_parser("checksum", help="write (or --verify) a manifest of md5 sums and sizes of a directory")
+    checksum.add_arguments(p)
+    p.set_defaults(func=_command(checksum.run))
     p = data_sub.add_parser("index", help="write .index files (offset and length per record) for TFRecords")
     p.add_argument("files", nargs="+", type=Path)
     p.set_defaults(func=cmd_index)

@@ -7,7 +7,8 @@ Two sources:
   so that ``bertforge pretrain`` runs offline with no download.
 * :func:`read_text_corpus` (and :func:`iter_text_corpus`, streamed) --
   google-research/bert's input format: one sentence per line, a blank line
-  between documents (read by :mod:`.text`).
+  between documents; or tables (JSON Lines, Parquet, a ``save_to_disk``
+  directory) with a document per row (both read by :mod:`.text`).
 
 Document boundaries matter: next-sentence pairs never cross them.
 """
@@ -22,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from .errors import DataError
-from .text import expand_inputs, read_documents
+from .text import expand_inputs, read_documents, row_documents, table_inputs
 
 Document = list[str]
 
@@ -156,20 +157,26 @@ def builtin_corpus() -> list[Document]:
 
 # ------------------------------------------------------------ text files
 
-def iter_text_corpus(inputs: Iterable[str | Path]) -> Iterator[Document]:
+def iter_text_corpus(inputs: Iterable[str | Path], text_column: str = "text") -> Iterator[Document]:
     """The documents of files, or of every ``*.txt`` file of directories in sorted order, streamed.
 
     Format (google-research/bert's): one sentence per line, a blank line between
     documents. Unlike ``bertforge data create`` (the reference's reading), the
     end of a file also ends its last document and a leading byte order mark is
     dropped. Empty documents are skipped. No globs: a path names a corpus.
+    Tables (``.jsonl``, ``.jsonl.gz``, ``.parquet``, a ``save_to_disk``
+    directory) give one document per row of ``text_column``, its lines the sentences.
     """
-    files = expand_inputs(inputs, globs=False, what="corpus")
-    yield from read_documents(files, across_files=False, strip_bom=True)
+    files = expand_inputs(inputs, globs=False, what="corpus", saved_datasets=True)
+    if table_inputs(files):
+        yield from row_documents(files, text_column)
+    else:
+        yield from read_documents(files, across_files=False, strip_bom=True)
 
 
 def read_text_corpus(path: str | Path) -> list[Document]:
-    """Read one file, or every ``*.txt`` file of a directory in sorted order (:func:`iter_text_corpus`).
+    """Read one file (or table), or every ``*.txt`` file of a directory in sorted order
+    (:func:`iter_text_corpus`).
 
     A corpus with no document is an error.
     """

@@ -31,14 +31,18 @@ Two modes:
   workers itself, scans the input for cut points and appends those bytes to the files.
 
 Input is read by :mod:`.text` (files, globs and directories of ``*.txt``;
-chunks as byte ranges). Tokenization gives the ids of
+chunks as byte ranges), or from tables (JSON Lines, Parquet, ``save_to_disk``
+directories: one document per row of ``text_column``, its lines the sentences,
+read by the parent process and sent to the workers as documents; the same text
+as a text file gives the same records in both modes). Tokenization gives the ids of
 :func:`.tokenizer.encode_texts` (the reference ``FullTokenizer``'s), found with
 numpy and a cache (:class:`.wordpiece.FastWordPiece`).
 
 Output: ``num_output_files`` files in ``fmt`` (``tfrecord`` with the reference
 feature schema, or ``native``), filled round-robin as the reference does. One
 file is ``output`` itself; several are ``NAME-00000-of-00004.EXT`` next to it.
-Every file is written under a temporary name and renamed when complete.
+Every file is written under a temporary name and renamed when complete. The
+command refuses to replace existing files unless ``--overwrite`` (:func:`check_outputs`).
 
 Bad input is a :class:`.errors.DataError` naming the file or value, and no
 output: a missing input or vocab, bytes that are not UTF-8 (with the byte
@@ -56,6 +60,7 @@ import mmap
 import multiprocessing
 import os
 import random
+import re
 import sys
 import tempfile
 import time
@@ -70,7 +75,7 @@ import numpy as np
 from .errors import DataError, warn_one_document
 from .instances import PretrainingArrays, create_arrays_fast, create_instances, to_arrays
 from .records import FORMATS, EncodedRecords, RecordEncoder, RecordWriter
-from .text import Range, chunk_ranges, expand_inputs, read_documents, read_ranges
+from .text import Chunk, expand_inputs, input_chunks, input_documents, read_chunk
 from .tokenizer import read_vocab
 from .wordpiece import FastWordPiece
 
@@ -183,9 +188,9 @@ class _ChunkMaker:
         self.key = _maker_key(options, encoder)
         self.tokenizer = FastWordPiece(vocab, options.lowercase)
 
-    def __call__(self, index: int, ranges: list[Range]) -> ChunkResult:
+    def __call__(self, index: int, ranges: Chunk) -> ChunkResult:
         o = self.options
-        chunk = self.tokenizer.encode_documents(list(read_ranges(ranges)))
+        chunk = self.tokenizer.encode_documents(read_chunk(ranges))
         rng = np.random.default_rng([o.seed, index])  # depends on the chunk, not the process
         arrays = create_arrays_fast(
             chunk.tokens, chunk.sentence_offsets, chunk.document_offsets, seq_len=o.seq_len,
@@ -215,7 +220,7 @@ def _start_worker(vocab: Path, options: CreateOptions, encoder: RecordEncoder | 
         _WORKER = _ChunkMaker(vocab, options, encoder)
 
 
-def _run_chunk(index: int, ranges: list[Range], spool: str | None,
+def _run_chunk(index: int, ranges: Chunk, spool: str | None,
                num_files: int) -> ChunkResult:
     assert _WORKER is not None, "worker not initialised"
     result = _WORKER(index, ranges)
@@ -273,7 +278,7 @@ def _default_start_method() -> str:
     return "fork" if sys.platform == "linux" else "spawn"
 
 
-def _fast_chunks(chunks: Iterator[list[Range]], vocab: Path, options: CreateOptions,
+def _fast_chunks(chunks: Iterator[Chunk], vocab: Path, options: CreateOptions,
                  encoder: RecordEncoder | None, workers: int, start_method: str | None,
                  spool: str | None = None, num_files: int = 1) -> Iterator[ChunkResult]:
     """Results in chunk order, made by ``workers`` processes: this one and workers - 1 others.
@@ -344,6 +349,29 @@ def _unpack(result: ChunkResult) -> ChunkResult:
 
 # ---------------------------------------------------------------- writing
 
+def check_outputs(output: str | Path, num_output_files: int, overwrite: bool) -> list[Path]:
+    """The output files, after refusing to replace existing ones unless ``overwrite``.
+
+    Files of the output's name that this run would not write (``NAME.EXT`` or
+    ``NAME-0000i-of-0000M.EXT`` of another count) are refused even so: they would
+    be read with the new ones by a glob or directory, and they are not ours to delete.
+    """
+    paths = output_paths(output, num_output_files)
+    output = Path(output)
+    ours = re.compile(rf"{re.escape(output.stem)}(-\d{{5,}}-of-\d{{5,}})?{re.escape(output.suffix)}")
+    existing = sorted(p for p in output.parent.glob("*") if ours.fullmatch(p.name)) if output.parent.is_dir() else []
+    others = [p for p in existing if p not in paths]
+    if others:
+        raise DataError(f"{others[0]} has the name of --output {output} but is not one of the {len(paths)} "
+                        f"file(s) this run writes ({len(others)} such file(s)): a glob or directory would read "
+                        f"them with the new ones; remove them or choose another --output")
+    if existing and not overwrite:
+        which = "" if len(paths) == 1 else f" ({len(existing)} of the {len(paths)} output files)"
+        raise DataError(f"{existing[0]} exists{which}; pass --overwrite to replace "
+                        f"{'it' if len(existing) == 1 else 'them'}")
+    return paths
+
+
 def output_paths(output: str | Path, num_output_files: int = 1) -> list[Path]:
     """``output`` itself, or ``NAME-00000-of-0000N.EXT`` … next to it."""
     output = Path(output)
@@ -405,10 +433,12 @@ def create(inputs: Sequence[str | Path], vocab: str | Path, output: str | Path, 
            short_seq_prob: float = 0.1, dupe_factor: int = 5, seed: int = 12345,
            lowercase: bool = True, mode: str = "reference", workers: int = 1,
            fmt: str = "tfrecord", num_output_files: int = 1, chunk_chars: int = CHUNK_CHARS,
-           start_method: str | None = None) -> CreateStats:
+           start_method: str | None = None, text_column: str = "text") -> CreateStats:
     """Write pre-training records made from text files; see the module docstring.
 
-    ``inputs`` are files, globs or directories, read in the order given.
+    ``inputs`` are files, globs or directories, read in the order given, or
+    tables (JSON Lines, Parquet, saved datasets) whose ``text_column`` holds a
+    document per row (see :mod:`.text`).
     ``workers`` (fast mode) is the number of processes; ``start_method`` the
     multiprocessing start method (default: fork on Linux, else spawn).
     """
@@ -424,7 +454,7 @@ def create(inputs: Sequence[str | Path], vocab: str | Path, output: str | Path, 
     _check(options, mode, workers, chunk_chars)
     vocab = Path(vocab)
     vocab_size = len(read_vocab(vocab))  # a missing or empty vocab fails here, before any work
-    files = expand_inputs(inputs)
+    files = expand_inputs(inputs, saved_datasets=True)
     paths = output_paths(output, num_output_files)
     stats = CreateStats(mode=mode, files=paths)
 
@@ -433,7 +463,7 @@ def create(inputs: Sequence[str | Path], vocab: str | Path, output: str | Path, 
                                                     vocab_size=vocab_size)) for path in paths]
         out = _RoundRobin(writers)
         if mode == "reference":
-            _create_reference(files, vocab, options, out, stats)
+            _create_reference(files, vocab, options, out, stats, text_column)
         else:
             spool = None
             if workers > 1:  # workers leave their records here for us to append
@@ -443,7 +473,7 @@ def create(inputs: Sequence[str | Path], vocab: str | Path, output: str | Path, 
             # Closed before the spool goes: no worker writes into it any more.
             results = stack.enter_context(contextlib.closing(_generate(
                 files, vocab, options, encoder, workers, chunk_chars, start_method, stats,
-                spool, len(paths))))
+                spool, len(paths), text_column)))
             for result in results:
                 if result.spooled is not None:
                     out.write_spooled(result.spooled, encoder.layout)
@@ -462,8 +492,8 @@ def generate(inputs: Sequence[str | Path], vocab: str | Path, *, seq_len: int = 
              max_predictions: int = 20, masked_lm_prob: float = 0.15,
              short_seq_prob: float = 0.1, dupe_factor: int = 5, seed: int = 12345,
              lowercase: bool = True, workers: int = 1, chunk_chars: int = CHUNK_CHARS,
-             start_method: str | None = None,
-             stats: CreateStats | None = None) -> Iterator[PretrainingArrays]:
+             start_method: str | None = None, stats: CreateStats | None = None,
+             text_column: str = "text") -> Iterator[PretrainingArrays]:
     """Fast mode without files: each chunk's instances, in order, as :func:`create` writes them.
 
     ``stats``, when given, is updated as chunks come.
@@ -473,8 +503,8 @@ def generate(inputs: Sequence[str | Path], vocab: str | Path, *, seq_len: int = 
     _check(options, "fast", workers, chunk_chars)
     read_vocab(vocab)  # a missing or empty vocab fails here, before any work
     stats = stats if stats is not None else CreateStats(mode="fast", files=[])
-    results = _generate(expand_inputs(inputs), Path(vocab), options, None, workers, chunk_chars,
-                        start_method, stats)
+    results = _generate(expand_inputs(inputs, saved_datasets=True), Path(vocab), options, None,
+                        workers, chunk_chars, start_method, stats, text_column=text_column)
 
     def arrays() -> Iterator[PretrainingArrays]:
         for result in results:
@@ -496,8 +526,9 @@ def _check(options: CreateOptions, mode: str, workers: int, chunk_chars: int) ->
 def _generate(files: list[Path], vocab: Path, options: CreateOptions,
               encoder: RecordEncoder | None, workers: int, chunk_chars: int,
               start_method: str | None, stats: CreateStats, spool: str | None = None,
-              num_files: int = 1) -> Generator[ChunkResult, None, None]:  # closed by create()
-    chunks = chunk_ranges(files, chunk_chars, MIN_CHUNK_DOCS)
+              num_files: int = 1, text_column: str = "text",
+              ) -> Generator[ChunkResult, None, None]:  # closed by create()
+    chunks = input_chunks(files, chunk_chars, MIN_CHUNK_DOCS, text_column)
     single = 0  # chunks of one document (only when the corpus has fewer than MIN_CHUNK_DOCS)
     for result in _fast_chunks(chunks, vocab, options, encoder, workers, start_method, spool,
                                num_files):
@@ -521,10 +552,10 @@ def _names(files: Sequence[Path]) -> str:
 
 
 def _create_reference(files: list[Path], vocab: Path, options: CreateOptions, out: _RoundRobin,
-                      stats: CreateStats) -> None:
+                      stats: CreateStats, text_column: str = "text") -> None:
     """The whole corpus at once, as google-research/bert's create_pretraining_data.py."""
     tokenizer = FastWordPiece(vocab, options.lowercase)
-    documents = list(read_documents(files))
+    documents = list(input_documents(files, text_column))
     chunk = tokenizer.encode_documents(documents)
     del documents
     stats.documents = len(chunk.document_offsets) - 1
@@ -551,7 +582,11 @@ def _create_reference(files: list[Path], vocab: Path, options: CreateOptions, ou
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments of ``bertforge data create``."""
     parser.add_argument("--input", nargs="+", required=True, metavar="PATH",
-                        help="text files, globs or directories of *.txt (read in this order)")
+                        help="text files, globs or directories of *.txt (read in this order); or "
+                             "tables, one document per row: .jsonl, .jsonl.gz, .parquet, or a "
+                             "directory written by datasets' save_to_disk")
+    parser.add_argument("--text-column", default="text",
+                        help="the column of tables that holds the text (default: text)")
     parser.add_argument("--vocab", required=True, help="vocab.txt, one token per line")
     parser.add_argument("--output", required=True,
                         help="output file (with --num-output-files N: NAME-0000i-of-0000N.EXT)")
@@ -568,18 +603,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=1, help="processes (fast mode)")
     parser.add_argument("--format", dest="fmt", choices=("tfrecord", "native"), default="tfrecord")
     parser.add_argument("--num-output-files", type=int, default=1)
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace output files that exist (refused otherwise)")
+    parser.add_argument("--pack", type=int, default=0, metavar="N",
+                        help="pack up to N sequences per record (see `bertforge data pack`)")
     parser.add_argument("--chunk-chars", type=int, default=CHUNK_CHARS,
                         help="fast mode: bytes of text per chunk")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``bertforge data create`` from parsed arguments; print a one-line summary."""
-    stats = create(args.input, args.vocab, args.output, seq_len=args.seq_len,
-                   max_predictions=args.max_predictions, masked_lm_prob=args.masked_lm_prob,
-                   short_seq_prob=args.short_seq_prob, dupe_factor=args.dupe_factor,
-                   seed=args.seed, lowercase=not args.cased, mode=args.mode,
-                   workers=args.workers, fmt=args.fmt, num_output_files=args.num_output_files,
-                   chunk_chars=args.chunk_chars)
+    """Run ``bertforge data create`` from parsed arguments; print a one-line summary
+    (and, with ``--pack N``, one for the packing: see :mod:`.packing`)."""
+    from .packing import packing_to
+
+    read_vocab(args.vocab)  # a missing vocab is named before an existing output
+    final = check_outputs(args.output, args.num_output_files, args.overwrite)
+    with (packing_to(args.output, final, args.pack, seed=args.seed) if args.pack
+          else contextlib.nullcontext((args.output, None))) as (output, packed):
+        stats = create(args.input, args.vocab, output, seq_len=args.seq_len,
+                       max_predictions=args.max_predictions, masked_lm_prob=args.masked_lm_prob,
+                       short_seq_prob=args.short_seq_prob, dupe_factor=args.dupe_factor,
+                       seed=args.seed, lowercase=not args.cased, mode=args.mode,
+                       workers=args.workers, fmt=args.fmt, num_output_files=args.num_output_files,
+                       chunk_chars=args.chunk_chars, text_column=args.text_column)
+    stats.files = final
     print(stats.summary())
+    if packed is not None:
+        print(f"packed: {packed.summary()}")
     return 0
 

@@ -3,7 +3,8 @@
 A dataset hands out batches as dicts of tensors with the keys of
 ``bertforge.model.pretraining_loss``: ``input_ids``, ``token_type_ids``,
 ``attention_mask``, ``masked_lm_positions``, ``masked_lm_ids``,
-``masked_lm_weights`` and ``next_sentence_labels``.
+``masked_lm_weights`` and ``next_sentence_labels``; packed rows give the keys
+of :meth:`.packing.PackedArrays.to_torch` instead.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ..config import DataConfig
 from .corpus import builtin_corpus, read_text_corpus
 from .errors import DataError, warn_one_document
 from .instances import PretrainingArrays, create_instances, to_arrays
+from .packing import Rows
 from .tokenizer import load_tokenizer, read_vocab, special_ids, tokenize_documents, train_wordpiece, vocab_size_of
 
 log = logging.getLogger(__name__)
@@ -30,13 +32,13 @@ EVAL_SEED_OFFSET = 1  # the eval set's instances use data.seed + this
 
 
 class PretrainingDataset(torch.utils.data.Dataset):
-    """Pre-training instances held as numpy arrays.
+    """Pre-training instances (or packed rows) held as numpy arrays.
 
     ``batch(indices)`` gathers many rows at once; it is much faster than a
     DataLoader collating ``__getitem__`` results one by one.
     """
 
-    def __init__(self, arrays: PretrainingArrays):
+    def __init__(self, arrays: Rows):
         self.arrays = arrays
 
     def __len__(self) -> int:
@@ -154,7 +156,8 @@ def build_datasets(data: DataConfig, work_dir: Path) -> tuple[PretrainingDataset
 
 
 def decode_sample(batch: dict[str, torch.Tensor], vocab_path: str | Path, row: int = 0) -> str:
-    """One sequence of a batch as the model sees it (masks included), for a person to read."""
+    """One sequence (or packed row) of a batch as the model sees it (masks included), for a person to read."""
     vocab = read_vocab(vocab_path)
-    ids = batch["input_ids"][row][batch["attention_mask"][row].bool()]
+    mask = batch["sequence_ids"] if "sequence_ids" in batch else batch["attention_mask"]
+    ids = batch["input_ids"][row][mask[row].bool()]
     return " ".join(vocab[i] for i in ids.tolist())

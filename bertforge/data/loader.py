@@ -20,6 +20,11 @@ holds one window of indices and one batch, whatever the corpus size.
 With ``dynamic_masking`` the static masks in the records are undone and each
 sequence is masked anew (80/10/10) from a seed that depends on the epoch and
 the batch, so every epoch sees different masks and resuming stays exact.
+
+Packed records (``bertforge data pack``, or Graphcore's) are detected from
+the files and come as packed batches (:meth:`.packing.PackedArrays.to_torch`);
+a batch is then ``batch_size`` rows of up to S sequences each. The shards of
+one data set must be all packed (alike) or all unpacked.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import torch
 
 from .errors import DataError
 from .instances import PretrainingArrays
+from .packing import Rows, concat_rows
 from .records import RecordFile, detect_format, open_records
 from .text import expand_inputs
 from .tokenizer import read_vocab
@@ -105,6 +111,10 @@ class RecordStream:
             for f in self.files:
                 self.readers.append(open_records(f, verify=verify, vocab_size=vocab_size))
             check_same_shape(self.readers)
+            packed = next((r for r in self.readers if r.max_sequences_per_pack), None)
+            if masking is not None and packed is not None:
+                raise DataError(f"{packed.path}: packed records cannot be masked anew: "
+                                "turn data.dynamic_masking off, or pack records made with it")
         except BaseException:
             self.close()
             raise
@@ -167,7 +177,7 @@ class RecordStream:
             window, offset = window + 1, 0
         return np.concatenate(out)
 
-    def read(self, sequence_ids: np.ndarray) -> PretrainingArrays:
+    def read(self, sequence_ids: np.ndarray) -> Rows:
         """Records by their positions in the epoch's concatenation, in the given order."""
         files, local = self._global_to_file(sequence_ids)
         shards = np.unique(files)
@@ -176,7 +186,7 @@ class RecordStream:
         # Read file by file, then put the rows back in the asked order.
         where = [np.flatnonzero(files == f) for f in shards]
         parts = [self.readers[f].take(local[rows]) for f, rows in zip(shards, where)]
-        return PretrainingArrays.concat(parts).take(np.argsort(np.concatenate(where)))
+        return concat_rows(parts).take(np.argsort(np.concatenate(where)))
 
     def next(self) -> dict[str, torch.Tensor]:
         if self.index == self.batches_per_epoch:
@@ -184,6 +194,7 @@ class RecordStream:
             self._plan_epoch(self.epoch)
         arrays = self.read(self._batch_records(self.index))
         if self.masking is not None:
+            assert isinstance(arrays, PretrainingArrays)  # packed records refuse masking (__init__)
             arrays = remask(arrays, self.masking, self._rng(self.epoch, 2, self.rank, self.index))
         self.index += 1
         return arrays.to_torch()
@@ -197,11 +208,17 @@ class RecordStream:
 
 
 def check_same_shape(readers: list[RecordFile]) -> None:
-    """A DataError naming two files whose sequence length or prediction count differ
-    (files without records have no shape and pass)."""
+    """A DataError naming two files whose sequence length or prediction count differ, or of which
+    one is packed and the other not (files without records have no shape and pass)."""
     shaped = [r for r in readers if len(r)]
     for reader in shaped[1:]:
         first = shaped[0]
+        if reader.max_sequences_per_pack != first.max_sequences_per_pack:
+            def packing(r: RecordFile) -> str:
+                slots = r.max_sequences_per_pack
+                return f"packed records (up to {slots} sequences per record)" if slots else "unpacked records"
+            raise DataError(f"{reader.path}: {packing(reader)}, but {first.path} has {packing(first)}: "
+                            "the files of one data set must agree")
         if (reader.seq_len, reader.max_predictions) != (first.seq_len, first.max_predictions):
             raise DataError(f"{reader.path}: records of seq_len {reader.seq_len}, max_predictions "
                             f"{reader.max_predictions}, but {first.path} has seq_len {first.seq_len}, "
@@ -219,7 +236,7 @@ def records_shape(files: list[Path]) -> tuple[Path, int, int, int | None]:
                     + (" …" if len(files) > 3 else ""))
 
 
-def read_eval_records(path: str | Path, train: tuple[Path, int, int], vocab_size: int | None) -> PretrainingArrays:
+def read_eval_records(path: str | Path, train: tuple[Path, int, int], vocab_size: int | None) -> Rows:
     """All records of the eval file, refused (naming both files) when its sequence length or
     prediction count differ from the training records' ``train`` (file, seq_len, max_predictions),
     and checked against ``vocab_size`` as the training records are."""

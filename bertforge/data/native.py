@@ -22,6 +22,11 @@ fancy index. Verifying means reading the whole row region once for the block
 checksums (about the speed of reading the file: crc32c runs at >10 GB/s).
 A truncated file is detected from the sizes in the preamble and header.
 
+Packed rows (:class:`.packing.PackedArrays`) have their own row layout; the
+header then says ``"max_sequences_per_pack": S`` (a file without that field
+holds unpacked rows), and ``max_predictions`` is per sequence (a row holds
+``max_predictions + S - 1``), as in Graphcore's packed TFRecords.
+
 A header is not trusted: every field is checked for type and range (a hand
 edit such as ``"seq_len": 1e9`` is a one-line error naming the field), the
 field layout must be exactly the one these shapes give, and the rows it
@@ -40,6 +45,7 @@ import google_crc32c
 import numpy as np
 
 from .instances import PretrainingArrays
+from .packing import MAX_SEQUENCES_PER_PACK, PackedArrays, Rows
 
 MAGIC = b"\x89BFREC\r\n"
 VERSION = 1
@@ -51,13 +57,31 @@ _BITS = "bits"  # a 0/1 field stored as packed bits (little bit order)
 _PLAIN = "plain"
 
 
-def row_dtype(seq_len: int, max_predictions: int, id_dtype: np.dtype) -> tuple[np.dtype, dict]:
-    """The row dtype and the encoding of each field.
+def row_dtype(seq_len: int, max_predictions: int, id_dtype: np.dtype,
+              max_sequences_per_pack: int = 0) -> tuple[np.dtype, dict]:
+    """The row dtype and the encoding of each field (packed rows with ``max_sequences_per_pack``).
 
     Wider fields first, so that numpy's alignment adds little padding.
     """
     position_dtype = np.dtype(np.uint8 if seq_len <= 256 else np.uint16)
     bit_bytes = (seq_len + 7) // 8
+    slots = max_sequences_per_pack
+    byte = np.dtype(np.uint8)
+    if slots:
+        width = max_predictions + slots - 1
+        fields = [
+            ("input_ids", id_dtype, seq_len, _PLAIN),
+            ("masked_lm_ids", id_dtype, width, _PLAIN),
+            ("position_ids", position_dtype.newbyteorder("<"), seq_len, _PLAIN),
+            ("masked_lm_positions", position_dtype.newbyteorder("<"), width, _PLAIN),
+            ("input_mask", byte, seq_len, _PLAIN),  # sequence indices
+            ("masked_lm_mask", byte, width, _PLAIN),
+            ("segment_ids", byte, bit_bytes, _BITS),
+            ("next_sentence_labels", byte, slots, _PLAIN),
+            ("next_sentence_mask", byte, slots, _PLAIN),
+        ]
+        dtype = np.dtype([(name, dt, (w,)) for name, dt, w, _ in fields], align=True)
+        return dtype, {name: encoding for name, _, _, encoding in fields}
     fields = [
         ("masked_lm_weights", np.dtype("<f4"), max_predictions, _PLAIN),
         ("input_ids", id_dtype, seq_len, _PLAIN),
@@ -76,24 +100,42 @@ def id_dtype_for(bound: int | None) -> np.dtype:
     return np.dtype("<u2") if bound is not None and bound <= 1 << 16 else np.dtype("<i4")
 
 
-def to_rows(arrays: PretrainingArrays, dtype: np.dtype) -> np.ndarray:
+def _bit_fields(packed: bool) -> tuple[str, ...]:
+    return ("segment_ids",) if packed else ("input_mask", "segment_ids")
+
+
+def to_rows(arrays: Rows, dtype: np.dtype) -> np.ndarray:
     """Validated arrays → structured rows."""
     rows = np.zeros(len(arrays), dtype)
     assert dtype.names is not None  # a structured dtype (row_dtype's)
+    bit_fields = _bit_fields(isinstance(arrays, PackedArrays))
     for name in dtype.names:
         values = getattr(arrays, name)
-        if name in ("input_mask", "segment_ids"):
+        if name in bit_fields:
             values = np.packbits(values.astype(np.uint8), axis=1, bitorder="little")
-        elif name == "next_sentence_labels":
+        elif values.ndim == 1:  # unpacked next_sentence_labels
             values = values.reshape(-1, 1)
         rows[name] = values
     return rows
 
 
-def from_rows(rows: np.ndarray, seq_len: int) -> PretrainingArrays:
-    """Structured rows → arrays in PretrainingArrays' dtypes."""
+def from_rows(rows: np.ndarray, seq_len: int, max_sequences_per_pack: int = 0) -> Rows:
+    """Structured rows → arrays in PretrainingArrays' (or, packed, PackedArrays') dtypes."""
     def bits(name: str) -> np.ndarray:
         return np.unpackbits(rows[name], axis=1, count=seq_len, bitorder="little").view(np.int8)
+
+    if max_sequences_per_pack:
+        return PackedArrays(
+            input_ids=rows["input_ids"].astype(np.int32),
+            input_mask=rows["input_mask"].astype(np.int8),
+            segment_ids=bits("segment_ids"),
+            position_ids=rows["position_ids"].astype(np.int32),
+            masked_lm_positions=rows["masked_lm_positions"].astype(np.int32),
+            masked_lm_ids=rows["masked_lm_ids"].astype(np.int32),
+            masked_lm_mask=rows["masked_lm_mask"].astype(np.int8),
+            next_sentence_labels=rows["next_sentence_labels"].astype(np.int64),
+            next_sentence_mask=rows["next_sentence_mask"].astype(np.int8),
+        )
 
     return PretrainingArrays(
         input_ids=rows["input_ids"].astype(np.int32),
@@ -110,10 +152,11 @@ class NativeWriter:
     """Streams rows (made by :func:`to_rows`) to an open binary file; :meth:`finish` writes the header."""
 
     def __init__(self, file: BinaryIO, seq_len: int, max_predictions: int, id_dtype: np.dtype,
-                 vocab_size: int | None):
+                 vocab_size: int | None, max_sequences_per_pack: int = 0):
         self.file = file
         self.seq_len, self.max_predictions, self.vocab_size = seq_len, max_predictions, vocab_size
-        self.dtype, self.encodings = row_dtype(seq_len, max_predictions, id_dtype)
+        self.max_sequences_per_pack = max_sequences_per_pack
+        self.dtype, self.encodings = row_dtype(seq_len, max_predictions, id_dtype, max_sequences_per_pack)
         self.count = 0
         self.max_id = -1
         self.block_crcs: list[int] = []
@@ -154,6 +197,8 @@ class NativeWriter:
                         "encoding": self.encodings[name]} for name in names],
             "block_bytes": BLOCK_BYTES, "block_crc32c": self.block_crcs,
         }
+        if self.max_sequences_per_pack:  # absent: unpacked rows, as every file before packing
+            header["max_sequences_per_pack"] = self.max_sequences_per_pack
         text = json.dumps(header, indent=1).encode()
         header_offset = DATA_OFFSET + self.count * self.dtype.itemsize
         self.file.write(text)
@@ -174,6 +219,7 @@ class Header:
     dtype: np.dtype
     block_bytes: int
     block_crcs: list[int]
+    max_sequences_per_pack: int = 0  # 0: unpacked rows
 
 
 MAX_SEQ_LEN = 1 << 16  # positions are stored as uint16 at most
@@ -258,13 +304,14 @@ def read_header(file: BinaryIO, size: int) -> Header:
     seq_len = _int(h, "seq_len", 1, MAX_SEQ_LEN)
     max_predictions = _int(h, "max_predictions", 1, seq_len)
     vocab_size = _optional_int(h, "vocab_size", 1, 1 << 31)
+    slots = _int(h, "max_sequences_per_pack", 1, MAX_SEQUENCES_PER_PACK) if "max_sequences_per_pack" in h else 0
     count = _int(h, "count", 0)
     row_bytes = _int(h, "row_bytes", 1)
     # The rows must end where the header starts: this bounds count × row_bytes by the file size.
     if DATA_OFFSET + count * row_bytes != header_offset:
         raise ValueError(f"damaged: {count} rows of {row_bytes} bytes do not end "
                          f"where the header starts ({header_offset})")
-    dtype = _header_dtype(h, seq_len, max_predictions, row_bytes)
+    dtype = _header_dtype(h, seq_len, max_predictions, row_bytes, slots)
     id_limit = (1 << 16) if dtype["input_ids"].base == np.dtype("<u2") else 1 << 31
     if vocab_size is not None:
         id_limit = min(id_limit, vocab_size)
@@ -280,10 +327,10 @@ def read_header(file: BinaryIO, size: int) -> Header:
     if any(type(crc) is not int or not 0 <= crc < 1 << 32 for crc in crcs):
         bad = next(crc for crc in crcs if type(crc) is not int or not 0 <= crc < 1 << 32)
         raise ValueError(f"header field 'block_crc32c' holds {_show(bad)}, expected uint32 checksums")
-    return Header(count, seq_len, max_predictions, vocab_size, max_id, dtype, block_bytes, crcs)
+    return Header(count, seq_len, max_predictions, vocab_size, max_id, dtype, block_bytes, crcs, slots)
 
 
-def _header_dtype(h: dict, seq_len: int, max_predictions: int, row_bytes: int) -> np.dtype:
+def _header_dtype(h: dict, seq_len: int, max_predictions: int, row_bytes: int, slots: int = 0) -> np.dtype:
     """The row dtype the header describes, which must be version 1's layout for its shapes."""
     fields = h.get("fields")
     if not isinstance(fields, list) or not all(isinstance(f, dict) for f in fields):
@@ -293,12 +340,13 @@ def _header_dtype(h: dict, seq_len: int, max_predictions: int, row_bytes: int) -
     if ids not in _ID_DTYPES:
         raise ValueError(f"header field 'fields': input_ids has dtype {_show(ids)}, "
                          f"expected one of {', '.join(_ID_DTYPES)}")
-    dtype, encodings = row_dtype(seq_len, max_predictions, np.dtype(ids))
+    dtype, encodings = row_dtype(seq_len, max_predictions, np.dtype(ids), slots)
     assert dtype.names is not None and dtype.fields is not None  # row_dtype is structured
     expected = [{"name": name, "dtype": dtype[name].base.str, "width": dtype[name].shape[0],
                  "offset": dtype.fields[name][1], "encoding": encodings[name]} for name in dtype.names]
     if names != list(dtype.names):
-        raise ValueError(f"header field 'fields' names {_show(names)}, expected {list(dtype.names)}")
+        packing = f" for packed rows (max_sequences_per_pack {slots})" if slots else " for unpacked rows"
+        raise ValueError(f"header field 'fields' names {_show(names)}, expected {list(dtype.names)}{packing}")
     for got, want in zip(fields, expected):
         for key, value in want.items():
             if got.get(key) != value or type(got.get(key)) is not type(value):

@@ -7,6 +7,10 @@
 * ``native`` -- ours: fixed-size rows in narrow dtypes behind a JSON header,
   memory-mapped, for O(1) opening and fancy-index random access (:mod:`.native`).
 
+Either holds unpacked rows (one sequence each, :class:`.instances.PretrainingArrays`)
+or packed rows (:class:`.packing.PackedArrays`; in TFRecords Graphcore's
+``packed_*`` features); ``max_sequences_per_pack`` says which (0: unpacked).
+
 Writing (:class:`RecordWriter`, :func:`write_records`) validates every row and
 streams to a hidden temporary file that is renamed into place only when
 complete. Reading (:func:`open_records`) gives a :class:`RecordFile` with
@@ -22,7 +26,7 @@ import contextlib
 import mmap
 import sys
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +35,7 @@ from ..fileio import atomic_file
 from . import native
 from .errors import DataError
 from .instances import PretrainingArrays
+from .packing import PackedArrays, PackingStats, Rows, arrays_class, concat_rows, unpack_rows
 from .tfrecord import (
     BYTES,
     FLOAT,
@@ -53,12 +58,15 @@ from .tfrecord import (
 FORMATS = ("tfrecord", "native")
 FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
             "masked_lm_weights", "next_sentence_labels")
+PACKED_FEATURES = tuple(f"packed_{f.name}" for f in fields(PackedArrays))  # Graphcore's names
 SUFFIXES = {"tfrecord": ".tfrecord", "native": ".bfrec"}  # what our commands name files
 
-_KINDS = {name: FLOAT if name == "masked_lm_weights" else INT64 for name in FEATURES}
+_FLOAT_FEATURES = ("masked_lm_weights", "packed_masked_lm_mask", "packed_next_sentence_mask")
+_KINDS = {name: FLOAT if name in _FLOAT_FEATURES else INT64 for name in FEATURES + PACKED_FEATURES}
 _ONEOF_FIELD = {BYTES: 1, FLOAT: 2, INT64: 3}  # Feature's oneof field numbers
 _ONEOF_NAME = {number: kind for kind, number in _ONEOF_FIELD.items()}
-_SEQUENCE_FEATURES = ("input_ids", "input_mask", "segment_ids")  # seq_len values each
+_SEQUENCE_FEATURES = ("input_ids", "input_mask", "segment_ids", "position_ids")  # seq_len values each
+_FLOAT_FIELDS = ("masked_lm_weights", "masked_lm_mask", "next_sentence_mask")  # may hold floats
 _TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords")
 _CHUNK_ROWS = 4096  # rows encoded, decoded or validated in one numpy batch: bounds memory
 _MIN_ENCODE_ROWS = 256  # a writer gathers smaller writes up to this many rows before encoding
@@ -67,38 +75,66 @@ _ID_LIMIT = 1 << 31  # token ids are held as int32
 
 # ---------------------------------------------------------------- validation
 
-def _width(name: str, seq_len: int, max_predictions: int) -> int:
-    if name == "next_sentence_labels":
-        return 1
-    return seq_len if name in _SEQUENCE_FEATURES else max_predictions
+def _features(max_sequences_per_pack: int) -> tuple[str, ...]:
+    """The record features of unpacked (0) or packed rows."""
+    return PACKED_FEATURES if max_sequences_per_pack else FEATURES
 
 
-def _shape_problem(arrays: PretrainingArrays, seq_len: int, max_predictions: int) -> str | None:
+def _field(feature: str) -> str:
+    """The PretrainingArrays or PackedArrays field a record feature holds."""
+    return feature.removeprefix("packed_")
+
+
+def _width(name: str, seq_len: int, max_predictions: int, max_sequences_per_pack: int = 0) -> int:
+    """Values per row of a feature or field; packed rows hold max_predictions + S - 1 predictions."""
+    name = _field(name)
+    if name in ("next_sentence_labels", "next_sentence_mask"):
+        return max_sequences_per_pack or 1
+    if name in _SEQUENCE_FEATURES:
+        return seq_len
+    return max_predictions + max(max_sequences_per_pack - 1, 0)
+
+
+def _shape_problem(arrays: Rows, seq_len: int, max_predictions: int, max_sequences_per_pack: int) -> str | None:
+    kind = arrays_class(max_sequences_per_pack)
+    if not isinstance(arrays, kind):
+        return f"got {type(arrays).__name__}, expected {kind.__name__} for this file"
     n = len(arrays.input_ids)
-    for name in FEATURES:
+    for name in map(_field, _features(max_sequences_per_pack)):
         values = np.asarray(getattr(arrays, name))
-        expected = (n,) if name == "next_sentence_labels" else (n, _width(name, seq_len, max_predictions))
+        width = _width(name, seq_len, max_predictions, max_sequences_per_pack)
+        expected = (n,) if name == "next_sentence_labels" and not max_sequences_per_pack else (n, width)
         if values.shape != expected:
             return f"{name} has shape {values.shape}, expected {expected}"
         numeric = np.issubdtype(values.dtype, np.number) or values.dtype == bool
-        if not numeric or (name != "masked_lm_weights" and np.issubdtype(values.dtype, np.floating)):
+        if not numeric or (name not in _FLOAT_FIELDS and np.issubdtype(values.dtype, np.floating)):
             return f"{name} has dtype {values.dtype}, expected integers"
     return None
 
 
-def row_problems(arrays: PretrainingArrays, seq_len: int, vocab_size: int | None) -> dict[int, str]:
+def row_problems(arrays: Rows, seq_len: int, vocab_size: int | None) -> dict[int, str]:
     """For each row with a value out of range, a message naming the first such field and value.
 
     Token ids must be in [0, vocab_size) (or fit int32 when no vocab size is
     given), positions in [0, seq_len), masks, segments and labels 0 or 1,
-    weights finite. Rows are checked all at once; only bad rows cost Python work.
+    weights finite. Packed rows: sequence indices in [0, S], whole numbers
+    also where the file holds floats, and each sequence laid out as
+    Graphcore's script does (its [CLS] at seq_len - k, its next-sentence
+    slot S - k marked). Rows are checked all at once; only bad rows cost Python work.
     """
     id_limit = _ID_LIMIT if vocab_size is None else vocab_size
     id_rule = f"a token id in [0, {vocab_size}) (vocab_size)" if vocab_size else "a token id in [0, 2**31)"
+    position_rule = f"a position in [0, {seq_len}) (seq_len)"
     checks = [("input_ids", id_limit, id_rule), ("masked_lm_ids", id_limit, id_rule),
               ("input_mask", 2, "0 or 1"), ("segment_ids", 2, "0 or 1"),
-              ("masked_lm_positions", seq_len, f"a position in [0, {seq_len}) (seq_len)"),
+              ("masked_lm_positions", seq_len, position_rule),
               ("next_sentence_labels", 2, "0 or 1")]
+    slots = arrays.max_sequences_per_pack if isinstance(arrays, PackedArrays) else 0
+    if slots:
+        index_rule = f"a sequence index in 0..{slots}"
+        checks[2] = ("input_mask", slots + 1, index_rule)
+        checks += [("position_ids", seq_len, position_rule), ("masked_lm_mask", slots + 1, index_rule),
+                   ("next_sentence_mask", 2, "0 or 1")]
     problems: dict[int, str] = {}
 
     def report(name: str, values: np.ndarray, bad: np.ndarray, rule: str) -> None:
@@ -110,14 +146,41 @@ def row_problems(arrays: PretrainingArrays, seq_len: int, vocab_size: int | None
     for name, limit, rule in checks:
         values = np.asarray(getattr(arrays, name))
         values = values.reshape(len(values), int(np.prod(values.shape[1:])))  # labels: (N, 1)
-        report(name, values, (values < 0) | (values >= limit), rule)
-    weights = np.asarray(arrays.masked_lm_weights)
-    report("masked_lm_weights", weights, ~np.isfinite(weights), "finite")
+        bad = (values < 0) | (values >= limit)
+        if np.issubdtype(values.dtype, np.floating):  # packed masks: TFRecord floats
+            bad |= values != np.floor(values)
+        report(name, values, bad, rule)
+    if isinstance(arrays, PretrainingArrays):
+        weights = np.asarray(arrays.masked_lm_weights)
+        report("masked_lm_weights", weights, ~np.isfinite(weights), "finite")
+    else:
+        assert isinstance(arrays, PackedArrays)  # slots > 0
+        mask = np.asarray(arrays.input_mask)
+        for k in range(1, slots + 1):
+            present = np.asarray(arrays.next_sentence_mask)[:, slots - k] > 0
+            cls_ok = mask[:, seq_len - k] == k
+            for row in np.flatnonzero(present != cls_ok).tolist():
+                problems.setdefault(row, f"next_sentence_mask[{slots - k}] = {int(present[row])}, but "
+                                         f"input_mask[{seq_len - k}] = {mask[row, seq_len - k]}: sequence "
+                                         f"{k}'s [CLS] goes there, its label in slot {slots - k}")
     return dict(sorted(problems.items()))
 
 
-def _canonical(columns: dict[str, np.ndarray]) -> PretrainingArrays:
-    """Arrays in PretrainingArrays' dtypes (int32 ids, int8 masks, float32 weights, int64 labels)."""
+def _canonical(columns: dict[str, np.ndarray], max_sequences_per_pack: int = 0) -> Rows:
+    """Arrays in PretrainingArrays' dtypes (int32 ids, int8 masks, float32 weights, int64 labels),
+    or PackedArrays' (int8 sequence indices, int32 positions)."""
+    if max_sequences_per_pack:
+        return PackedArrays(
+            input_ids=columns["input_ids"].astype(np.int32, copy=False),
+            input_mask=columns["input_mask"].astype(np.int8, copy=False),
+            segment_ids=columns["segment_ids"].astype(np.int8, copy=False),
+            position_ids=columns["position_ids"].astype(np.int32, copy=False),
+            masked_lm_positions=columns["masked_lm_positions"].astype(np.int32, copy=False),
+            masked_lm_ids=columns["masked_lm_ids"].astype(np.int32, copy=False),
+            masked_lm_mask=columns["masked_lm_mask"].astype(np.int8, copy=False),
+            next_sentence_labels=columns["next_sentence_labels"].astype(np.int64, copy=False),
+            next_sentence_mask=columns["next_sentence_mask"].astype(np.int8, copy=False),
+        )
     return PretrainingArrays(
         input_ids=columns["input_ids"].astype(np.int32, copy=False),
         segment_ids=columns["segment_ids"].astype(np.int8, copy=False),
@@ -171,12 +234,15 @@ class RecordEncoder:
 
     ``vocab_size`` (when given) bounds the token ids; for the native format it
     (or ``id_bound``, a bound on the ids known in advance) also picks the id
-    dtype: uint16 up to 65536, else int32. Two encoders with the same
-    ``layout`` make records that can go into the same file.
+    dtype: uint16 up to 65536, else int32. With ``max_sequences_per_pack`` S
+    the rows are packed (:class:`.packing.PackedArrays`, ``max_predictions``
+    per sequence). Two encoders with the same ``layout`` make records that
+    can go into the same file.
     """
 
     def __init__(self, fmt: str, seq_len: int, max_predictions: int,
-                 vocab_size: int | None = None, *, id_bound: int | None = None):
+                 vocab_size: int | None = None, *, id_bound: int | None = None,
+                 max_sequences_per_pack: int = 0):
         if fmt not in FORMATS:
             raise DataError(f"unknown record format {fmt!r} (formats: {', '.join(FORMATS)})")
         if seq_len < 1 or not 1 <= max_predictions <= seq_len:
@@ -184,18 +250,22 @@ class RecordEncoder:
         if fmt == "native" and seq_len > native.MAX_SEQ_LEN:  # positions are at most uint16
             raise DataError(f"seq_len {seq_len}: the native format holds sequences of at most "
                             f"{native.MAX_SEQ_LEN} tokens")
+        if not 0 <= max_sequences_per_pack <= native.MAX_SEQUENCES_PER_PACK:
+            raise DataError(f"max_sequences_per_pack={max_sequences_per_pack} must be in "
+                            f"0..{native.MAX_SEQUENCES_PER_PACK}")
         self.format = fmt
         self.seq_len, self.max_predictions, self.vocab_size = seq_len, max_predictions, vocab_size
+        self.max_sequences_per_pack = max_sequences_per_pack
         self.id_dtype = None
         if fmt == "native":
             self.id_dtype = native.id_dtype_for(vocab_size if vocab_size is not None else id_bound)
-            self.row_dtype = native.row_dtype(seq_len, max_predictions, self.id_dtype)[0]
+            self.row_dtype = native.row_dtype(seq_len, max_predictions, self.id_dtype, max_sequences_per_pack)[0]
         self.layout = (fmt, seq_len, max_predictions, vocab_size,
-                       None if self.id_dtype is None else self.id_dtype.str)
+                       None if self.id_dtype is None else self.id_dtype.str, max_sequences_per_pack)
 
-    def check(self, arrays: PretrainingArrays, where: str, first: int = 0) -> None:
+    def check(self, arrays: Rows, where: str, first: int = 0) -> None:
         """A DataError naming ``where``, the record (``first`` + row) and the first bad value."""
-        problem = _shape_problem(arrays, self.seq_len, self.max_predictions)
+        problem = _shape_problem(arrays, self.seq_len, self.max_predictions, self.max_sequences_per_pack)
         if problem:
             raise DataError(f"{where}: write() of rows {first}..: {problem}")
         for start in range(0, len(arrays.input_ids), _CHUNK_ROWS):
@@ -206,7 +276,7 @@ class RecordEncoder:
                 raise DataError(f"{where}: record {first + start + row} "
                                 f"(row {start + row} of this write): {message}")
 
-    def encode(self, arrays: PretrainingArrays, where: str = "records", first: int = 0,
+    def encode(self, arrays: Rows, where: str = "records", first: int = 0,
                check: bool = True) -> EncodedRecords:
         """The records of all rows of ``arrays``, checked first unless ``check`` is False.
 
@@ -220,13 +290,14 @@ class RecordEncoder:
                                   np.zeros(0, np.int64))
         input_ids, masked_lm_ids = np.asarray(arrays.input_ids), np.asarray(arrays.masked_lm_ids)
         max_ids = np.maximum(input_ids.max(axis=1), masked_lm_ids.max(axis=1)).astype(np.int64)
+        names = _features(self.max_sequences_per_pack)
         if self.format == "native":
-            rows = native.to_rows(_canonical({name: np.asarray(getattr(arrays, name))
-                                              for name in FEATURES}), self.row_dtype)
+            rows = native.to_rows(_canonical({_field(name): np.asarray(getattr(arrays, _field(name)))
+                                              for name in names}, self.max_sequences_per_pack), self.row_dtype)
             data = rows.view(np.uint8).reshape(-1)
             ends = np.arange(1, n + 1, dtype=np.int64) * self.row_dtype.itemsize
         else:
-            columns = {name: np.asarray(getattr(arrays, name)).reshape(n, -1) for name in FEATURES}
+            columns = {name: np.asarray(getattr(arrays, _field(name))).reshape(n, -1) for name in names}
             data, lengths = encode_frames(columns, _KINDS)
             ends = np.cumsum(lengths)
         return EncodedRecords(self.layout, data, ends, max_ids)
@@ -248,16 +319,19 @@ class RecordWriter:
 
     For the native format ``vocab_size`` (or ``id_bound``, a bound on the ids
     known in advance) also picks the id dtype: uint16 up to 65536, else int32.
+    With ``max_sequences_per_pack`` the file holds packed rows (:class:`.packing.PackedArrays`).
     """
 
     def __init__(self, path: str | Path, fmt: str, seq_len: int, max_predictions: int,
-                 vocab_size: int | None = None, *, id_bound: int | None = None):
-        self.encoder = RecordEncoder(fmt, seq_len, max_predictions, vocab_size, id_bound=id_bound)
+                 vocab_size: int | None = None, *, id_bound: int | None = None,
+                 max_sequences_per_pack: int = 0):
+        self.encoder = RecordEncoder(fmt, seq_len, max_predictions, vocab_size, id_bound=id_bound,
+                                     max_sequences_per_pack=max_sequences_per_pack)
         self.path = Path(path)
         self.format = fmt
         self.seq_len, self.max_predictions, self.vocab_size = seq_len, max_predictions, vocab_size
         self.count = 0
-        self._pending: list[PretrainingArrays] = []  # validated rows not yet encoded
+        self._pending: list[Rows] = []  # validated rows not yet encoded
         self._pending_rows = 0
         with contextlib.ExitStack() as stack:
             tmp = stack.enter_context(atomic_file(self.path))
@@ -266,11 +340,11 @@ class RecordWriter:
             if fmt == "native":
                 assert self.encoder.id_dtype is not None  # a native encoder picks one
                 self._native = native.NativeWriter(self._file, seq_len, max_predictions,
-                                                   self.encoder.id_dtype, vocab_size)
+                                                   self.encoder.id_dtype, vocab_size, max_sequences_per_pack)
             self._stack = stack.pop_all()
         self._open = True
 
-    def write(self, arrays: PretrainingArrays) -> None:
+    def write(self, arrays: Rows) -> None:
         """Append the rows of ``arrays`` (any integer dtypes; weights any float dtype)."""
         self._check_open()
         self.encoder.check(arrays, str(self.path), self.count)  # all rows before writing any
@@ -280,7 +354,7 @@ class RecordWriter:
             self._flush()
             self._encode(arrays)
         elif n:  # small writes are gathered (copied: the caller may reuse its arrays); encoding has a fixed cost
-            self._pending.append(PretrainingArrays(**{name: np.array(getattr(arrays, name)) for name in FEATURES}))
+            self._pending.append(type(arrays)(**{f.name: np.array(getattr(arrays, f.name)) for f in fields(arrays)}))
             self._pending_rows += n
             if self._pending_rows >= _MIN_ENCODE_ROWS:
                 self._flush()
@@ -310,10 +384,10 @@ class RecordWriter:
 
     def _flush(self) -> None:
         if self._pending:
-            self._encode(PretrainingArrays.concat(self._pending))
+            self._encode(concat_rows(self._pending))
             self._pending, self._pending_rows = [], 0
 
-    def _encode(self, arrays: PretrainingArrays) -> None:
+    def _encode(self, arrays: Rows) -> None:
         for start in range(0, len(arrays.input_ids), _CHUNK_ROWS):
             self._append(self.encoder.encode(arrays.take(slice(start, start + _CHUNK_ROWS)),
                                               check=False))
@@ -357,15 +431,17 @@ class RecordWriter:
             self._stack.__exit__(exc_type, exc, tb)
 
 
-def write_records(path: str | Path, arrays: PretrainingArrays, fmt: str = "tfrecord",
+def write_records(path: str | Path, arrays: Rows, fmt: str = "tfrecord",
                   vocab_size: int | None = None) -> Path:
-    """Write all of ``arrays`` to one file; returns its path."""
+    """Write all of ``arrays`` (unpacked or packed rows) to one file; returns its path."""
     seq_len = np.asarray(arrays.input_ids).shape[1]
-    max_predictions = np.asarray(arrays.masked_lm_positions).shape[1]
+    slots = arrays.max_sequences_per_pack if isinstance(arrays, PackedArrays) else 0
+    max_predictions = np.asarray(arrays.masked_lm_positions).shape[1] - max(slots - 1, 0)
     id_bound = None
     if vocab_size is None and len(arrays):  # the native id dtype can follow the data
         id_bound = 1 + max(int(np.max(arrays.input_ids)), int(np.max(arrays.masked_lm_ids)))
-    with RecordWriter(path, fmt, seq_len, max_predictions, vocab_size, id_bound=id_bound) as writer:
+    with RecordWriter(path, fmt, seq_len, max_predictions, vocab_size, id_bound=id_bound,
+                      max_sequences_per_pack=slots) as writer:
         writer.write(arrays)
     return Path(path)
 
@@ -401,14 +477,17 @@ class RecordFile:
     """Random access to the records of one file, either format.
 
     ``take(indices)`` returns those rows, in that order, as PretrainingArrays
-    (repeats allowed). ``skipped`` counts bad records passed over when opened
-    with ``max_bad`` > 0; ``errors`` holds the first few of their messages.
+    (repeats allowed), or PackedArrays when ``max_sequences_per_pack`` is not 0
+    (``max_predictions`` is then per sequence, as Graphcore's ``--mask-tokens``).
+    ``skipped`` counts bad records passed over when opened with ``max_bad`` > 0;
+    ``errors`` holds the first few of their messages.
     """
 
     path: Path
     format: str
     seq_len: int
     max_predictions: int
+    max_sequences_per_pack: int  # 0: unpacked rows
     header_vocab_size: int | None  # the vocab size the file says it was written for (native only)
     skipped: int
     errors: list[str]
@@ -416,7 +495,7 @@ class RecordFile:
     def __len__(self) -> int:
         raise NotImplementedError
 
-    def take(self, indices) -> PretrainingArrays:
+    def take(self, indices) -> Rows:
         raise NotImplementedError
 
     def offset(self, index: int) -> int:
@@ -433,7 +512,7 @@ class RecordFile:
             raise IndexError(f"{self.path}: record index {bad} out of range for {len(self)} records")
         return rows
 
-    def _check(self, arrays: PretrainingArrays, rows: np.ndarray, vocab_size: int | None) -> None:
+    def _check(self, arrays: Rows, rows: np.ndarray, vocab_size: int | None) -> None:
         problems = row_problems(arrays, self.seq_len, vocab_size)
         if problems:
             row, message = next(iter(problems.items()))
@@ -459,8 +538,9 @@ class RecordFile:
         raise NotImplementedError
 
     def __repr__(self) -> str:
+        packed = f", max_sequences_per_pack={self.max_sequences_per_pack}" if self.max_sequences_per_pack else ""
         return (f"RecordFile({str(self.path)!r}, format={self.format!r}, records={len(self)}, "
-                f"seq_len={self.seq_len}, max_predictions={self.max_predictions})")
+                f"seq_len={self.seq_len}, max_predictions={self.max_predictions}{packed})")
 
 
 def _mmap(path: Path) -> mmap.mmap | bytes:
@@ -479,6 +559,9 @@ def _unmap(buffer) -> None:
 
 
 _MAX_ERRORS_KEPT = 10
+# The features whose value counts give the shapes: (seq_len, max_predictions), packed (seq_len, width, S).
+_SHAPE_FEATURES = (("input_ids", "masked_lm_positions"),
+                   ("packed_input_ids", "packed_masked_lm_positions", "packed_next_sentence_labels"))
 
 
 class TFRecordFile(RecordFile):
@@ -490,7 +573,7 @@ class TFRecordFile(RecordFile):
                  vocab_size: int | None = None):
         self.path, self.format = Path(path), "tfrecord"
         self.verify, self.max_bad, self.vocab_size = verify, max_bad, vocab_size
-        self.seq_len = self.max_predictions = 0
+        self.seq_len = self.max_predictions = self.max_sequences_per_pack = 0
         self.header_vocab_size = None  # TFRecords declare none
         self.skipped, self.errors = 0, []
         self._map()
@@ -577,44 +660,55 @@ class TFRecordFile(RecordFile):
             features = example_features(self._buffer, start, start + length, _KINDS)
         except (FormatError, IndexError) as err:
             return f"not a valid tf.train.Example ({err or 'a field runs past its end'})"
-        for name in ("input_ids", "masked_lm_positions"):
+        names = _SHAPE_FEATURES[1 if "packed_input_ids" in features else 0]
+        for name in names:
             kind, first, last = features.get(name, (None, 0, 0))
             if kind != INT64 or first == last:
                 return f"feature {name} is missing or not a non-empty {INT64}"
-        return "the input_ids or masked_lm_positions values are malformed"
+        return f"the {' or '.join(names)} values are malformed or do not fit together"
 
     def _infer_shape(self, starts: np.ndarray, lengths: np.ndarray) -> None:
-        """seq_len and max_predictions from the first record that decodes."""
+        """seq_len, max_predictions (and, packed, max_sequences_per_pack) from the first record
+        that decodes: it has Graphcore's packed features or the reference's."""
         for start, length in zip(starts.tolist(), lengths.tolist()):
             try:
                 features = example_features(self._buffer, start, start + length, _KINDS)
-                spans = [features[name] for name in ("input_ids", "masked_lm_positions")]
+                packed = "packed_input_ids" in features
+                spans = [features[name] for name in _SHAPE_FEATURES[packed]]
             except (FormatError, IndexError, KeyError):
                 continue
             counts = [int((self._data[a:b] < 0x80).sum()) for _, a, b in spans]
-            if all(kind == INT64 for kind, _, _ in spans) and min(counts) > 0:
+            if not all(kind == INT64 for kind, _, _ in spans) or min(counts) == 0:
+                continue
+            if not packed:
                 self.seq_len, self.max_predictions = counts
                 return
+            seq_len, width, slots = counts
+            if 1 <= slots <= native.MAX_SEQUENCES_PER_PACK and width >= slots:
+                self.seq_len, self.max_predictions, self.max_sequences_per_pack = seq_len, width - slots + 1, slots
+                return
 
-    def _decode(self, starts: np.ndarray, lengths: np.ndarray) -> tuple[PretrainingArrays, dict[int, str]]:
+    def _decode(self, starts: np.ndarray, lengths: np.ndarray) -> tuple[Rows, dict[int, str]]:
         """The records at these data offsets decoded, and a message for each that is invalid (zeros there)."""
+        slots = self.max_sequences_per_pack
+        features = _features(slots)
         if self.seq_len == 0:  # no record so far had readable input_ids and masked_lm_positions
-            empty = {name: np.zeros((len(starts), 1), np.int64) for name in FEATURES}
+            empty = {_field(name): np.zeros((len(starts), 1), np.int64) for name in features}
             return _canonical(empty), {i: self._unreadable(start, length) for i, (start, length)
                                        in enumerate(zip(starts.tolist(), lengths.tolist()))}
-        kinds, first, last, fast = example_spans(self._data, starts, starts + lengths, FEATURES)
+        kinds, first, last, fast = example_spans(self._data, starts, starts + lengths, features)
         problems: dict[int, str] = {}
         for i in np.flatnonzero(~fast).tolist():  # unusual layouts: the general parser
             start = int(starts[i])
             try:
-                features = example_features(self._buffer, start, start + int(lengths[i]), _KINDS)
+                found = example_features(self._buffer, start, start + int(lengths[i]), _KINDS)
             except (FormatError, IndexError) as err:
                 problems[i] = f"not a valid tf.train.Example ({err or 'a field runs past its end'})"
                 continue
-            for j, name in enumerate(FEATURES):
-                kind, first[i, j], last[i, j] = features.get(name, (None, 0, 0))
+            for j, name in enumerate(_features(slots)):
+                kind, first[i, j], last[i, j] = found.get(name, (None, 0, 0))
                 kinds[i, j] = 0 if kind is None else _ONEOF_FIELD.get(kind, 0)
-        for j, name in enumerate(FEATURES):
+        for j, name in enumerate(features):
             expected = _ONEOF_FIELD[_KINDS[name]]
             for i in np.flatnonzero(kinds[:, j] != expected).tolist():
                 if i not in problems:
@@ -622,25 +716,27 @@ class TFRecordFile(RecordFile):
                                    f"feature {name} is a {_ONEOF_NAME[kinds[i, j]]}, "
                                    f"expected {_KINDS[name]}")
         columns = {}
-        for j, name in enumerate(FEATURES):
-            width = _width(name, self.seq_len, self.max_predictions)
+        for j, name in enumerate(features):
+            width = _width(name, self.seq_len, self.max_predictions, slots)
             decode = decode_float_rows if _KINDS[name] == FLOAT else decode_varint_rows
             columns[name], counts = decode(self._data, first[:, j], last[:, j] - first[:, j], width)
             for i in np.flatnonzero(counts != width).tolist():
                 if i not in problems:
+                    packed = f", max_sequences_per_pack {slots}" if slots else ""
                     problems[i] = (f"feature {name} holds malformed values" if counts[i] < 0 else
                                    f"feature {name} has {counts[i]} values, expected {width} "
-                                   f"(seq_len {self.seq_len}, max_predictions {self.max_predictions} "
+                                   f"(seq_len {self.seq_len}, max_predictions {self.max_predictions}{packed} "
                                    "as in the file's first record)")
-        raw = PretrainingArrays(**{name: columns[name] for name in FEATURES})
-        raw.next_sentence_labels = raw.next_sentence_labels[:, 0]
+        raw = arrays_class(slots)(**{_field(name): columns[name] for name in features})
+        if not slots:
+            raw.next_sentence_labels = raw.next_sentence_labels[:, 0]
         for i, message in row_problems(raw, self.seq_len, self.vocab_size).items():
             problems.setdefault(i, message)
-        return _canonical(vars(raw)), dict(sorted(problems.items()))
+        return _canonical(vars(raw), slots), dict(sorted(problems.items()))
 
     # -- reading
 
-    def take(self, indices) -> PretrainingArrays:
+    def take(self, indices) -> Rows:
         rows = self._indices(indices)
         parts = []
         for start in range(0, max(len(rows), 1), _CHUNK_ROWS):
@@ -652,7 +748,7 @@ class TFRecordFile(RecordFile):
                 raise DataError(f"{self.path}: record {self._numbers[index]} "
                                 f"(byte offset {self.offset(index)}): {message}")
             parts.append(arrays)
-        return parts[0] if len(parts) == 1 else PretrainingArrays.concat(parts)
+        return parts[0] if len(parts) == 1 else concat_rows(parts)
 
 
 class NativeFile(RecordFile):
@@ -671,6 +767,7 @@ class NativeFile(RecordFile):
             except ValueError as err:  # read_header checks every field: nothing else escapes it
                 raise DataError(f"{self.path}: {err}") from None
         self.seq_len, self.max_predictions = self.header.seq_len, self.header.max_predictions
+        self.max_sequences_per_pack = self.header.max_sequences_per_pack
         self.header_vocab_size = self.header.vocab_size
         self._map()
         try:
@@ -703,8 +800,8 @@ class NativeFile(RecordFile):
         if self.header.max_id >= vocab_size:
             for start in range(0, len(self), _CHUNK_ROWS):  # find the record to name it
                 rows = np.arange(start, min(start + _CHUNK_ROWS, len(self)))
-                problems = row_problems(native.from_rows(self._rows[rows], self.seq_len), self.seq_len,
-                                        vocab_size)
+                problems = row_problems(native.from_rows(self._rows[rows], self.seq_len,
+                                                         self.max_sequences_per_pack), self.seq_len, vocab_size)
                 if problems:
                     row, message = next(iter(problems.items()))
                     index = int(rows[row])
@@ -722,9 +819,9 @@ class NativeFile(RecordFile):
         self._rows = np.zeros(0, self.header.dtype)
         _unmap(self._buffer)
 
-    def take(self, indices) -> PretrainingArrays:
+    def take(self, indices) -> Rows:
         rows = self._indices(indices)
-        arrays = native.from_rows(self._rows[rows], self.seq_len)
+        arrays = native.from_rows(self._rows[rows], self.seq_len, self.max_sequences_per_pack)
         self._check(arrays, rows, self.vocab_size)  # cheap, and catches damage when not verified
         return arrays
 
@@ -751,7 +848,7 @@ def open_records(path: str | Path, *, verify: bool = True, max_bad: int = 0,
     return TFRecordFile(path, verify=verify, max_bad=max_bad, vocab_size=vocab_size)
 
 
-def read_records(path: str | Path, **kwargs) -> PretrainingArrays:
+def read_records(path: str | Path, **kwargs) -> Rows:
     """Every record of a file (keyword arguments as :func:`open_records`)."""
     with open_records(path, **kwargs) as records:
         return records.take(np.arange(len(records)))
@@ -805,7 +902,9 @@ def describe(path: str | Path, num: int = 3, vocab_path: str | Path | None = Non
     """What ``bertforge data inspect`` prints: count, validation, and ``num`` records as text.
 
     Without a vocab the tokens are shown as ids. In each record the masked
-    positions are listed as ``position shown→target``.
+    positions are listed as ``position shown→target``; a packed record is shown
+    as its sequences. The last line gives the packing factor (real sequences
+    per row) and the padding fraction of the whole file.
     """
     return inspect_records(path, num, vocab_path)[0]
 
@@ -836,8 +935,10 @@ def inspect_records(path: str | Path, num: int = 3,
             failure = (f"validation: FAILED for {records.skipped} record(s), which a reader skips "
                        f"only with max_bad >= {records.skipped}; first: {records.errors[0]}")
     with records:
+        slots = records.max_sequences_per_pack
+        packed = f", packed: up to {slots} sequences per record" if slots else ""
         lines = [(f"{path}: {records.format}, {len(records)} records, seq_len {records.seq_len}, "
-                  f"max_predictions {records.max_predictions}")]
+                  f"max_predictions {records.max_predictions}{packed}")]
         checked = ("both checksums and every feature of every record" if records.format == "tfrecord"
                    else "header and data checksums")
         if vocab_size:
@@ -845,25 +946,41 @@ def inspect_records(path: str | Path, num: int = 3,
         lines.append(failure or f"validation: OK ({checked})")
         for index in range(min(num, len(records))):
             try:
-                a = records.take([index])
+                row = records.take([index])
             except DataError as err:  # a damaged native row: say so, show no more
                 lines.append(f"record {index}: {err}")
                 break
-            length = int(a.input_mask[0].sum())
-            ids = a.input_ids[0, :length].tolist()
-            segment_b = int(np.argmax(a.segment_ids[0, :length])) if a.segment_ids[0].any() else length
-            label = int(a.next_sentence_labels[0])
-            real = a.masked_lm_weights[0] > 0
-            lines.append(f"record {index} (byte offset {records.offset(index)}): next_sentence_label "
-                         f"{label} ({'B is a random span' if label else 'B follows A'}), {length} tokens, "
-                         f"{int(real.sum())} masked")
-            lines.append("  A: " + " ".join(_token(vocab, t) for t in ids[:segment_b]))
-            lines.append("  B: " + " ".join(_token(vocab, t) for t in ids[segment_b:]))
-            targets = [f"{p} {_token(vocab, ids[p] if p < length else 0)}→{_token(vocab, t)}"
-                       for p, t in zip(a.masked_lm_positions[0][real].tolist(),
-                                       a.masked_lm_ids[0][real].tolist())]
-            lines.append("  masked: " + ", ".join(targets))
+            sequences = unpack_rows(row) if isinstance(row, PackedArrays) else row
+            for k in range(len(sequences)):
+                a = sequences.take([k])
+                length = int(a.input_mask[0].sum())
+                ids = a.input_ids[0, :length].tolist()
+                segment_b = int(np.argmax(a.segment_ids[0, :length])) if a.segment_ids[0].any() else length
+                label = int(a.next_sentence_labels[0])
+                real = a.masked_lm_weights[0] > 0
+                which = f", sequence {k + 1} of {len(sequences)}" if slots else ""
+                lines.append(f"record {index} (byte offset {records.offset(index)}{which}): next_sentence_label "
+                             f"{label} ({'B is a random span' if label else 'B follows A'}), {length} tokens, "
+                             f"{int(real.sum())} masked")
+                lines.append("  A: " + " ".join(_token(vocab, t) for t in ids[:segment_b]))
+                lines.append("  B: " + " ".join(_token(vocab, t) for t in ids[segment_b:]))
+                targets = [f"{p} {_token(vocab, ids[p] if p < length else 0)}→{_token(vocab, t)}"
+                           for p, t in zip(a.masked_lm_positions[0][real].tolist(),
+                                           a.masked_lm_ids[0][real].tolist())]
+                lines.append("  masked: " + ", ".join(targets))
+        lines.append(_packing_line(records))
     return "\n".join(lines), failure is None
+
+
+def _packing_line(records: RecordFile) -> str:
+    """The packing factor and padding fraction of every record that can be read."""
+    stats = PackingStats()
+    try:
+        for start in range(0, len(records), _CHUNK_ROWS):
+            stats.add(records.take(np.arange(start, min(start + _CHUNK_ROWS, len(records)))))
+    except DataError:  # damaged rows (already reported above)
+        return "packing: not counted (the file has damaged records)"
+    return f"packing: {stats.summary()}"
 
 
 __all__ = ["FEATURES", "FORMATS", "SUFFIXES", "EncodedRecords", "NativeFile", "RecordEncoder", "RecordFile",

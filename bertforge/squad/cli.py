@@ -36,6 +36,8 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     overrides = parse_overrides(extra)
     if args.no_progress:
         overrides.append(("log.progress", "false"))
+    if args.profile:
+        overrides.append(("log.profile", args.profile))
     if args.resume:
         overrides.append(("checkpoint.resume", args.resume))
     if args.overwrite and args.resume:
@@ -68,12 +70,13 @@ def _clear_out_dir(args: argparse.Namespace, cfg: Any) -> None:
     a mistyped path does not cost the old run; a directory holding an input, or the
     current directory, is refused.
     """
+    from .. import tf1
     from .data import SquadError
     from .train import _out_dir
 
     inputs = [args.init, args.train_file, args.predict_file, args.vocab]
     for flag, value in zip(("--init", "--train-file", "--predict-file", "--vocab"), inputs):
-        if value and not Path(value).exists():
+        if value and not Path(value).exists() and not (flag == "--init" and tf1.find_prefix(value)):
             raise SquadError(f"{flag} {value}: not found (nothing in {args.out} was removed)")
     if int(os.environ.get("RANK", "0")) == 0:
         _out_dir(cfg, args.out, None, overwrite=True, inputs=inputs)
@@ -239,6 +242,8 @@ def add_squad_commands(sub: Any) -> None:
                    help="--out may be a non-empty directory: the files in it are removed first")
     p.add_argument("--vocab", help="vocab.txt (default: the one beside --init)")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--profile", metavar="START:END", help="torch.profiler over steps START..END-1 (from 0), "
+                   "into OUT/profile/ (log.profile)")
     p.set_defaults(func=cmd_train, takes_overrides=True)
 
     for name, helptext in (("predict", "write predictions.json (and the n-best lists with --nbest-out)"),

@@ -62,6 +62,7 @@ import yaml
 from torch import nn
 
 from .. import checkpoint as ckpt
+from .. import tf1
 from ..config import (
     Config,
     ConfigError,
@@ -91,6 +92,7 @@ from ..fileio import atomic_file
 from ..log import MetricsLogger, ProgressBar, Throughput
 from ..model import BertForQuestionAnswering
 from ..optim import build_optimizer, build_scheduler
+from ..profile import RunMonitor
 from .data import (
     SquadError,
     SquadExample,
@@ -193,7 +195,10 @@ def find_vocab(model_path: str | Path, vocab: str | Path | None = None) -> Path:
         return vocab
     path = Path(model_path)
     candidates = [path / "vocab.txt"]
-    if not (path / "config.json").is_file() and not (path / "model.safetensors").is_file():
+    prefix = tf1.find_prefix(path)
+    if prefix is not None:  # a TF1 checkpoint: its vocab sits beside it, or one directory up (MLPerf's layout)
+        candidates = [prefix.parent / "vocab.txt", prefix.parent.parent / "vocab.txt"]
+    elif not (path / "config.json").is_file() and not (path / "model.safetensors").is_file():
         try:
             candidates.insert(0, ckpt.find_checkpoint(path) / "vocab.txt")
         except ValueError:
@@ -206,7 +211,7 @@ def find_vocab(model_path: str | Path, vocab: str | Path | None = None) -> Path:
 
 def load_qa_model(path: str | Path, vocab: Path) -> BertForQuestionAnswering:
     """``load_model(path, head="qa")``, checked against the vocab (eval mode, CPU)."""
-    if not Path(path).exists():
+    if not Path(path).exists() and tf1.find_prefix(path) is None:
         raise SquadError(f"model not found: {path}")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a new QA head is expected when fine-tuning an encoder
@@ -420,7 +425,7 @@ def finetune(cfg: Config, squad: SquadConfig, init: str | Path | None, train_fil
     """
     started = time.perf_counter()
     set_threads(cfg.execution.threads)
-    dist = init_distributed(cfg.execution.device)
+    dist = init_distributed(cfg.execution.device, cfg.execution.dist_timeout)
     try:
         check_execution(cfg.execution, dist.world_size)
         resume_from, run_dir = from_main(dist, lambda: _locate_run(cfg, out_dir))
@@ -508,13 +513,16 @@ def _finetune(cfg: Config, squad: SquadConfig, dist: DistContext, out_dir: Path,
         engine.preemption = preemption = stack.enter_context(Preemption())
         bar = stack.enter_context(ProgressBar(total, step, enabled=cfg.log.progress, main=dist.is_main,
                                                   label="squad"))
+        monitor = stack.enter_context(RunMonitor(cfg, out_dir, dist, logger, bar.print, start_step=step,
+                                                 total_steps=total, started=started))
 
         def run_eval() -> dict[str, float] | None:
             """EM and F1 on the dev set, by rank 0 alone with the whole model; the others wait."""
             if examples is None:
                 return None
             whole = full_model(engine.model, cfg, dist)
-            result = from_main(dist, lambda: score(whole)[0])
+            with monitor.phase("eval"):
+                result = from_main(dist, lambda: score(whole)[0])
             logger.log({"step": step, "split": "eval", **result})
             bar.print(f"step {step}: exact_match {result['exact_match']:.2f} f1 {result['f1']:.2f}")
             return result
@@ -523,14 +531,16 @@ def _finetune(cfg: Config, squad: SquadConfig, dist: DistContext, out_dir: Path,
         preempted: Path | None = None  # the checkpoint written when a signal stopped the run
         while step < total:
             lr = engine.lr
-            out = engine.step((stream.next() for _ in range(accumulation)), accumulation, step)
+            with monitor.step(step):  # memory, step times and the --profile window
+                out = engine.step((stream.next() for _ in range(accumulation)), accumulation, step)
             step += 1
             losses.append(out["loss"])
             throughput.add(t.global_batch_size)
             if step % cfg.log.every == 0 or step == total or step == 1:
                 values = {k: v.item() for k, v in out.items()}
                 seq_per_s = throughput.rate()
-                logger.log({"step": step, **values, "lr": lr, "seq_per_s": seq_per_s, "epoch": stream.epoch})
+                logger.log({"step": step, **values, "lr": lr, "seq_per_s": seq_per_s, "epoch": stream.epoch,
+                            **monitor.row()})
                 bar.update(step, f"loss {values['loss']:.4f} lr {lr:.3g} {seq_per_s:.1f} seq/s")
                 if bar.progress is None:  # no bar: a line per logged step
                     log(f"step {step}/{total} epoch {stream.epoch + 1} loss {values['loss']:.4f} lr {lr:.3g}")
@@ -563,7 +573,8 @@ def _finetune(cfg: Config, squad: SquadConfig, dist: DistContext, out_dir: Path,
                                   out_dir / "nbest_predictions.json")
                 return scores
 
-            scores = from_main(dist, final_scores)
+            with monitor.phase("eval"):
+                scores = from_main(dist, final_scores)
             logger.log({"step": step, "split": "eval", **scores})
             summary["predictions"] = str(out_dir / "predictions.json")
             summary.update(scores)

@@ -1,0 +1,49 @@
+"""What this process runs on, without importing torch: package versions, the CPU's name, memory."""
+
+from __future__ import annotations
+
+import contextlib
+import platform
+import resource
+import sys
+from importlib import metadata
+
+
+def package_version(name: str) -> str | None:
+    """The installed version of ``name``, or None when it is not installed."""
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def cpu_name() -> str:
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as info:
+        for line in info:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def current_rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[1])
+    return pages * resource.getpagesize() / 2**20
+
+
+def peak_rss_mb() -> float:
+    """The peak resident set of this process (since the last reset of ``VmHWM``), in MiB.
+
+    Linux's ``VmHWM``, where there is one: ``ru_maxrss`` survives ``exec``, so in a
+    process started by a larger one (``bertforge bench --spec`` runs each benchmark
+    so) it would report the parent's peak.
+    """
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # bytes on macOS, kB elsewhere

@@ -1,0 +1,124 @@
+"""``--profile START:END`` traces exactly those steps; every run logs its metadata and peak memory."""
+
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bertforge.cli import main
+from bertforge.profile import PhaseMemory, check_window
+
+TINY_RUN = ["pretrain", "--config", "tiny", "--data.synthetic", "--steps", "5", "--no-progress",
+            "--data.seq_len", "32", "--train.micro_batch_size", "4", "--train.global_batch_size", "8",
+            "--log.every", "1", "--execution.threads", "2"]
+
+
+def rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory) -> Path:
+    """A 5-step tiny run on the CPU, steps 2 and 3 profiled (about 5 s)."""
+    tmp = tmp_path_factory.mktemp("profiled")
+    assert main([*TINY_RUN, "--run-dir", str(tmp), "--name", "run", "--profile", "2:4"]) == 0
+    return tmp / "run"
+
+
+def test_the_trace_holds_exactly_the_profiled_steps(profiled):
+    profile = profiled / "profile"
+    trace = json.loads((profile / "trace.json").read_text())
+    events = trace["traceEvents"]
+    steps = sorted(e["name"] for e in events if e.get("name", "").startswith("ProfilerStep#"))
+    assert steps == ["ProfilerStep#2", "ProfilerStep#3"]
+    # The operators ran inside the two steps, but for the loop's logging between them (.item()).
+    windows = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name", "").startswith("ProfilerStep#")]
+    ops = [e for e in events if e.get("cat") == "cpu_op" and e.get("name", "").startswith("aten::")]
+    outside = {op["name"] for op in ops if not any(a <= op["ts"] <= b for a, b in windows)}
+    assert len(ops) > 1000 and outside <= {"aten::item", "aten::_local_scalar_dense"}
+    # The TensorBoard profiler plugin's copy, under the layout it reads.
+    (board,) = (profile / "tensorboard").glob("rank0.*.pt.trace.json")
+    assert board.read_bytes() == (profile / "trace.json").read_bytes()
+
+
+def test_the_table_names_the_top_operators_by_self_time(profiled):
+    table = (profiled / "profile" / "top_ops.txt").read_text()
+    assert table.startswith("steps 2..3: operators by self CPU time")
+    names = [line.split()[0] for line in table.splitlines()[4:9]]  # the five rows after the header
+    assert "aten::mm" in names or "aten::addmm" in names, names
+    assert "self CUDA time" not in table  # CPU only here
+
+
+def test_memory_per_phase_and_metadata_rows(profiled):
+    start, end = rows(profiled / "metadata.jsonl")
+    assert start["event"] == "start" and start["step"] == 0
+    assert (start["torch"], start["numpy"], start["python"]) == (torch.__version__, np.__version__,
+                                                                  platform.python_version())
+    assert (start["device"], start["world_size"], start["threads"], start["compile"]) == ("cpu", 1, 2, False)
+    assert "cuda" not in start  # only on CUDA
+    assert end["event"] == "end" and end["step"] == 5 and end["first_step_s"] > 0
+    assert "compile_s" not in end  # only under execution.compile
+    phases = end["peak_rss_mb_by_phase"]
+    assert set(phases) == {"setup", "train", "profile"}
+    assert end["peak_rss_mb"] == max(phases.values()) > 100
+    assert json.loads((profiled / "profile" / "memory.json").read_text()) == end
+
+    # TensorBoard has both rows as text.
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = EventAccumulator(str(profiled / "tensorboard"), size_guidance={"tensors": 0})
+    board.Reload()
+    text = {tag: board.Tensors(tag)[0].tensor_proto.string_val[0].decode() for tag in board.Tags()["tensors"]}
+    assert sorted(text) == ["run/end/text_summary", "run/start/text_summary"]
+    assert f"| torch | {torch.__version__} |" in text["run/start/text_summary"]
+    assert f"| peak_rss_mb | {end['peak_rss_mb']} |" in text["run/end/text_summary"]
+
+    train = rows(profiled / "metrics.jsonl")
+    assert [r["step"] for r in train] == [1, 2, 3, 4, 5]  # no other rows: its readers take every row for a step
+    elapsed = [r["elapsed_s"] for r in train]
+    assert elapsed == sorted(elapsed) and elapsed[-1] <= end["wall_s"]
+    peaks = [r["peak_rss_mb"] for r in train]
+    assert peaks == sorted(peaks) and peaks[-1] <= end["peak_rss_mb"]
+
+
+@pytest.mark.parametrize("window, message", [
+    ("4:2", "log.profile='4:2': expected START:END, steps from 0 with END > START, e.g. 20:25"),
+    ("3:3", "log.profile='3:3': expected START:END"),
+    ("3", "log.profile='3': expected START:END"),
+    ("a:b", "log.profile='a:b': expected START:END"),
+    ("3:9", "log.profile='3:9': the run has steps 0..4, so END must be at most 5"),
+])
+def test_bad_windows_are_one_line_errors(window, message, tmp_path, capsys):
+    assert main([*TINY_RUN, "--run-dir", str(tmp_path), "--name", "bad", "--profile", window]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {message}") and err.count("\n") == 1
+    assert not (tmp_path / "bad").exists()  # nothing ran: the run directory is gone
+
+
+def test_phases_have_their_own_peaks():
+    memory = PhaseMemory(torch.device("cpu"))
+    memory.switch("big")
+    block = np.ones(300 * 2**20 // 8)  # 300 MiB, touched
+    del block
+    memory.switch("small")
+    np.ones(2**20).sum()
+    memory.close()
+    result = memory.by_phase()
+    if "peak_rss_note" in result:
+        pytest.skip(result["peak_rss_note"])
+    big, small = result["peak_rss_mb_by_phase"]["big"], result["peak_rss_mb_by_phase"]["small"]
+    assert big - small > 250, (big, small)
+    assert memory.peaks()["peak_rss_mb"] >= big
+
+
+def test_a_run_resumed_after_the_window_is_not_profiled_again(caplog):
+    assert check_window("2:4", start_step=2, total_steps=10) == (2, 4)
+    with caplog.at_level("WARNING", logger="bertforge"):
+        assert check_window("2:4", start_step=3, total_steps=10) is None
+    assert "log.profile='2:4': this run resumes at step 3, after START; not profiling" in caplog.text
