@@ -66,6 +66,15 @@ def test_eval_reads_a_hugging_face_export_and_prints_a_line_per_checkpoint(run, 
     assert hf["mlm_accuracy"] == summary["last_eval"]["mlm_accuracy"]
     assert hf["nsp_accuracy"] == summary["last_eval"]["nsp_accuracy"]
     assert hf["loss"] == pytest.approx(summary["last_eval"]["loss"], rel=1e-6)
+    # The TF1 export, read back from its prefix: TF's gelu is the tanh form, so exact gelu comes back
+    # as gelu_new, and the loss is close rather than equal.
+    assert main(["export", str(run_dir), str(tmp_path / "tf1"), "--format", "tf1"]) == 0
+    capsys.readouterr()
+    (tf1,) = eval_cli(capsys, str(tmp_path / "tf1" / "model.ckpt"), "--data.eval_input",
+                      str(root / "eval.tfrecord"), "--batch-size", "8")
+    assert tf1["mlm_accuracy"] == summary["last_eval"]["mlm_accuracy"]
+    assert tf1["nsp_accuracy"] == summary["last_eval"]["nsp_accuracy"]
+    assert tf1["loss"] == pytest.approx(summary["last_eval"]["loss"], rel=1e-5)  # 1.5e-7 measured
     assert main(["eval", str(run_dir), "--data.eval_input", str(root / "eval.tfrecord"), "--batch-size", "8"]) == 0
     line = capsys.readouterr().out.strip()
     accuracy = summary["last_eval"]["mlm_accuracy"]

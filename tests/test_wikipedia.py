@@ -319,7 +319,7 @@ def test_preprocess_bad_input(tmp_path):
         prep.preprocess(not_json, tmp_path / "out")
     no_text = tmp_path / "notext.jsonl"
     no_text.write_text('{"body": "x"}\n')
-    with pytest.raises(DataError, match=r'notext\.jsonl: line 1: no "text" field'):
+    with pytest.raises(DataError, match=r"notext\.jsonl: line 1: no column 'text' \(columns present: body\)$"):
         prep.preprocess(no_text, tmp_path / "out")
 
     with pytest.raises(DataError, match=r"missing\.jsonl"):

@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import random
 import time
 from array import array
@@ -48,7 +47,7 @@ from typing import IO
 from ..fileio import atomic_directory, fsync
 from .corpus import iter_text_corpus
 from .errors import DataError
-from .text import expand_inputs, read_lines
+from .text import expand_inputs, read_rows
 from .text import read_documents as read_text_documents
 from .tokenizer import train_wordpiece
 
@@ -74,19 +73,6 @@ def split_sentences(paragraph: str, language: str = "en") -> list[str]:
 
 # ---------------------------------------------------------------- reading documents
 
-def _jsonl_documents(path: Path) -> Iterator[list[str]]:
-    for number, line in read_lines(path):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise DataError(f"{path}: line {number}: not JSON ({err.msg})") from None
-        if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-            raise DataError(f"{path}: line {number}: no \"text\" field holding a string")
-        yield record["text"].split("\n")
-
-
 def read_documents(inputs: Iterable[str | Path]) -> Iterator[list[str]]:
     """Every document of the inputs as its paragraphs, whitespace normalised, in file order.
 
@@ -96,7 +82,7 @@ def read_documents(inputs: Iterable[str | Path]) -> Iterator[list[str]]:
     """
     for path in expand_inputs(inputs, patterns=_INPUT_PATTERNS, globs=False, what="corpus"):
         # Text: a blank line ends a document, each line is a paragraph (or a sentence).
-        documents = (_jsonl_documents(path) if path.suffix == ".jsonl"
+        documents = ((text.split("\n") for _, text in read_rows(path)) if path.suffix == ".jsonl"
                      else read_text_documents([path], across_files=False, strip_bom=True))
         for paragraphs in documents:
             yield [p for p in (" ".join(p.split()) for p in paragraphs) if p]
