@@ -87,13 +87,11 @@ def worker_pids(launcher: int) -> dict[int, int]:
     return pids
 
 
-def test_sigterm_checkpoints_the_step_and_resumes_exactly(tmp_path):
-    """One process, SIGTERM after the first logged step: exit 0, a checkpoint of the step it
-    stopped at, and resuming gives the losses of an uninterrupted run. About 15 s."""
-    run = tmp_path / "pre"
-    process = subprocess.Popen([sys.executable, "-m", "bertforge", *run_args(tmp_path, "pre", 100_000)],
-                               cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
+def sigterm_after_first_rows(run: Path, argv: list[str]) -> int:
+    """Run ``bertforge ARGV`` (of 100,000 steps) writing ``run``, SIGTERM it after its first logged step,
+    check that it stopped cleanly (exit 0, one checkpoint of the step, the preemption line); that step."""
+    process = subprocess.Popen([sys.executable, "-m", "bertforge", *argv], cwd=REPO, env=env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     wait_for_rows(run, process)
     process.send_signal(signal.SIGTERM)
     stderr = finish(process, 120)
@@ -103,6 +101,14 @@ def test_sigterm_checkpoints_the_step_and_resumes_exactly(tmp_path):
     assert checkpoints(run) == [f"step_{stopped:08d}"]
     assert (f"preempted by SIGTERM after step {stopped}: checkpoint {run}/checkpoints/step_{stopped:08d}; "
             f"continue with --resume {run}") in " ".join(stderr.split())
+    return stopped
+
+
+def test_sigterm_checkpoints_the_step_and_resumes_exactly(tmp_path):
+    """One process, SIGTERM after the first logged step: exit 0, a checkpoint of the step it
+    stopped at, and resuming gives the losses of an uninterrupted run. About 15 s."""
+    run = tmp_path / "pre"
+    stopped = sigterm_after_first_rows(run, run_args(tmp_path, "pre", 100_000))
     assert [r["step"] for r in train_rows(run)] == list(range(1, stopped + 1))
 
     assert main(["pretrain", "--resume", str(run), "--steps", str(stopped + 3), "--no-progress"]) == 0
@@ -270,18 +276,7 @@ def test_squad_train_sigterm_checkpoints_and_resume_auto_continues(qa_model, tmp
     """squad train, SIGTERM after the first logged step: exit 0 and a checkpoint of that step; the
     same command with --resume auto then ends where an uninterrupted run does. About 10 s."""
     out = tmp_path / "ft"
-    argv = squad_args(qa_model, out, 100_000, "--resume", "auto")
-    process = subprocess.Popen([sys.executable, "-m", "bertforge", *argv], cwd=REPO, env=env(),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    wait_for_rows(out, process)
-    process.send_signal(signal.SIGTERM)
-    stderr = finish(process, 120)
-    assert process.returncode == 0, stderr[-3000:]
-    stopped = train_rows(out)[-1]["step"]
-    assert 1 <= stopped < 100_000
-    assert checkpoints(out) == [f"step_{stopped:08d}"]
-    assert (f"preempted by SIGTERM after step {stopped}: checkpoint {out}/checkpoints/step_{stopped:08d}; "
-            f"continue with --resume {out}") in " ".join(stderr.split())
+    stopped = sigterm_after_first_rows(out, squad_args(qa_model, out, 100_000, "--resume", "auto"))
     assert not (out / "model.safetensors").exists()  # the finished model waits for the end of the run
 
     assert main(squad_args(qa_model, out, stopped + 2, "--resume", "auto")) == 0
