@@ -1,11 +1,21 @@
-"""Training-step throughput and peak memory on synthetic data.
+"""Training-step throughput, model FLOPs utilisation and peak memory.
 
     bertforge bench pretrain --config tiny --batch-size 16 --seq-len 128 --steps 20 --json
+    bertforge bench pretrain --config large --seq-len 128 --batch-size 256 --accumulation 4 --json
+    bertforge bench pretrain --config large --batch-size 64 --data packed_records/ --json
 
-Times whole optimizer steps (forward, backward, clip, optimizer) after a few
-warm-up steps. Peak memory is the device's peak allocation on CUDA, and on the
-CPU the growth of the process's peak resident set over what it held before
-the model was built.
+Times whole optimizer steps after a few warm-up steps: ``accumulation``
+micro-batches of ``batch_size`` rows, forward and backward each, then one
+optimizer step (clip, optimizer, schedule), as training runs them. The data
+is one synthetic batch, or ``data``: record shards (packed or not) of which
+``(warmup + steps) × accumulation`` micro-batches are read and put on the
+device before the clock starts, so that the benchmark times the step and not
+the disk. Throughput is in real sequences (a packed row holds several, counted
+on the host before timing), rows, row tokens and non-padding tokens; MFU is
+the model FLOPs of the executed batches per second over the device's peak
+(see :mod:`bertforge.flops`). Peak memory is the device's peak allocation on
+CUDA, and on the CPU the growth of the process's peak resident set over what
+it held before the model was built.
 """
 
 from __future__ import annotations
@@ -18,17 +28,20 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from .config import Config
+from .config import Config, ConfigError
 from .data import SyntheticDataset
+from .data.loader import RecordStream, record_files, records_shape
 from .dist import (
     DistContext,
+    compiles,
     destroy_distributed,
     prepare_model,
     resolve_device,
     unwrap,
 )
 from .engine import Engine, set_threads, to_device
-from .host import current_rss_mb, peak_rss_mb
+from .flops import peak_tflops, pretraining_flops
+from .host import cpu_name, current_rss_mb, peak_rss_mb
 from .model import BertForPreTraining, num_parameters
 from .optim import build_optimizer, build_scheduler
 from .train import training_loss
@@ -96,17 +109,91 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def bench_pretrain(cfg: Config, batch_size: int, seq_len: int, steps: int,
-                   warmup: int = 3) -> dict[str, Any]:
-    """Sequences and tokens per second of our pre-training step on synthetic batches."""
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
+
+
+def read_micro_batches(cfg: Config, pattern: str, batch_size: int, seq_len: int | None, count: int
+                       ) -> tuple[list[dict[str, torch.Tensor]], int]:
+    """``count`` micro-batches of the records at ``pattern`` (a directory, glob or file, as
+    ``data.input``), in training's order, and their sequence length.
+
+    The records decide the sequence length and ``cfg.data.max_predictions``; a
+    ``seq_len`` or an explicit ``data.max_predictions`` that differs is refused.
+    """
+    files = record_files(pattern)
+    first, records_len, records_predictions, _ = records_shape(files)
+    if seq_len is not None and seq_len != records_len:
+        raise ConfigError(f"--seq-len {seq_len}, but the records at {pattern} have {records_len}: "
+                          "leave --seq-len out")
+    if "data.max_predictions" in cfg.given and cfg.data.max_predictions != records_predictions:
+        raise ConfigError(f"data.max_predictions={cfg.data.max_predictions} (given, or the config's), but the "
+                          f"records at {pattern} have {records_predictions}: pass --max-predictions "
+                          f"{records_predictions}")
+    if records_len > cfg.model.max_position_embeddings:
+        raise ConfigError(f"{first}: sequences of {records_len} exceed "
+                          f"model.max_position_embeddings={cfg.model.max_position_embeddings}")
+    cfg.data.max_predictions = records_predictions
+    # Token ids the model's vocab does not have are refused, naming the file and record.
+    stream = RecordStream(files, batch_size, cfg.train.seed, shuffle_buffer=cfg.data.shuffle_buffer,
+                          vocab_size=cfg.model.vocab_size)
+    try:
+        return [stream.next() for _ in range(count)], records_len
+    finally:
+        stream.close()
+
+
+def real_counts(batch: dict[str, torch.Tensor]) -> tuple[int, int]:
+    """(real sequences, non-padding tokens) of a batch: a packed row holds several sequences
+    (``next_sentence_weights``), and a batch without ``attention_mask`` has no padding."""
+    if "sequence_ids" in batch:  # packed rows
+        return int(batch["next_sentence_weights"].sum()), int((batch["sequence_ids"] > 0).sum())
+    tokens = int((batch["attention_mask"] > 0).sum()) if "attention_mask" in batch else batch["input_ids"].numel()
+    return batch["input_ids"].shape[0], tokens
+
+
+def row_flops(cfg: Config, batch: dict[str, torch.Tensor]) -> int:
+    """Training FLOPs of one row of the batch as executed: its length, prediction and [CLS] slots."""
+    seq_len, predictions = batch["input_ids"].shape[1], batch["masked_lm_positions"].shape[1]
+    cls_slots = batch["cls_positions"].shape[1] if "cls_positions" in batch else 1
+    return pretraining_flops(cfg.model, seq_len, predictions, cls_slots)
+
+
+def bench_pretrain(cfg: Config, batch_size: int, seq_len: int | None, steps: int, warmup: int = 3,
+                   accumulation: int = 1, data: str | None = None,
+                   peak: float | None = None) -> dict[str, Any]:
+    """Throughput and MFU of our pre-training step (see the module docstring).
+
+    ``seq_len`` None is 128, or the records' with ``data`` (which must agree
+    when it is given, as must an explicit ``data.max_predictions``). ``peak``
+    (TFLOP/s) replaces the device's peak; MFU is None without either.
+    """
+    for name, value, least in (("--batch-size", batch_size, 1), ("--steps", steps, 1),
+                               ("--warmup", warmup, 0), ("--accumulation", accumulation, 1)):
+        if value < least:
+            raise ConfigError(f"{name} must be at least {least}, got {value}")
+    if peak is not None and not peak > 0:
+        raise ConfigError(f"--peak-tflops must be positive, got {peak}")
     set_threads(cfg.execution.threads)
     device = resolve_device(cfg.execution.device)
-    cfg.train.micro_batch_size = cfg.train.global_batch_size = batch_size
+    if data:
+        micro_batches, seq_len = read_micro_batches(cfg, data, batch_size, seq_len, (warmup + steps) * accumulation)
+    else:
+        seq_len = 128 if seq_len is None else seq_len
+        synthetic = SyntheticDataset(size=batch_size, vocab_size=cfg.model.vocab_size, seq_len=seq_len,
+                                     max_predictions=cfg.data.max_predictions, seed=cfg.data.seed)
+        micro_batches = [synthetic.batch(list(range(batch_size)))]  # every micro-batch the same
+    cfg.train.micro_batch_size, cfg.train.global_batch_size = batch_size, batch_size * accumulation
     cfg.data.seq_len = seq_len
     cfg.train.schedule, cfg.train.warmup_steps = "constant", 0
-    data = SyntheticDataset(size=batch_size, vocab_size=cfg.model.vocab_size, seq_len=seq_len,
-                            max_predictions=cfg.data.max_predictions, seed=cfg.data.seed)
-    batch = to_device(data.batch(list(range(batch_size))), device)
+    # On the host, before the clock starts: counting during the steps would wait for the device.
+    counts = [real_counts(b) for b in micro_batches]
+    flops = [row_flops(cfg, b) * b["input_ids"].shape[0] for b in micro_batches]
+    micro_batches = [to_device(b, device) for b in micro_batches]
+    # Each step's micro-batches, as indices into micro_batches (warm-up steps first).
+    order = [[(step * accumulation + i) % len(micro_batches) for i in range(accumulation)]
+             for step in range(warmup + steps)]
+
     memory = PeakMemory(device)
     torch.manual_seed(cfg.train.seed)
     dist = DistContext(device=device)
@@ -116,30 +203,48 @@ def bench_pretrain(cfg: Config, batch_size: int, seq_len: int, steps: int,
         optimizer = build_optimizer(unwrap(model), cfg.train)
         engine = Engine(model, optimizer, build_scheduler(optimizer, cfg.train, steps + warmup), training_loss,
                         cfg.execution.precision, cfg.train.grad_clip, dist)
-        for _ in range(warmup):
-            engine.step([batch], 1)
+        for indices in order[:warmup]:
+            engine.step([micro_batches[i] for i in indices], accumulation)
         synchronize(device)
         start = time.perf_counter()
-        for _ in range(steps):
-            out = engine.step([batch], 1)
+        for indices in order[warmup:]:
+            out = engine.step([micro_batches[i] for i in indices], accumulation)
         loss = out["loss"].item()  # also waits for the device
         elapsed = time.perf_counter() - start
     finally:
         destroy_distributed()
-    seq_per_s = steps * batch_size / elapsed
+    timed = [i for indices in order[warmup:] for i in indices]
+    rows = steps * accumulation * batch_size
+    sequences = sum(counts[i][0] for i in timed)
+    model_flops = sum(flops[i] for i in timed)
+    name = device_name(device)
+    if peak is None and device.type == "cuda":
+        peak = peak_tflops(name, cfg.execution.precision)
+    achieved = model_flops / elapsed / 1e12
+    seq_per_s, rows_per_s = sequences / elapsed, rows / elapsed
     return {
         "model": "bertforge",
         "layers": cfg.model.num_hidden_layers, "hidden": cfg.model.hidden_size,
         "params_m": round(num_parameters(unwrap(model)) / 1e6, 2),
-        "device": str(device), "precision": cfg.execution.precision,
+        "device": str(device), "device_name": name, "precision": cfg.execution.precision,
         "parallel": cfg.execution.parallel, "recompute": cfg.execution.recompute,
-        "offload": cfg.execution.offload, "compile": cfg.execution.compile,
+        "offload": cfg.execution.offload, "compile": compiles(cfg.execution, device),
         "threads": torch.get_num_threads(),
         "batch_size": batch_size, "seq_len": seq_len, "max_predictions": cfg.data.max_predictions,
+        "accumulation": accumulation, "global_batch": batch_size * accumulation,
+        "data": data or "synthetic", "packed": "sequence_ids" in micro_batches[0],
         "optimizer": cfg.train.optimizer, "steps": steps,
         "step_ms": round(1000 * elapsed / steps, 2),
-        "seq_per_s": float(f"{seq_per_s:.4g}"),  # significant digits: large models on a CPU run < 0.01/s
-        "tokens_per_s": round(seq_per_s * seq_len, 1),
+        # Significant digits: large models on a CPU run < 0.01/s.
+        "seq_per_s": float(f"{seq_per_s:.4g}"),  # real sequences
+        "rows_per_s": float(f"{rows_per_s:.4g}"),
+        "tokens_per_s": round(rows_per_s * seq_len, 1),  # row slots, padding included
+        "real_tokens_per_s": round(sum(counts[i][1] for i in timed) / elapsed, 1),
+        "sequences": sequences,  # real sequences in the timed steps
+        "flops_per_seq": round(model_flops / sequences),  # per row when unpacked
+        "model_tflops": float(f"{achieved:.4g}"),
+        "peak_tflops": peak,
+        "mfu": float(f"{achieved / peak:.4g}") if peak else None,
         "peak_mem_mb": round(memory.peak_mb(), 1),
         "final_loss": round(loss, 4),
     }

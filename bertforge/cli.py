@@ -82,10 +82,12 @@ def cmd_bench(args: argparse.Namespace, extra: list[str]) -> int:
     cfg = config_from_args(args, extra, default="tiny")
     if args.max_predictions is not None:
         cfg.data.max_predictions = args.max_predictions
+        cfg.given.add("data.max_predictions")  # with --data, the records' must agree
     for flag, section, key in (("precision", "execution", "precision"), ("device", "execution", "device")):
         if getattr(args, flag) is not None:
             setattr(getattr(cfg, section), key, getattr(args, flag))
-    result = bench_pretrain(cfg, args.batch_size, args.seq_len, args.steps, warmup=args.warmup)
+    result = bench_pretrain(cfg, args.batch_size, args.seq_len, args.steps, warmup=args.warmup,
+                            accumulation=args.accumulation, data=args.data, peak=args.peak_tflops)
     print_result(result, args.json)
     return 0
 
@@ -235,12 +237,22 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with --spec: change a benchmark first, e.g. data_create_fast.args.input=corpus.txt")
     bench.set_defaults(func=cmd_bench_spec)
     bench_sub = bench.add_subparsers(dest="bench")
-    p = bench_sub.add_parser("pretrain", help="pre-training step throughput and peak memory",
+    p = bench_sub.add_parser("pretrain", help="pre-training step throughput, MFU and peak memory",
                              epilog=OVERRIDES_HELP)
     p.add_argument("--config", help=config_help + " (default: tiny)")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--seq-len", type=int, default=128)
-    p.add_argument("--max-predictions", type=int, help="masked positions per sequence (default 20)")
+    p.add_argument("--batch-size", type=int, default=16, help="rows per micro-batch")
+    p.add_argument("--seq-len", type=int, help="default 128; with --data the records'")
+    p.add_argument("--max-predictions", type=int,
+                   help="masked positions per sequence (default 20; with --data the records')")
+    p.add_argument("--accumulation", type=int, default=1, metavar="N",
+                   help="micro-batches per optimizer step: a timed step is N forward+backward passes, "
+                        "then one optimizer step")
+    p.add_argument("--data", metavar="PATH",
+                   help="time on these records (directory, glob or file; packed or not) instead of a "
+                        "synthetic batch; read into memory before timing")
+    p.add_argument("--peak-tflops", type=float, metavar="X",
+                   help="the device's peak for MFU (default: known NVIDIA GPUs' dense peak for the precision; "
+                        "none on the CPU)")
     p.add_argument("--steps", type=int, default=20, help="timed steps")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     p.add_argument("--precision", choices=typing.get_args(Precision))

@@ -35,10 +35,12 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 Precision = Literal["fp32", "bf16", "fp16"]  # fp16 only on GPU
 Parallel = Literal["none", "ddp", "fsdp"]
 Recompute = Literal["none", "layer", "attention"]
+FsdpGradSync = Literal["auto", "step", "micro_batch"]  # when FSDP2 reduce-scatters accumulated gradients
 Optimizer = Literal["lamb", "adamw"]
 LambVariant = Literal["bertforge", "mlperf", "nvidia", "paper"]  # see bertforge/optim.py
 Schedule = Literal["poly", "poly_tf", "exp", "exp_staircase", "table", "constant"]
 HiddenAct = Literal["gelu", "relu", "gelu_new"]
+Attention = Literal["auto", "flash", "cudnn", "efficient", "math"]  # SDPA kernels, see dist.attention_backends
 Head = Literal["pretraining", "qa", "encoder"]  # what a checkpoint is loaded or exported as
 
 
@@ -101,7 +103,7 @@ class DataConfig:
     seed: int = 12345
     shuffle_buffer: int = 10000  # records: each window of this many records is shuffled; 0 or 1 = none
     dynamic_masking: bool = False  # records: mask anew every epoch instead of the stored masks
-    prefetch: int = 2  # records: batches read ahead in a background thread; 0 = none
+    prefetch: int = 4  # records: batches read ahead (and pinned, on CUDA) in a background thread; 0 = none
 
 
 @dataclass
@@ -151,10 +153,21 @@ class ExecutionConfig:
     parallel: Parallel = "none"  # fsdp: FSDP2, parameters, gradients and optimizer state sharded
     recompute: Recompute = "none"  # layer: checkpoint every encoder layer; attention: only attention
     offload: bool = False  # parameters and optimizer state in host memory, streamed to the device
-    compile: bool = False  # torch.compile the model
+    compile: bool | Literal["auto"] = "auto"  # torch.compile the model and the loss; auto = on CUDA
+    attention: Attention = "auto"  # SDPA kernel; auto = flash, cudnn, efficient, math on CUDA; torch's on the CPU
     compile_cache: str = ""  # persistent compile cache directory; "" = ~/.cache/bertforge/compile
     threads: int = 0  # CPU threads for torch; 0 = torch's default
     dist_timeout: int = 1800  # seconds a rank waits for the others in a collective (torch's default)
+    fsdp_grad_sync: FsdpGradSync = "auto"  # step: reduce-scatter once per step; auto = step, micro_batch with offload
+    reshard_after_forward: bool = True  # fsdp: false keeps gathered layers from forward to backward (memory for speed)
+
+    @property
+    def grad_sync(self) -> str:
+        """fsdp_grad_sync with auto resolved: with offload, unsharded gradients on the device
+        would defeat it, so each micro-batch's are reduce-scattered (and leave the device)."""
+        if self.fsdp_grad_sync == "auto":
+            return "micro_batch" if self.offload else "step"
+        return self.fsdp_grad_sync
 
 
 @dataclass

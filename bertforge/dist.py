@@ -11,6 +11,15 @@ tensors) on CUDA, each rank on ``cuda:LOCAL_RANK``. ``prepare_model`` applies
 ``offload`` parameters, gradients and optimizer state live in host memory and
 are streamed to the device layer by layer), then ``torch.compile``.
 
+Under FSDP2 with ``precision: bf16`` the gathered parameters are bf16 and
+gradients are reduced in fp32 (``MixedPrecisionPolicy``); the sharded
+parameters and the optimizer state stay fp32. ``fsdp_grad_sync: step`` lets
+gradients accumulate unsharded over a step's micro-batches and reduce-scatters
+them once, after the last; ``reshard_after_forward: false`` keeps each layer's
+gathered parameters from its forward to its backward (one all-gather less per
+layer, at the cost of memory). DDP's gradients are views into its all-reduce
+buckets (one gradient copy less).
+
 ``offload`` needs ``parallel: fsdp``: FSDP2 is what streams the host-held
 shards to the device. In a single process ``ddp`` and ``fsdp`` run on a
 one-rank process group, so the same config works with and without torchrun.
@@ -25,6 +34,8 @@ import time
 import traceback
 import uuid
 import warnings
+import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -35,11 +46,13 @@ import torch.distributed as dist
 from torch import nn
 
 from .config import ConfigError, ExecutionConfig
-from .model import BertLayer, set_recompute
+from .model import BertLayer, set_attention_backends, set_recompute, set_vocab_multiple
 
 DEFAULT_COMPILE_CACHE = "~/.cache/bertforge/compile"
 
 _owns_group = False  # whether this module made the process group (and so destroys it)
+# FSDP2 models whose gradients gradient_sync reduce-scatters once per step (fsdp_grad_sync: step).
+_REDUCE_PER_STEP: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
 
 @dataclass(frozen=True)
@@ -250,6 +263,10 @@ def check_execution(execution: ExecutionConfig, world_size: int) -> None:
     if execution.parallel == "fsdp" and execution.precision == "fp16":
         raise ConfigError("execution.precision=fp16 is not supported with execution.parallel=fsdp "
                           "(its loss scaler would need sharded inf checks); use bf16")
+    if execution.offload and execution.fsdp_grad_sync == "step":
+        raise ConfigError("execution.fsdp_grad_sync=step cannot be used with execution.offload=true: the "
+                          "unsharded gradients it accumulates would stay on the device for the whole step; "
+                          "use auto or micro_batch")
 
 
 def prepare_model(model: nn.Module, execution: ExecutionConfig, ctx: DistContext) -> nn.Module:
@@ -262,37 +279,69 @@ def prepare_model(model: nn.Module, execution: ExecutionConfig, ctx: DistContext
     """
     check_execution(execution, ctx.world_size)
     set_recompute(model, execution.recompute)
+    set_attention_backends(model, attention_backends(execution, ctx.device))
+    # Tensor cores take a vocab of a multiple of 64 without a ragged edge (30522 → 30528).
+    set_vocab_multiple(model, 64 if ctx.device.type == "cuda" else 1)
     if execution.parallel == "fsdp":
         _ensure_process_group(ctx)
-        model = _fully_shard(model, ctx, execution.offload)
+        model = _fully_shard(model, ctx, execution)
     elif execution.parallel == "ddp":
         _ensure_process_group(ctx)
+        # Gradients as views into the all-reduce buckets: no separate copy of them.
         model = nn.parallel.DistributedDataParallel(
-            model.to(ctx.device), device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+            model.to(ctx.device), device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+            gradient_as_bucket_view=True)
     else:
         model = model.to(ctx.device)
-    if execution.compile:
+    if compiles(execution, ctx.device):
         use_compile_cache(execution.compile_cache)
+        # Static shapes: a batch shape compiles once, and is not traced again as a dynamic one.
         # torch's stub says a callable; compiling a module gives a module (an OptimizedModule)
-        model = torch.compile(model)  # type: ignore[assignment]
+        model = torch.compile(model, dynamic=False)  # type: ignore[assignment]
     return model
 
 
-def _fully_shard(model: nn.Module, ctx: DistContext, offload: bool) -> nn.Module:
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+def compiles(execution: ExecutionConfig, device: torch.device) -> bool:
+    """``execution.compile`` resolved: ``auto`` compiles on CUDA only, where the fused kernels
+    pay for the minutes of compiling; on the CPU they gain little."""
+    return device.type == "cuda" if execution.compile == "auto" else bool(execution.compile)
 
+
+def attention_backends(execution: ExecutionConfig, device: torch.device) -> list[str] | None:
+    """The SDPA kernels in order of preference (``model.set_attention_backends``).
+
+    ``auto`` on CUDA prefers Flash (no mask: unpadded batches) and cuDNN (which takes the
+    additive masks of padded and packed batches) over the memory-efficient kernel, which
+    torch would otherwise choose for every masked batch; on the CPU it leaves torch's order.
+    """
+    if execution.attention != "auto":
+        return [execution.attention]
+    return ["flash", "cudnn", "efficient", "math"] if device.type == "cuda" else None
+
+
+def _fully_shard(model: nn.Module, ctx: DistContext, execution: ExecutionConfig) -> nn.Module:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    offload = execution.offload
     mesh = init_device_mesh(ctx.device.type, (ctx.world_size,))
     # Pinned host memory speeds up host-device copies; there is none to pin without a GPU.
     policy = CPUOffloadPolicy(pin_memory=ctx.device.type == "cuda") if offload else OffloadPolicy()
+    # bf16: gather (and compute with) bf16 copies of the fp32 shards, reduce gradients in fp32.
+    mixed = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+             if execution.precision == "bf16" else MixedPrecisionPolicy())
     if not offload:
         model.to(ctx.device)
-    # One unit per encoder layer: a layer's full weights exist only while it runs.
+    # One unit per encoder layer: a layer's full weights exist only while it runs,
+    # or from its forward to its backward with reshard_after_forward false.
     for layer in [m for m in model.modules() if isinstance(m, BertLayer)]:
-        fully_shard(layer, mesh=mesh, offload_policy=policy)
+        fully_shard(layer, mesh=mesh, offload_policy=policy, mp_policy=mixed,
+                    reshard_after_forward=execution.reshard_after_forward)
     # The root unit holds the embeddings and the heads, so the MLM decoder's
     # tied weight is the word embedding's, gathered once per forward.
-    fully_shard(model, mesh=mesh, offload_policy=policy)
+    fully_shard(model, mesh=mesh, offload_policy=policy, mp_policy=mixed)
+    if execution.grad_sync == "step":
+        _REDUCE_PER_STEP.add(model)
     # Our outputs (logits) are views; nothing modifies them in place, which is what this warns of.
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
     return model
@@ -306,6 +355,10 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model
 
 
+def is_compiled(model: nn.Module) -> bool:
+    return hasattr(model, "_orig_mod")  # torch.compile's OptimizedModule
+
+
 def is_sharded(model: nn.Module) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
@@ -313,15 +366,28 @@ def is_sharded(model: nn.Module) -> bool:
 
 
 def gradient_sync(model: nn.Module, enabled: bool) -> contextlib.AbstractContextManager:
-    """DDP all-reduces gradients only when ``enabled`` (the last micro-batch of a step).
+    """Reduce gradients over the ranks in the backward inside only when ``enabled`` (the last
+    micro-batch of a step).
 
-    FSDP2 reduce-scatters every micro-batch: the gradients then stay sharded,
-    which is the memory FSDP is used to save.
+    DDP all-reduces then. FSDP2 with ``fsdp_grad_sync: step`` accumulates unsharded gradients
+    and reduce-scatters them then; with ``micro_batch`` it reduce-scatters every micro-batch's,
+    so that only sharded gradients outlive a backward (what offload needs).
     """
     inner = getattr(model, "_orig_mod", model)
     if not enabled and isinstance(inner, nn.parallel.DistributedDataParallel):
         return inner.no_sync()
+    if inner in _REDUCE_PER_STEP:
+        return _fsdp_requires_sync(inner, enabled)
     return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _fsdp_requires_sync(model: Any, enabled: bool) -> Iterator[None]:
+    model.set_requires_gradient_sync(enabled)  # on every FSDP unit of the model
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)  # a backward outside a step reduces as usual
 
 
 def use_compile_cache(path: str) -> Path:

@@ -43,6 +43,7 @@ from torch import nn
 
 from .config import ConfigError
 from .dist import DistContext, gradient_sync, mean_and_any
+from .feed import to_device  # (also imported from here by the jobs)
 
 LossFn = Callable[[nn.Module, dict[str, torch.Tensor]], dict[str, torch.Tensor]]
 
@@ -119,11 +120,6 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
 def grad_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler | None:
     """A loss scaler for fp16 (whose gradients underflow without one); None otherwise."""
     return torch.amp.GradScaler(device.type) if precision == "fp16" else None
-
-
-def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    non_blocking = device.type == "cuda"
-    return {k: v.to(device, non_blocking=non_blocking) for k, v in batch.items()}
 
 
 def micro_batch_seed(seed: int, step: int, index: int) -> int:

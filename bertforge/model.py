@@ -17,11 +17,14 @@ own [CLS] at ``cls_positions`` (B, S). Without them nothing changes.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
 from .config import ModelConfig
@@ -33,13 +36,39 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
+def bf16_autocast(device_type: str) -> bool:
+    return torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == torch.bfloat16
+
+
+class LayerNorm(nn.LayerNorm):
+    """LayerNorm that keeps the residual stream in bf16 under bf16 autocast.
+
+    Autocast would run LayerNorm on an fp32 copy of its input and return fp32:
+    the residual stream, and what the backward keeps of it, would then be
+    fp32, and every following matmul would cast it again. Here a bf16 input is
+    normalised as it is (the kernel accumulates in fp32, with the fp32 weights)
+    and the output is bf16; the embeddings' fp32 sum is normalised in fp32 and
+    handed on in bf16. bf16 has fp32's range; fp16 has not, so under fp16
+    autocast (and without autocast) this is nn.LayerNorm.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        device = x.device.type
+        if not bf16_autocast(device):
+            return super().forward(x)
+        if x.dtype != torch.bfloat16:
+            return super().forward(x).to(torch.bfloat16)
+        with torch.autocast(device, enabled=False):
+            return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+
 class BertEmbeddings(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.word_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size, padding_idx=cfg.pad_token_id)
         self.position_embeddings = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
         self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
-        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.LayerNorm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
@@ -54,6 +83,15 @@ class BertEmbeddings(nn.Module):
 
 
 class BertSelfAttention(nn.Module):
+    """Multi-head self-attention with Hugging Face's three projections, run as one.
+
+    ``query``, ``key`` and ``value`` stay separate parameters (their names are
+    Hugging Face's, and LAMB's trust ratio is per tensor, as the references
+    compute it). Under autocast the forward concatenates them into one (3H, H)
+    matmul, at no cost in memory (benchmarks/fast_path.py); in fp32 the copy
+    would cost memory and, on the CPU, time, so it runs the three.
+    """
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.num_heads = cfg.num_attention_heads
@@ -62,6 +100,7 @@ class BertSelfAttention(nn.Module):
         self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.dropout_p = cfg.attention_probs_dropout_prob
         self.recompute = False  # see set_recompute
+        self.backends: list[SDPBackend] | None = None  # see set_attention_backends; None = torch's order
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         if self.recompute and torch.is_grad_enabled():
@@ -70,13 +109,21 @@ class BertSelfAttention(nn.Module):
 
     def _attend(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         B, T, H = x.shape
-
-        def heads(t: torch.Tensor) -> torch.Tensor:  # (B, T, H) -> (B, heads, T, H/heads)
-            return t.view(B, T, self.num_heads, H // self.num_heads).transpose(1, 2)
-
-        out = F.scaled_dot_product_attention(
-            heads(self.query(x)), heads(self.key(x)), heads(self.value(x)),
-            attn_mask=mask, dropout_p=self.dropout_p if self.training else 0.0)
+        if torch.is_autocast_enabled(x.device.type):
+            # Autocast copies the weights to bf16/fp16 anyway; concatenated, they make one copy.
+            weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])  # (3H, H)
+            bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])
+            # (B, T, 3H) -> 3 × (B, heads, T, H/heads)
+            q, k, v = F.linear(x, weight, bias).view(B, T, 3, self.num_heads, H // self.num_heads).permute(
+                2, 0, 3, 1, 4).unbind(0)
+        else:  # in fp32 the concatenation would be a copy of the weights kept for the backward
+            q, k, v = (layer(x).view(B, T, self.num_heads, H // self.num_heads).transpose(1, 2)
+                       for layer in (self.query, self.key, self.value))
+        # The backend choice sits inside the checkpointed function, so that a
+        # recomputation runs the kernel (and draws the dropout) the forward did.
+        with sdpa_kernel(self.backends, set_priority=True) if self.backends else contextlib.nullcontext():
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=self.dropout_p if self.training else 0.0)
         return out.transpose(1, 2).reshape(B, T, H)
 
 
@@ -86,7 +133,7 @@ class BertSelfOutput(nn.Module):
     def __init__(self, cfg: ModelConfig, in_features: int):
         super().__init__()
         self.dense = nn.Linear(in_features, cfg.hidden_size)
-        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.LayerNorm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
@@ -219,23 +266,40 @@ class BertPredictionHeadTransform(nn.Module):
         super().__init__()
         self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.act = ACTIVATIONS[cfg.hidden_act]
-        self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.LayerNorm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.LayerNorm(self.act(self.dense(x)))
 
 
 class BertLMPredictionHead(nn.Module):
-    """Transform, then project onto the vocab with the (tied) word embeddings."""
+    """Transform, then project onto the vocab with the (tied) word embeddings.
+
+    With ``vocab_multiple`` > 1 (see set_vocab_multiple), under autocast, the
+    projection runs on the vocab padded with zero rows to a multiple of it
+    (30522 → 30528 for 64), whose matmul the GPU's tensor cores take without a
+    ragged edge; the extra logits are cut off, so the output, the loss and the
+    gradients are those of the true vocab. The weights keep their size.
+    """
 
     def __init__(self, cfg: ModelConfig, word_embeddings: nn.Embedding):
         super().__init__()
         self.transform = BertPredictionHeadTransform(cfg)
         self.word_embeddings = [word_embeddings]  # a list, so the tied weight is not registered twice
         self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+        self.vocab_multiple = 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.transform(x), self.word_embeddings[0].weight, self.bias)
+        weight: torch.Tensor = self.word_embeddings[0].weight
+        bias: torch.Tensor = self.bias
+        vocab_size = bias.shape[0]
+        # Only under autocast, which copies the weight anyway; in fp32 the padded copy would be
+        # one more (V × H) tensor kept for the backward.
+        extra = -vocab_size % self.vocab_multiple if torch.is_autocast_enabled(x.device.type) else 0
+        if extra:
+            weight, bias = F.pad(weight, (0, 0, 0, extra)), F.pad(bias, (0, extra))
+        logits = F.linear(self.transform(x), weight, bias)
+        return logits[..., :vocab_size] if extra else logits
 
 
 class BertPreTrainingHeads(nn.Module):
@@ -337,7 +401,8 @@ def pretraining_loss(mlm_logits: torch.Tensor, nsp_logits: torch.Tensor,
         nsp_loss = F.cross_entropy(nsp_logits.float(), nsp_labels)
         with torch.no_grad():
             nsp_correct = (nsp_logits.argmax(-1) == nsp_labels).float().sum()
-            nsp_count = torch.tensor(float(nsp_labels.numel()), device=nsp_logits.device)
+            # A fill on the device: no host-to-device copy, so no sync per micro-batch.
+            nsp_count = torch.full((), float(nsp_labels.numel()), device=nsp_logits.device)
     with torch.no_grad():
         mlm_correct = ((mlm_logits.argmax(-1) == batch["masked_lm_ids"]).float() * weights).sum()
     return {
@@ -349,6 +414,12 @@ def pretraining_loss(mlm_logits: torch.Tensor, nsp_logits: torch.Tensor,
         "nsp_correct": nsp_correct,
         "nsp_count": nsp_count,
     }
+
+
+@functools.cache
+def compiled_pretraining_loss() -> Callable[..., dict[str, torch.Tensor]]:
+    """``pretraining_loss`` under torch.compile (made once, compiled at its first call)."""
+    return torch.compile(pretraining_loss, dynamic=False)
 
 
 RECOMPUTE_POLICIES = ("none", "layer", "attention")
@@ -369,6 +440,30 @@ def set_recompute(model: nn.Module, policy: str) -> None:
             module.recompute = policy == "layer"
         elif isinstance(module, BertSelfAttention):
             module.recompute = policy == "attention"
+
+
+def set_vocab_multiple(model: nn.Module, multiple: int) -> None:
+    """Pad the masked-LM projection's vocab to a multiple of ``multiple`` (1 = none) while it runs."""
+    if multiple < 1:
+        raise ValueError(f"vocab multiple must be at least 1, got {multiple}")
+    for module in model.modules():
+        if isinstance(module, BertLMPredictionHead):
+            module.vocab_multiple = multiple
+
+
+ATTENTION_BACKENDS = {
+    "flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH,
+}
+
+
+def set_attention_backends(model: nn.Module, names: list[str] | None) -> None:
+    """The SDPA kernels attention may use, most preferred first (``ATTENTION_BACKENDS``);
+    each call takes the first that supports its inputs. None leaves torch's choice."""
+    backends = None if names is None else [ATTENTION_BACKENDS[name] for name in names]
+    for module in model.modules():
+        if isinstance(module, BertSelfAttention):
+            module.backends = backends
 
 
 def num_parameters(model: nn.Module) -> int:

@@ -13,8 +13,8 @@ from the config alone (nothing is allocated). Per rank, in bytes:
   micro-batch, counted op by op from model.py (see ``_layer_activations``),
   plus the layer being recomputed and the gradients in flight in the backward;
 * workspace: optimizer temporaries (optim.py's LAMB makes three
-  parameter-sized lists per step), DDP gradient buckets, FSDP's gathered
-  layers;
+  parameter-sized lists per step), FSDP's gathered layers (DDP's buckets are
+  the gradients themselves);
 * overhead: what the runtime holds besides tensors (CUDA context and library
   workspaces on a GPU; interpreter and kernel libraries on the CPU).
 
@@ -22,12 +22,19 @@ The device total is the peak over the step, not the sum of the lines: the
 activations are gone before the optimizer step and most gradients appear only
 as the activations are freed. ``phases`` gives both peaks.
 
-Parallel modes: ``ddp`` replicates everything and adds bucket buffers the size
-of the gradients; ``fsdp`` (FSDP2, ``fully_shard`` per encoder layer, then the
-root) divides parameters, gradients and optimizer state by the world size and
-adds the unsharded parameters of the root and of two layers (the current one
-and the one prefetched); ``offload`` moves the sharded parameters, gradients,
-optimizer state and the optimizer step to the host.
+Parallel modes: ``ddp`` replicates everything; its gradients are views into
+its all-reduce buckets, allocated when the model is wrapped and held through the
+whole step. ``fsdp`` (FSDP2, ``fully_shard`` per encoder layer, then the root)
+divides parameters, gradients and optimizer state by the world size and adds
+the gathered (unsharded) parameters of the root and of two layers (the current
+one and the one prefetched), or of every layer with ``reshard_after_forward:
+false`` (each is kept from its forward to its backward); under bf16 those are
+bf16 copies (FSDP2's ``MixedPrecisionPolicy``), which autocast then has no need
+to cast. With ``fsdp_grad_sync: step`` and more than one micro-batch per step,
+unsharded fp32 gradients of the whole model are held from the first
+micro-batch's backward to the reduce-scatter after the last. ``offload`` moves
+the sharded parameters, gradients, optimizer state and the optimizer step to
+the host.
 
 Attention: on CUDA (with a padding mask and dropout) SDPA runs the
 memory-efficient kernel, which keeps q, k, v, its output and a logsumexp,
@@ -104,8 +111,10 @@ class _Shapes:
     V: int
     heads: int
     e: int  # bytes of an autocast (matmul) element: 4 fp32, 2 bf16/fp16
+    r: int  # bytes of a residual-stream element: 2 under bf16 (model.LayerNorm), else 4
     mixed: bool
     cuda: bool
+    weight_casts: bool = True  # under autocast: whether weights are cast (not when FSDP2 gathers bf16 ones)
 
     @property
     def N(self) -> int:  # tokens
@@ -135,9 +144,9 @@ def _layer_activations(s: _Shapes) -> dict[str, int]:
     """
     N, H, I, e = s.N, s.H, s.I, s.e
     nh = N * H
-    # q, k, v Linear inputs: the layer input itself in fp32; under autocast each
-    # Linear casts it separately (autocast caches casts of weights only).
-    qkv_inputs = (3 if s.mixed else 1) * nh * e
+    # The input of the q, k, v projections: the layer input itself (fp32, or the bf16
+    # stream); under fp16 autocast its cast, made once for the one fused matmul.
+    qkv_inputs = nh * e
     if s.cuda:
         # Memory-efficient SDPA: q, k, v, logsumexp per head and row. Its output's
         # layout makes the reshape a view, kept once, by the dense layer.
@@ -146,17 +155,17 @@ def _layer_activations(s: _Shapes) -> dict[str, int]:
         # Math SDPA, computed in fp32 on the CPU: scaled q, scaled k, v; softmax
         # output, dropout noise, dropped probabilities.
         internals = 3 * nh * FP32 + 3 * s.S * FP32
-    layer_norm = nh * FP32 + 2 * N * FP32  # input (the fp32 residual sum), mean and rstd
+    layer_norm = nh * s.r + 2 * N * FP32  # input (the residual sum), mean and rstd
     dropout = nh * s.dropout_mask(e)
     # Under autocast the weights' bf16/fp16 casts are cached and kept for the backward.
-    casts = (lambda n: n * e) if s.mixed else (lambda n: 0)
+    casts = (lambda n: n * e) if s.mixed and s.weight_casts else (lambda n: 0)
     return {
         "attention": qkv_inputs + internals + casts(3 * H * H),
         # the reshaped attention output kept by the dense layer, then dropout, LayerNorm
         "attention_output": nh * e + dropout + layer_norm + casts(H * H),
         # the dense input (LayerNorm output or its cast), GELU input and output
         "ffn": nh * e + 2 * N * I * e + dropout + layer_norm + casts(2 * H * I),
-        "input": nh * FP32,
+        "input": nh * s.r,
     }
 
 
@@ -175,21 +184,23 @@ def _backward_transients(s: _Shapes) -> tuple[int, int]:
 def _embedding_activations(s: _Shapes) -> int:
     """LayerNorm input and statistics, dropout mask: kept to the end of the backward."""
     nh = s.N * s.H
-    return nh * FP32 + 2 * s.N * FP32 + nh * s.dropout_mask(FP32)
+    # The embeddings' sum is fp32, or bf16 where FSDP2 gathers bf16 tables.
+    summed = s.e if s.mixed and not s.weight_casts else FP32
+    return nh * summed + 2 * s.N * FP32 + nh * s.dropout_mask(s.r)
 
 
 def _head_activations(s: _Shapes) -> int:
     """The last hidden state, the MLM and NSP heads and the loss: freed first in the backward."""
     nh = s.N * s.H
-    # fp32: the pooler's Linear keeps a view of the last hidden state ([CLS]
-    # rows), which keeps all of it; under autocast it keeps a cast of the rows.
-    last_hidden = 0 if s.mixed else nh * FP32
+    # The pooler's Linear keeps a view of the last hidden state ([CLS] rows),
+    # which keeps all of it; under fp16 autocast (an fp32 stream) a cast of the rows.
+    last_hidden = 0 if s.e < s.r else nh * s.r
     mh = s.M * s.H
-    # gathered rows, GELU in and out, LayerNorm output (in autocast: casts and
-    # the fp32 LayerNorm input), log-softmax output in fp32.
-    mlm_head = (4 * mh * FP32 if not s.mixed else mh * (3 * s.e + FP32)) + 2 * s.M * FP32
+    # gathered rows, GELU in and out (in autocast: casts), LayerNorm output (the
+    # stream's dtype), its statistics; log-softmax output in fp32.
+    mlm_head = mh * (3 * s.e + s.r) + 2 * s.M * FP32
     loss = s.M * s.V * FP32
-    decoder_weight_cast = s.V * s.H * s.e if s.mixed else 0
+    decoder_weight_cast = s.V * s.H * s.e if s.mixed and s.weight_casts else 0
     return last_hidden + mlm_head + loss + decoder_weight_cast
 
 
@@ -248,28 +259,44 @@ def plan_memory(cfg: Config, world_size: int = 1, device: str | None = None) -> 
         raise ConfigError(f"device must be cuda or cpu, got {device!r}")
     if ex.offload and parallel != "fsdp":
         raise ConfigError("execution.offload needs execution.parallel=fsdp (FSDP2's CPU offload)")
+    if ex.offload and ex.fsdp_grad_sync == "step":
+        raise ConfigError("execution.fsdp_grad_sync=step cannot be used with execution.offload=true "
+                          "(unsharded gradients on the device for the whole step); use auto or micro_batch")
     mixed = ex.precision in ("bf16", "fp16")
+    fsdp = parallel == "fsdp"
+    # FSDP2's MixedPrecisionPolicy under bf16: it gathers bf16 copies of the fp32 shards.
+    gathered_bytes = 2 if fsdp and ex.precision == "bf16" else FP32
     s = _Shapes(B=tr.micro_batch_size, T=cfg.data.seq_len, P=cfg.data.max_predictions,
                 H=m.hidden_size, I=m.intermediate_size, V=m.vocab_size, heads=m.num_attention_heads,
-                e=2 if mixed else FP32, mixed=mixed, cuda=device == "cuda")
+                e=2 if mixed else FP32, r=2 if ex.precision == "bf16" else FP32, mixed=mixed,
+                cuda=device == "cuda", weight_casts=gathered_bytes == FP32)
     L = m.num_hidden_layers
+    accumulation = max(1, tr.global_batch_size // (tr.micro_batch_size * world_size))
 
     n_params = count_parameters(m)
-    per_layer = layer_parameters(m) * FP32
-    root = (n_params - L * layer_parameters(m)) * FP32  # embeddings and heads: FSDP's root unit
-    shard = world_size if parallel == "fsdp" else 1
+    per_layer = layer_parameters(m) * gathered_bytes
+    root = (n_params - L * layer_parameters(m)) * gathered_bytes  # embeddings and heads: FSDP's root unit
+    shard = world_size if fsdp else 1
     params = math.ceil(n_params / shard) * FP32
     grads = params
     optimizer_state = 2 * params  # two fp32 moments, LAMB and AdamW alike
     # Optimizer temporaries, per bucket (the decay group is by far the largest): one
     # list of tensors, the update that optim.py builds in place, or torch AdamW's sqrt(v).
     optimizer_workspace = math.ceil(decayed_parameters(m) / shard) * FP32
+    # DDP's all-reduce buckets, made with the model and held through the step: the
+    # gradients are views into them (gradient_as_bucket_view), not a second copy.
     ddp_buckets = n_params * FP32 if parallel == "ddp" else 0
     # FSDP2: the root stays unsharded from forward to backward; encoder layers are
-    # gathered one at a time with the next one prefetched; in the backward the
+    # gathered one at a time with the next one prefetched, or all kept from their
+    # forward to their backward (reshard_after_forward false); in the backward the
     # unsharded gradients of a layer (and of the root) wait for the reduce-scatter.
-    gathered = root + 2 * per_layer if parallel == "fsdp" else 0
-    grads_in_flight = root + per_layer if parallel == "fsdp" else 0
+    gathered_layers = min(2, L) if ex.reshard_after_forward else L
+    gathered = root + gathered_layers * per_layer if fsdp else 0
+    grads_in_flight = root + per_layer if fsdp else 0
+    # fsdp_grad_sync step: micro-batches accumulate unsharded fp32 (reduce dtype) gradients of
+    # the whole model, reduce-scattered after the last one.
+    grad_sync = ex.grad_sync if fsdp else ""
+    accumulated = n_params * FP32 if grad_sync == "step" and accumulation > 1 else 0
 
     # -------- activations and gradients through the backward pass
     act = _layer_activations(s)
@@ -283,6 +310,12 @@ def plan_memory(cfg: Config, world_size: int = 1, device: str | None = None) -> 
     head_grad = n_params - L * layer_parameters(m) - embedding_parameters(m) + m.vocab_size * m.hidden_size
 
     def grads_live(n_grad_params: int) -> int:  # on this rank while activations are live
+        if ddp_buckets:
+            # All are in the buckets already but the tied word embedding's: autograd holds its
+            # gradient from the decoder's backward to the embedding's, then DDP copies it in.
+            return m.vocab_size * m.hidden_size * FP32 if n_grad_params else 0
+        if accumulated:  # all of them held already
+            return accumulated + grads_in_flight
         return math.ceil(n_grad_params / shard) * FP32 + grads_in_flight
 
     moments = []  # (activations, gradients, transient) at the peaks of the backward
@@ -305,7 +338,7 @@ def plan_memory(cfg: Config, world_size: int = 1, device: str | None = None) -> 
     resident = params + optimizer_state  # through the whole step
     device_fb = (0 if offload else resident + ddp_buckets) + gathered + (
         max(a + t + grads_in_flight for a, _, t in moments) if offload else backward_peak)
-    optimizer_peak = resident + grads + optimizer_workspace + ddp_buckets
+    optimizer_peak = resident + grads + optimizer_workspace  # DDP's gradients are its buckets
     overhead = RUNTIME_OVERHEAD[device]
     if offload:
         device_total = device_fb + overhead
@@ -322,12 +355,14 @@ def plan_memory(cfg: Config, world_size: int = 1, device: str | None = None) -> 
     return MemoryPlan(
         config={"world_size": world_size, "parallel": parallel, "note": note, "recompute": ex.recompute,
                 "offload": offload, "precision": ex.precision, "device": device,
-                "micro_batch_size": s.B, "seq_len": s.T, "max_predictions": s.P,
-                "optimizer": tr.optimizer, "layers": L, "hidden_size": s.H},
+                "micro_batch_size": s.B, "seq_len": s.T, "max_predictions": s.P, "accumulation": accumulation,
+                "optimizer": tr.optimizer, "layers": L, "hidden_size": s.H,
+                "fsdp_grad_sync": grad_sync, "reshard_after_forward": ex.reshard_after_forward if fsdp else None,
+                "gathered_dtype": ("bf16" if gathered_bytes == 2 else "fp32") if fsdp else ""},
         num_parameters=n_params,
         parameters=params, gradients=grads, optimizer_state=optimizer_state,
         activations=activations,
-        workspace=optimizer_workspace + ddp_buckets + gathered,
+        workspace=optimizer_workspace + gathered,
         overhead=overhead, device_total=device_total, host_total=host_total,
         combined_peak=combined_peak,
         location={"parameters": where, "gradients": where, "optimizer_state": where,
@@ -335,6 +370,7 @@ def plan_memory(cfg: Config, world_size: int = 1, device: str | None = None) -> 
         phases={"forward_backward": device_fb, "optimizer_step": optimizer_peak},
         details={"optimizer_workspace": optimizer_workspace, "ddp_buckets": ddp_buckets,
                  "fsdp_gathered_parameters": gathered, "fsdp_unsharded_gradients": grads_in_flight,
+                 "fsdp_accumulated_gradients": accumulated,
                  "saved_activations": stored_all,
                  "layer_saved": stored_layer, "layer_full": full_layer},
     )
@@ -373,6 +409,13 @@ def format_plan(plan: MemoryPlan, device_memory: int | None = None) -> str:
               f"({c['max_predictions']} predictions), {c['precision']}, {c['optimizer']}"),
              (f"world size {c['world_size']}, parallel {c['parallel']}, recompute {c['recompute']}, "
               f"offload {'on' if c['offload'] else 'off'}, device {c['device']}")]
+    if c["parallel"] == "fsdp":
+        sync = "once per step" if c["fsdp_grad_sync"] == "step" else "every micro-batch"
+        lines.append(f"fsdp: parameters gathered in {c['gathered_dtype']}, gradients reduce-scattered {sync} "
+                     f"({c['accumulation']} micro-batches per step), reshard after forward "
+                     f"{'on' if c['reshard_after_forward'] else 'off'}")
+    elif c["parallel"] == "ddp":
+        lines.append("ddp: gradients are views into the all-reduce buckets, held through the step")
     if c["note"]:
         lines.append(f"note: {c['note']}")
     lines.append("")

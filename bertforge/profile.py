@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .config import Config, ConfigError, profile_steps
-from .dist import DistContext
+from .dist import DistContext, compiles
 from .host import cpu_name, package_version, peak_rss_mb
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ def run_metadata(cfg: Config, dist: DistContext) -> dict[str, Any]:
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
         "world_size": dist.world_size, "threads": torch.get_num_threads(),
         "precision": cfg.execution.precision, "parallel": cfg.execution.parallel,
-        "compile": cfg.execution.compile,
+        "compile": compiles(cfg.execution, device),
     }
     if device.type == "cuda":
         meta["cuda"] = torch.version.cuda
@@ -309,7 +309,7 @@ class RunMonitor:
                                **self.memory.peaks(), **self.memory.by_phase()}
         if self.step_times:
             end["first_step_s"] = round(self.step_times[0], 4)
-        if self.cfg.execution.compile and len(self.step_times) == 2:
+        if compiles(self.cfg.execution, self.dist.device) and len(self.step_times) == 2:
             # torch.compile compiles in the first step: what it took beyond a compiled step
             end["compile_s"] = round(max(self.step_times[0] - self.step_times[1], 0.0), 4)
         failing = exc_info[0] is not None

@@ -51,29 +51,40 @@ from .dist import (
     destroy_distributed,
     from_main,
     init_distributed,
+    is_compiled,
     prepare_model,
     unwrap,
     write_error,
 )
 from .engine import BatchStream, Engine, Preemption, autocast, set_threads, to_device
+from .feed import copied_ahead, widen
 from .fileio import atomic_file
 from .log import MetricsLogger, ProgressBar, Throughput
 from .mlperf import eval_due, eval_every_samples, open_log
-from .model import BertForPreTraining, num_parameters, pretraining_loss
+from .model import BertForPreTraining, compiled_pretraining_loss, num_parameters, pretraining_loss
 from .optim import build_optimizer, build_scheduler
 from .profile import RunMonitor
 
 
 def forward_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The pre-training losses and accuracy counts of one batch (see ``pretraining_loss``)."""
+    """The pre-training losses and accuracy counts of one batch (see ``pretraining_loss``).
+
+    The batch may be compact (int32, as the loader makes it): it is widened
+    here, on the device, where the loss needs int64. A batch without padding
+    has no ``attention_mask``, and the model runs without one.
+    """
+    batch = widen(batch)
+    # A compiled model comes with a compiled loss: fp32 cross-entropy over (B, P, V) logits
+    # fused into a few kernels instead of materialising fp32 copies of the logits.
+    loss_fn = compiled_pretraining_loss() if is_compiled(model) else pretraining_loss
     if "sequence_ids" in batch:  # packed rows (see data/packing.py)
         mlm_logits, nsp_logits = model(batch["input_ids"], batch["token_type_ids"], None,
                                        batch["masked_lm_positions"], position_ids=batch["position_ids"],
                                        sequence_ids=batch["sequence_ids"], cls_positions=batch["cls_positions"])
-        return pretraining_loss(mlm_logits, nsp_logits, batch)
+        return loss_fn(mlm_logits, nsp_logits, batch)
     mlm_logits, nsp_logits = model(batch["input_ids"], batch["token_type_ids"],
-                                   batch["attention_mask"], batch["masked_lm_positions"])
-    return pretraining_loss(mlm_logits, nsp_logits, batch)
+                                   batch.get("attention_mask"), batch["masked_lm_positions"])
+    return loss_fn(mlm_logits, nsp_logits, batch)
 
 
 def training_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -180,9 +191,11 @@ def _fail_here(rank: int, step: int) -> bool:
     return (fault == f"{rank}:{step}" and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0")
 
 
-def load_data(cfg: Config, run_dir: Path, rank: int = 0,
-              world_size: int = 1) -> tuple[Callable[[dict], Any], PretrainingDataset | None]:
+def load_data(cfg: Config, run_dir: Path, rank: int = 0, world_size: int = 1, *,
+              pin: bool = False) -> tuple[Callable[[dict], Any], PretrainingDataset | None]:
     """(a function making this rank's training stream from a data position, the eval set).
+
+    ``pin``: the record prefetcher puts batches in pinned memory (for a CUDA device).
 
     Training data is synthetic, a corpus of text (built here, see data/), or a
     directory or glob of record shards (streamed). Fixes ``data.vocab`` and
@@ -247,7 +260,7 @@ def load_data(cfg: Config, run_dir: Path, rank: int = 0,
         # Every rank reads the same number of batches per epoch: none waits for another.
         stream = RecordStream(files, batch_size, seed, shuffle_buffer=d.shuffle_buffer, masking=masking,
                               vocab_size=cfg.model.vocab_size, **position, **split)
-        return Prefetcher(stream, d.prefetch) if d.prefetch > 0 else stream
+        return Prefetcher(stream, d.prefetch, pin=pin) if d.prefetch > 0 else stream
     return make_stream, eval_set
 
 
@@ -314,14 +327,15 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
     # The MLPerf log's init phase starts here (rank 0 writes; without log.mlperf it logs nothing).
     mlperf = open_log(cfg, dist, resumed=resume_from is not None)
     loaded = []
+    pin = dist.device.type == "cuda"  # pinned batches copy to the GPU without the host waiting
 
     def load_on_main() -> tuple[str, int]:
-        loaded.append(load_data(cfg, run_dir, dist.rank, dist.world_size))
+        loaded.append(load_data(cfg, run_dir, dist.rank, dist.world_size, pin=pin))
         return cfg.data.vocab, cfg.model.vocab_size
 
     # Rank 0 loads first: it may train the vocab into the run directory, which the others then read.
     cfg.data.vocab, cfg.model.vocab_size = from_main(dist, load_on_main)
-    make_stream, eval_set = loaded[0] if loaded else load_data(cfg, run_dir, dist.rank, dist.world_size)
+    make_stream, eval_set = loaded[0] if loaded else load_data(cfg, run_dir, dist.rank, dist.world_size, pin=pin)
     if resume_from is not None:
         ckpt.check_model_config(ckpt.read_config(resume_from).model, cfg.model, resume_from)
     if dist.is_main:
@@ -408,7 +422,8 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
             else:
                 micro_batches = (stream.next() for _ in range(accumulation))
             with monitor.step(step):  # memory, step times and the --profile window
-                out = engine.step(micro_batches, accumulation, step)
+                # On CUDA each micro-batch's copy overlaps the compute of the one before.
+                out = engine.step(copied_ahead(micro_batches, dist.device), accumulation, step)
             step += 1
             progress["steps"] += 1
             if _fail_here(dist.rank, step):

@@ -27,6 +27,8 @@ def test_shipped_spec_is_valid_and_complete():
             assert benchmark.ours.args["max_predictions"] == {128: 20, 512: 80}[seq]
     assert {"squad_train_base", "squad_infer_base", "data_create_reference", "data_create_fast"} <= names
     assert spec.benchmarks["squad_infer_base"].ours.args["mode"] == "infer"
+    goal = spec.benchmarks["pretrain_large_128_goal"].ours  # issue 10: 2,180 seq/s in 4 × 256-row steps
+    assert (goal.args["batch_size"], goal.args["accumulation"], goal.args["seq_len"]) == (256, 4, 128)
     scripts = {b.ours.script for b in spec.benchmarks.values() if b.ours.command == "script"}
     assert scripts == {f"benchmarks/{p.name}" for p in (ROOT / "benchmarks").glob("*.py")}
     peer = spec.benchmarks["vs_transformers_base_128"].peer
@@ -104,7 +106,7 @@ def test_a_spec_runs_and_gives_json_lines(tmp_path, capsys):
     ("benchmarks: {a: {command: script, script: nope.py, metric: x}}\n",
      "{spec}: benchmarks.a.script: nope.py not found in {dir}"),
     ("benchmarks: {a: {command: pretrain, args: {batch: 2}}}\n",
-     "{spec}: benchmarks.a.args.batch: not an option of pretrain (options: batch_size, "),
+     "{spec}: benchmarks.a.args.batch: not an option of pretrain (options: accumulation, batch_size, data, "),
     ("benchmarks: {a: {command: pretrain, args: {batch_size: two}}}\n",
      "{spec}: benchmarks.a.args.batch_size: expected int, got 'two'"),
     ("benchmarks: {a: {command: squad, args: {mode: fly}}}\n",

@@ -146,6 +146,8 @@ def test_choices_are_the_literal_types_of_the_fields():
         "execution.precision": ("fp32", "bf16", "fp16"),
         "execution.parallel": ("none", "ddp", "fsdp"),
         "execution.recompute": ("none", "layer", "attention"),
+        "execution.fsdp_grad_sync": ("auto", "step", "micro_batch"),
+        "execution.attention": ("auto", "flash", "cudnn", "efficient", "math"),
     }
 
 

@@ -457,7 +457,8 @@ def test_build_datasets_default(tmp_path):
     batch = train.batch(np.arange(8))
     assert set(batch) == {"input_ids", "token_type_ids", "attention_mask", "masked_lm_positions",
                           "masked_lm_ids", "masked_lm_weights", "next_sentence_labels"}
-    assert batch["input_ids"].shape == (8, 128) and batch["input_ids"].dtype == torch.int64
+    assert batch["input_ids"].shape == (8, 128) and batch["input_ids"].dtype == torch.int32  # widened on the device
+    assert batch["attention_mask"].dtype == torch.uint8
     assert batch["masked_lm_ids"].shape == (8, 20)
     assert batch["masked_lm_weights"].dtype == torch.float32
     assert batch["next_sentence_labels"].shape == (8,)
@@ -491,11 +492,12 @@ def test_build_datasets_from_text_with_bert_vocab(tmp_path):
 def test_pretraining_dataset_batch_matches_arrays(real_instances):
     _, _, arrays = real_instances
     dataset = PretrainingDataset(arrays)
-    rows = np.array([5, 0, 5, 17])
+    padded = int(np.flatnonzero(arrays.input_mask.min(axis=1) == 0)[0])  # the batch then has a mask
+    rows = np.array([5, 0, 5, 17, padded])
     batch = dataset.batch(rows)
-    assert torch.equal(batch["input_ids"], torch.from_numpy(arrays.input_ids[rows]).long())
-    assert torch.equal(batch["token_type_ids"], torch.from_numpy(arrays.segment_ids[rows]).long())
-    assert torch.equal(batch["attention_mask"], torch.from_numpy(arrays.input_mask[rows]).long())
+    assert torch.equal(batch["input_ids"], torch.from_numpy(arrays.input_ids[rows]))
+    assert torch.equal(batch["token_type_ids"], torch.from_numpy(arrays.segment_ids[rows]).int())
+    assert torch.equal(batch["attention_mask"], torch.from_numpy(arrays.input_mask[rows]).to(torch.uint8))
     assert torch.equal(batch["masked_lm_weights"], torch.from_numpy(arrays.masked_lm_weights[rows]))
 
 
@@ -503,9 +505,9 @@ def test_synthetic_dataset():
     dataset = SyntheticDataset(10_000, vocab_size=1000, seed=3)
     assert len(dataset) == 10_000
     batch = dataset.batch(np.arange(64))
-    assert batch["input_ids"].shape == (64, 128) and batch["input_ids"].dtype == torch.int64
+    assert batch["input_ids"].shape == (64, 128) and batch["input_ids"].dtype == torch.int32
     assert int(batch["input_ids"].min()) >= 0 and int(batch["input_ids"].max()) < 1000
-    assert (batch["attention_mask"] == 1).all()
+    assert "attention_mask" not in batch  # every token is real: no mask (see PretrainingArrays.to_torch)
     assert (batch["masked_lm_weights"] == 1).all()
     assert batch["masked_lm_positions"].shape == (64, 20)
     positions = batch["masked_lm_positions"]

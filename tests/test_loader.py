@@ -7,10 +7,10 @@ import pytest
 import torch
 from conftest import shared_data
 
-from bertforge.config import ConfigError
+from bertforge.config import ConfigError, DataConfig
 from bertforge.data.errors import DataError
 from bertforge.data.instances import PretrainingArrays
-from bertforge.data.loader import MaskingSpec, RecordStream, is_records, record_files, remask
+from bertforge.data.loader import MaskingSpec, Prefetcher, RecordStream, is_records, record_files, remask
 from bertforge.data.records import read_records, write_records
 
 BERT_SPECIALS = MaskingSpec(vocab_size=30522, cls_id=101, sep_id=102, mask_id=103)
@@ -128,6 +128,19 @@ def test_static_masks_are_passed_through_unchanged():
     batch = RecordStream([src], batch_size=45, seed=1, shuffle_buffer=1).next()  # a window of 1: file order
     expected = records.to_torch()
     assert all(torch.equal(batch[k], expected[k]) for k in expected)
+
+
+def test_prefetcher_hands_out_the_streams_batches_and_positions(shards):
+    plain = RecordStream(shards, batch_size=4, seed=3, shuffle_buffer=5)
+    ahead = Prefetcher(RecordStream(shards, batch_size=4, seed=3, shuffle_buffer=5))  # 4 batches ahead
+    try:
+        for _ in range(7):  # across the end of the first epoch (5 batches)
+            expected, batch = plain.next(), ahead.next()
+            assert batch.keys() == expected.keys() and all(torch.equal(batch[k], expected[k]) for k in expected)
+            assert ahead.state() == plain.state()  # the position of what was handed out, not read ahead
+    finally:
+        ahead.close()
+    assert ahead.state() == {"epoch": 1, "index": 2} and DataConfig().prefetch == 4
 
 
 def test_record_discovery(shards, tmp_path):

@@ -13,12 +13,14 @@ from bertforge.bench import LiveTensorBytes
 from bertforge.cli import main
 from bertforge.config import ConfigError, load_config
 from bertforge.data import SyntheticDataset
+from bertforge.dist import DistContext, destroy_distributed, prepare_model, unwrap
 from bertforge.engine import autocast
 from bertforge.model import BertForPreTraining, num_parameters, set_recompute
 from bertforge.optim import build_optimizer, param_groups
 from bertforge.plan import (
     count_parameters,
     decayed_parameters,
+    format_plan,
     parse_size,
     plan_memory,
 )
@@ -43,11 +45,18 @@ def synthetic_batch(cfg):
 
 def measure_step(cfg) -> dict[str, int]:
     """Bytes of live tensors made by the second training step (the first makes the optimizer
-    state): after the forward, peak through the backward, peak in the optimizer step."""
+    state): after the forward, peak through the backward, peak in the optimizer step. The model
+    is prepared as training prepares it (DDP on a one-rank group for execution.parallel=ddp)."""
     torch.manual_seed(0)
-    model = BertForPreTraining(cfg.model).train()
-    set_recompute(model, cfg.execution.recompute)
-    optimizer = build_optimizer(model, cfg.train)
+    model = prepare_model(BertForPreTraining(cfg.model).train(), cfg.execution, DistContext())
+    try:
+        return _measure_step(cfg, model)
+    finally:
+        destroy_distributed()
+
+
+def _measure_step(cfg, model) -> dict[str, int]:
+    optimizer = build_optimizer(unwrap(model), cfg.train)
     batch = synthetic_batch(cfg)
     device = torch.device("cpu")
     result: dict[str, int] = {}
@@ -68,6 +77,8 @@ def measure_step(cfg) -> dict[str, int]:
             result["optimizer_peak"] = tracker.peak
 
     step(None)
+    if cfg.execution.parallel == "ddp":
+        step(None)  # DDP remakes its buckets in the second step, in the order the first made gradients
     with LiveTensorBytes() as tracker:
         step(tracker)
     return result
@@ -130,11 +141,76 @@ def test_offload_needs_fsdp():
         plan_memory(make_config("tiny", offload=True))
 
 
-def test_ddp_adds_gradient_buckets():
+def test_ddp_gradients_are_its_buckets():
     plain = plan_memory(make_config("base"))
     ddp = plan_memory(make_config("base", parallel="ddp"), world_size=8)
-    assert ddp.parameters == plain.parameters
-    assert ddp.workspace - plain.workspace == plain.gradients
+    assert ddp.parameters == plain.parameters and ddp.workspace == plain.workspace
+    assert ddp.details["ddp_buckets"] == plain.gradients  # gradient_as_bucket_view: no second copy
+    assert ddp.phases["optimizer_step"] == plain.phases["optimizer_step"]
+    # The buckets are there before the backward makes any gradient; besides them only the tied
+    # word embedding's gradient waits, from the decoder's backward to the embedding's.
+    held = plain.parameters + plain.optimizer_state + plain.gradients
+    tied = 4 * 30522 * 768
+    assert held + plain.activations < ddp.phases["forward_backward"] <= held + plain.activations + tied
+
+
+def _units(cfg) -> tuple[int, int]:
+    """Parameters of an encoder layer and of FSDP's root unit (embeddings and heads)."""
+    layer = sum(p.numel() for p in BertForPreTraining(cfg.model).bert.encoder.layer[0].parameters())
+    return layer, count_parameters(cfg.model) - cfg.model.num_hidden_layers * layer
+
+
+def test_fsdp_bf16_gathers_bf16_parameters_and_casts_no_weights():
+    fp32, bf16 = (make_config("tiny", parallel="fsdp", precision=p) for p in ("fp32", "bf16"))
+    layer, root = _units(fp32)
+    assert plan_memory(fp32, world_size=4).details["fsdp_gathered_parameters"] == 4 * (root + 2 * layer)
+    sharded = plan_memory(bf16, world_size=4)
+    assert sharded.details["fsdp_gathered_parameters"] == 2 * (root + 2 * layer)
+    assert sharded.details["fsdp_unsharded_gradients"] == 2 * (root + layer)  # gradients of bf16 parameters
+    assert sharded.parameters == 4 * math.ceil(count_parameters(bf16.model) / 4)  # the shards stay fp32
+    # Autocast has no weights to cast: each layer's 4 H² + 2 H·I and the decoder's V·H bf16 copies are gone.
+    m = bf16.model
+    casts = m.num_hidden_layers * 2 * (4 * m.hidden_size**2 + 2 * m.hidden_size * m.intermediate_size)
+    casts += 2 * m.vocab_size * m.hidden_size
+    # And the embeddings' sum is bf16 (of bf16 tables), not fp32: 2 bytes less per element.
+    casts += 2 * bf16.train.micro_batch_size * bf16.data.seq_len * m.hidden_size
+    autocast_only = plan_memory(make_config("tiny", precision="bf16"))
+    assert autocast_only.details["saved_activations"] - sharded.details["saved_activations"] == casts
+    assert "fsdp: parameters gathered in bf16" in format_plan(sharded)
+
+
+def test_keeping_gathered_layers_holds_every_layer():
+    kept = make_config("base", parallel="fsdp", reshard_after_forward=False)
+    layer, root = _units(kept)
+    default = plan_memory(make_config("base", parallel="fsdp"), world_size=8)
+    plan = plan_memory(kept, world_size=8)
+    assert plan.details["fsdp_gathered_parameters"] == 4 * (root + 12 * layer)
+    assert plan.phases["forward_backward"] - default.phases["forward_backward"] == 4 * 10 * layer
+    assert "reshard after forward off" in format_plan(plan)
+
+
+@pytest.mark.parametrize("sync,offload,accumulation,held,shown", [
+    ("step", False, 4, True, "once per step"), ("auto", False, 4, True, "once per step"),
+    ("step", False, 1, False, "once per step"), ("micro_batch", False, 4, False, "every micro-batch"),
+    ("auto", True, 4, False, "every micro-batch")])
+def test_step_grad_sync_holds_unsharded_gradients_through_accumulation(sync, offload, accumulation, held, shown):
+    cfg = make_config("base", batch=8, parallel="fsdp", fsdp_grad_sync=sync, offload=offload)
+    cfg.train.global_batch_size = 8 * 8 * accumulation
+    n = count_parameters(cfg.model)
+    plan = plan_memory(cfg, world_size=8)
+    assert plan.config["accumulation"] == accumulation
+    assert plan.details["fsdp_accumulated_gradients"] == (4 * n if held else 0)
+    if held:  # the whole model's fp32 gradients with every micro-batch's activations
+        resident = plan.parameters + plan.optimizer_state
+        in_flight = plan.details["fsdp_unsharded_gradients"]
+        assert plan.phases["forward_backward"] == (resident + plan.details["fsdp_gathered_parameters"]
+                                                   + plan.activations + 4 * n + in_flight)
+    assert f"reduce-scattered {shown} ({accumulation} micro-batches per step)" in format_plan(plan)
+
+
+def test_step_grad_sync_with_offload_is_refused():
+    with pytest.raises(ConfigError, match="execution.fsdp_grad_sync=step cannot be used with execution.offload"):
+        plan_memory(make_config("tiny", parallel="fsdp", offload=True, fsdp_grad_sync="step"))
 
 
 def test_recompute_lowers_planned_activations_at_512():
@@ -187,6 +263,19 @@ def test_step_memory_matches_the_plan(preset, seq_len, policy, precision):
     assert measured["optimizer_peak"] == pytest.approx(plan.phases["optimizer_step"] - resident, rel=0.01)
 
 
+def test_ddp_step_memory_matches_the_plan():
+    """DDP on a one-rank group: its gradients are views into the buckets it made with the model,
+    so the measured step makes no gradient beyond the transient ones."""
+    cfg = make_config("tiny", batch=2, seq_len=256, parallel="ddp")
+    measured = measure_step(cfg)
+    plan = plan_memory(cfg)
+    held = plan.parameters + plan.optimizer_state + plan.details["ddp_buckets"]  # made before the measured step
+    assert measured["backward_peak"] == pytest.approx(plan.phases["forward_backward"] - held, rel=0.05)
+    # The step's temporaries alone: a second copy of the gradients would double this.
+    assert measured["optimizer_peak"] == pytest.approx(plan.phases["optimizer_step"] - held, rel=0.01)
+    assert plan.details["optimizer_workspace"] < plan.gradients
+
+
 def test_recompute_lowers_saved_memory_at_512():
     """BERT-base layers (hidden 768, 12 heads) at sequence 512, four of them and a small vocab:
     what the forward leaves for the backward, measured, per recompute policy."""
@@ -231,7 +320,9 @@ def test_plan_command_prints_a_table(capsys):
                  "--execution.recompute", "layer"]) == 0
     out = capsys.readouterr().out
     for line in ("parameters (fp32)", "gradients (fp32)", "optimizer state", "activations (peak)",
-                 "device total (peak)", "host total (peak)", "world size 8, parallel fsdp, recompute layer"):
+                 "device total (peak)", "host total (peak)", "world size 8, parallel fsdp, recompute layer",
+                 "fsdp: parameters gathered in bf16, gradients reduce-scattered once per step "
+                 "(256 micro-batches per step), reshard after forward on"):
         assert line in out
     assert "\nfits in 74.51 GiB" in out
 

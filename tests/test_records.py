@@ -633,7 +633,8 @@ def test_take_concat_and_to_torch(sample_arrays):
     assert sorted(batch) == sorted(names)
     for key, name in names.items():
         tensor = batch[key]
-        assert tensor.dtype == (torch.float32 if key == "masked_lm_weights" else torch.int64), key
+        compact = {"masked_lm_weights": torch.float32, "attention_mask": torch.uint8}  # the rest int32
+        assert tensor.dtype == compact.get(key, torch.int32), key
         assert tensor.is_contiguous()
         np.testing.assert_array_equal(tensor.numpy(), getattr(sample_arrays, name)[1::2], err_msg=key)
 

@@ -2,9 +2,10 @@
 
 A dataset hands out batches as dicts of tensors with the keys of
 ``bertforge.model.pretraining_loss``: ``input_ids``, ``token_type_ids``,
-``attention_mask``, ``masked_lm_positions``, ``masked_lm_ids``,
-``masked_lm_weights`` and ``next_sentence_labels``; packed rows give the keys
-of :meth:`.packing.PackedArrays.to_torch` instead.
+``attention_mask`` (left out when no row has padding), ``masked_lm_positions``,
+``masked_lm_ids``, ``masked_lm_weights`` and ``next_sentence_labels``, in the
+compact dtypes of :meth:`.instances.PretrainingArrays.to_torch`; packed rows
+give the keys of :meth:`.packing.PackedArrays.to_torch` instead.
 """
 
 from __future__ import annotations
@@ -158,6 +159,6 @@ def build_datasets(data: DataConfig, work_dir: Path) -> tuple[PretrainingDataset
 def decode_sample(batch: dict[str, torch.Tensor], vocab_path: str | Path, row: int = 0) -> str:
     """One sequence (or packed row) of a batch as the model sees it (masks included), for a person to read."""
     vocab = read_vocab(vocab_path)
-    mask = batch["sequence_ids"] if "sequence_ids" in batch else batch["attention_mask"]
-    ids = batch["input_ids"][row][mask[row].bool()]
+    mask = batch.get("sequence_ids", batch.get("attention_mask"))  # neither: no padding
+    ids = batch["input_ids"][row] if mask is None else batch["input_ids"][row][mask[row].bool()]
     return " ".join(vocab[i] for i in ids.tolist())

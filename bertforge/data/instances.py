@@ -86,26 +86,34 @@ class PretrainingArrays:
                                     for f in fields(PretrainingArrays)})
 
     def to_torch(self) -> dict[str, torch.Tensor]:
-        """The model's batch dict (see ``bertforge.model.pretraining_loss``): int64, weights float32.
+        """The model's batch dict (see ``bertforge.model.pretraining_loss``), compact for the copy
+        to the device: ids, positions and labels int32, the mask uint8, weights float32
+        (``bertforge.feed.widen`` makes the int32 fields int64 on the device).
+
+        A batch without padding has no ``attention_mask``: the model then runs
+        attention without a mask (Flash on CUDA), and knowing it costs no device sync.
 
         torch is imported here, not with the module: the ``bertforge data``
         commands use these arrays and never need torch.
         """
-        import torch
+        batch = {"input_ids": host_tensor(self.input_ids, np.int32),
+                 "token_type_ids": host_tensor(self.segment_ids, np.int32)}
+        if not np.all(self.input_mask):
+            batch["attention_mask"] = host_tensor(self.input_mask, np.uint8)
+        batch.update({
+            "masked_lm_positions": host_tensor(self.masked_lm_positions, np.int32),
+            "masked_lm_ids": host_tensor(self.masked_lm_ids, np.int32),
+            "masked_lm_weights": host_tensor(self.masked_lm_weights, np.float32),
+            "next_sentence_labels": host_tensor(self.next_sentence_labels, np.int32),
+        })
+        return batch
 
-        def as_long(x: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(np.ascontiguousarray(x, dtype=np.int64))
 
-        return {
-            "input_ids": as_long(self.input_ids),
-            "token_type_ids": as_long(self.segment_ids),
-            "attention_mask": as_long(self.input_mask),
-            "masked_lm_positions": as_long(self.masked_lm_positions),
-            "masked_lm_ids": as_long(self.masked_lm_ids),
-            "masked_lm_weights": torch.from_numpy(np.ascontiguousarray(self.masked_lm_weights,
-                                                                       dtype=np.float32)),
-            "next_sentence_labels": as_long(self.next_sentence_labels),
-        }
+def host_tensor(x: np.ndarray, dtype: type[np.generic]) -> torch.Tensor:
+    """A contiguous CPU tensor of ``dtype`` holding a copy of ``x`` (never a view of a record file)."""
+    import torch
+
+    return torch.from_numpy(np.array(x, dtype=dtype, order="C"))
 
 
 def create_instances(documents: list[TokenDocument], *, seq_len: int, max_predictions: int,

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..feed import pinned
 from .errors import DataError
 from .instances import PretrainingArrays
 from .packing import Rows, concat_rows
@@ -288,13 +289,16 @@ class Prefetcher:
     The stream's reading (file access, numpy) overlaps with the training step
     (torch releases the GIL). ``state()`` is the position after the last batch
     handed out, not after the last one read ahead, so checkpoints stay exact.
+    With ``pin`` (training on CUDA) the thread also puts each batch in pinned
+    memory, from which :func:`bertforge.feed.copied_ahead` copies it to the GPU
+    without the host waiting.
     """
 
-    def __init__(self, stream: RecordStream, depth: int = 2):
+    def __init__(self, stream: RecordStream, depth: int = 4, *, pin: bool = False):
         import queue
         import threading
 
-        self.stream = stream
+        self.stream, self.pin = stream, pin
         self.batches_per_epoch = stream.batches_per_epoch
         self.num_sequences = stream.num_sequences
         self._state = stream.state()
@@ -307,7 +311,7 @@ class Prefetcher:
         try:
             while not self._stop.is_set():
                 batch = self.stream.next()
-                self._queue.put((batch, self.stream.state()))
+                self._queue.put((pinned(batch) if self.pin else batch, self.stream.state()))
         except BaseException as err:  # handed to the consumer, which raises it
             self._queue.put((err, None))
 

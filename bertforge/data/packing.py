@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 
 from .errors import DataError
-from .instances import PretrainingArrays
+from .instances import PretrainingArrays, host_tensor
 
 if TYPE_CHECKING:
     import torch
@@ -90,26 +90,22 @@ class PackedArrays:
         ``sequence_ids`` (the per-token sequence index) makes the attention
         block-diagonal; ``cls_positions`` are the last S positions, where the
         [CLS] tokens are; ``next_sentence_weights`` marks the real sequences.
+        Compact as :meth:`.instances.PretrainingArrays.to_torch`: int32, ``sequence_ids`` uint8.
         """
-        import torch
-
-        def as_long(x: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(np.ascontiguousarray(x, dtype=np.int64))
-
         n, seq_len = np.shape(self.input_ids)
         slots = self.max_sequences_per_pack
         cls_positions = np.broadcast_to(np.arange(seq_len - slots, seq_len), (n, slots))
         return {
-            "input_ids": as_long(self.input_ids),
-            "token_type_ids": as_long(self.segment_ids),
-            "sequence_ids": as_long(self.input_mask),
-            "position_ids": as_long(self.position_ids),
-            "masked_lm_positions": as_long(self.masked_lm_positions),
-            "masked_lm_ids": as_long(self.masked_lm_ids),
-            "masked_lm_weights": torch.from_numpy(np.asarray(self.masked_lm_mask) > 0).float(),
-            "cls_positions": as_long(cls_positions),
-            "next_sentence_labels": as_long(self.next_sentence_labels),
-            "next_sentence_weights": torch.from_numpy(np.asarray(self.next_sentence_mask) > 0).float(),
+            "input_ids": host_tensor(self.input_ids, np.int32),
+            "token_type_ids": host_tensor(self.segment_ids, np.int32),
+            "sequence_ids": host_tensor(self.input_mask, np.uint8),
+            "position_ids": host_tensor(self.position_ids, np.int32),
+            "masked_lm_positions": host_tensor(self.masked_lm_positions, np.int32),
+            "masked_lm_ids": host_tensor(self.masked_lm_ids, np.int32),
+            "masked_lm_weights": host_tensor(np.asarray(self.masked_lm_mask) > 0, np.float32),
+            "cls_positions": host_tensor(cls_positions, np.int32),
+            "next_sentence_labels": host_tensor(self.next_sentence_labels, np.int32),
+            "next_sentence_weights": host_tensor(np.asarray(self.next_sentence_mask) > 0, np.float32),
         }
 
 
