@@ -41,7 +41,7 @@ from .dist import (
 )
 from .engine import Engine, set_threads, to_device
 from .flops import peak_tflops, pretraining_flops
-from .host import cpu_name, current_rss_mb, peak_rss_mb
+from .host import current_rss_mb, device_name, peak_rss_mb
 from .model import BertForPreTraining, num_parameters
 from .optim import build_optimizer, build_scheduler
 from .train import training_loss
@@ -107,10 +107,6 @@ class LiveTensorBytes(TorchDispatchMode):
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
 
 
 def read_micro_batches(cfg: Config, pattern: str, batch_size: int, seq_len: int | None, count: int

@@ -7,6 +7,7 @@ import platform
 import resource
 import sys
 from importlib import metadata
+from typing import Any
 
 
 def package_version(name: str) -> str | None:
@@ -23,6 +24,15 @@ def cpu_name() -> str:
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine()
+
+
+def device_name(device: Any) -> str:
+    """The GPU's name for a CUDA device (torch is imported only then), else the CPU's."""
+    if getattr(device, "type", "") == "cuda":
+        import torch
+
+        return torch.cuda.get_device_name(device)
+    return cpu_name()
 
 
 def current_rss_mb() -> float:

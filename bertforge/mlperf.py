@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import logging
 import os
-import platform
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .config import Config, ConfigError
+from .host import device_name
 
 if TYPE_CHECKING:
     from .dist import DistContext
@@ -241,12 +241,3 @@ def data_files(cfg: Config) -> list[Path]:
     if not (cfg.data.input and is_records(cfg.data.input)):
         return []
     return record_files(cfg.data.input) + ([Path(cfg.data.eval_input)] if cfg.data.eval_input else [])
-
-
-def device_name(device: Any) -> str:
-    """The accelerator's name for ``submission_platform`` (the processor's on the CPU)."""
-    import torch
-
-    if getattr(device, "type", "") == "cuda":
-        return torch.cuda.get_device_name(device)
-    return platform.processor() or platform.machine() or "cpu"

@@ -47,7 +47,7 @@ import torch
 
 from .config import Config, ConfigError, profile_steps
 from .dist import DistContext, compiles
-from .host import cpu_name, package_version, peak_rss_mb
+from .host import device_name, package_version, peak_rss_mb
 
 if TYPE_CHECKING:
     from .log import MetricsLogger
@@ -85,7 +85,7 @@ def run_metadata(cfg: Config, dist: DistContext) -> dict[str, Any]:
         "bertforge": __version__, "python": platform.python_version(), "torch": torch.__version__,
         "numpy": package_version("numpy"), "transformers": package_version("transformers"),
         "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
+        "device_name": device_name(device),
         "world_size": dist.world_size, "threads": torch.get_num_threads(),
         "precision": cfg.execution.precision, "parallel": cfg.execution.parallel,
         "compile": compiles(cfg.execution, device),
@@ -135,12 +135,14 @@ class PhaseMemory:
             self.gpu[self.current] = max(self.gpu.get(self.current, 0.0), gpu)
             torch.cuda.reset_peak_memory_stats(self.device)
 
-    def peaks(self) -> dict[str, float]:
-        """The peaks of the whole run so far (without closing the phase)."""
-        row = {"peak_rss_mb": round(max([peak_rss_mb(), *self.host.values()]), 1)}
+    def peaks(self, closed: bool = False) -> dict[str, float]:
+        """The peaks of the whole run so far; ``closed``: of the recorded phases only (after
+        ``close``), so that what other threads allocate afterwards cannot exceed them all."""
+        host = [*([] if closed else [peak_rss_mb()]), *self.host.values()]
+        row = {"peak_rss_mb": round(max(host), 1)}
         if self.cuda:
-            current = torch.cuda.max_memory_allocated(self.device) / MB
-            row["cuda_peak_mb"] = round(max([current, *self.gpu.values()]), 1)
+            gpu = [*([] if closed else [torch.cuda.max_memory_allocated(self.device) / MB]), *self.gpu.values()]
+            row["cuda_peak_mb"] = round(max(gpu), 1)
         return row
 
     def by_phase(self) -> dict[str, Any]:
@@ -306,7 +308,7 @@ class RunMonitor:
         self.memory.close()
         end: dict[str, Any] = {"event": "end", "step": self.last_step,
                                "wall_s": round(time.perf_counter() - self.started, 3),
-                               **self.memory.peaks(), **self.memory.by_phase()}
+                               **self.memory.peaks(closed=True), **self.memory.by_phase()}
         if self.step_times:
             end["first_step_s"] = round(self.step_times[0], 4)
         if compiles(self.cfg.execution, self.dist.device) and len(self.step_times) == 2:

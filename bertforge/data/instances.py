@@ -21,7 +21,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
@@ -55,8 +55,36 @@ class Instance:
         return ids
 
 
+C = TypeVar("C", bound="Columns")
+
+
+class Columns:
+    """A dataclass of arrays with one row per record along their first axis: rows are taken
+    and joined the same way for every field."""
+
+    input_ids: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def take(self: C, rows: slice | Sequence[int] | np.ndarray) -> C:
+        """These rows of every field: a slice gives views, indices give copies.
+
+        Fields may be any array-likes (a writer takes them so); the result's are arrays.
+        """
+        return type(self)(**{f.name: np.asarray(getattr(self, f.name))[rows]
+                             for f in fields(self)})  # type: ignore[arg-type]
+
+    @classmethod
+    def concat(cls: type[C], parts: Iterable[C]) -> C:
+        """The rows of several, one after the other."""
+        parts = list(parts)
+        return cls(**{f.name: np.concatenate([getattr(p, f.name) for p in parts])
+                      for f in fields(cls)})  # type: ignore[arg-type]
+
+
 @dataclass
-class PretrainingArrays:
+class PretrainingArrays(Columns):
     """Padded instances, one row each; padding is 0 everywhere."""
 
     input_ids: np.ndarray  # (N, T) int32
@@ -66,24 +94,6 @@ class PretrainingArrays:
     masked_lm_ids: np.ndarray  # (N, P) int32: the original tokens there
     masked_lm_weights: np.ndarray  # (N, P) float32: 1 for real predictions
     next_sentence_labels: np.ndarray  # (N,) int64: 0 = B follows A, 1 = B is random
-
-    def __len__(self) -> int:
-        return len(self.input_ids)
-
-    def take(self, rows: slice | Sequence[int] | np.ndarray) -> PretrainingArrays:
-        """These rows of every field: a slice gives views, indices give copies.
-
-        Fields may be any array-likes (a writer takes them so); the result's are arrays.
-        """
-        return PretrainingArrays(**{f.name: np.asarray(getattr(self, f.name))[rows]
-                                    for f in fields(self)})
-
-    @staticmethod
-    def concat(parts: Iterable[PretrainingArrays]) -> PretrainingArrays:
-        """The rows of several PretrainingArrays, one after the other."""
-        parts = list(parts)
-        return PretrainingArrays(**{f.name: np.concatenate([getattr(p, f.name) for p in parts])
-                                    for f in fields(PretrainingArrays)})
 
     def to_torch(self) -> dict[str, torch.Tensor]:
         """The model's batch dict (see ``bertforge.model.pretraining_loss``), compact for the copy

@@ -33,15 +33,15 @@ from __future__ import annotations
 import bisect
 import contextlib
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from .errors import DataError
-from .instances import PretrainingArrays, host_tensor
+from .instances import Columns, PretrainingArrays, host_tensor
 
 if TYPE_CHECKING:
     import torch
@@ -51,7 +51,7 @@ _WRITE_CHUNK = 4096  # packs built and written at a time: bounds memory
 
 
 @dataclass
-class PackedArrays:
+class PackedArrays(Columns):
     """Packed rows in Graphcore's layout (see the module docstring); padding is 0 everywhere.
 
     T is the row length, S the most sequences per row, P = max_predictions + S - 1.
@@ -67,22 +67,9 @@ class PackedArrays:
     next_sentence_labels: np.ndarray  # (N, S) int64: slot S - k holds sequence k's label
     next_sentence_mask: np.ndarray  # (N, S) int8: 1 where that sequence is present
 
-    def __len__(self) -> int:
-        return len(self.input_ids)
-
     @property
     def max_sequences_per_pack(self) -> int:
         return int(np.shape(self.next_sentence_labels)[1])
-
-    def take(self, rows: slice | Sequence[int] | np.ndarray) -> PackedArrays:
-        """These rows of every field: a slice gives views, indices give copies."""
-        return PackedArrays(**{f.name: np.asarray(getattr(self, f.name))[rows] for f in fields(self)})
-
-    @staticmethod
-    def concat(parts: Iterable[PackedArrays]) -> PackedArrays:
-        parts = list(parts)
-        return PackedArrays(**{f.name: np.concatenate([getattr(p, f.name) for p in parts])
-                               for f in fields(PackedArrays)})
 
     def to_torch(self) -> dict[str, torch.Tensor]:
         """The model's packed batch (see ``bertforge.train.forward_loss``).
