@@ -40,7 +40,7 @@ from data_prep import DUMP, VOCAB, wiki_sample_text  # noqa: E402
 from bertforge.config import MODEL_PRESETS, ModelConfig, TrainConfig  # noqa: E402
 from bertforge.data.create import create  # noqa: E402
 from bertforge.data.packing import PackingStats, pack_files  # noqa: E402
-from bertforge.data.records import open_records  # noqa: E402
+from bertforge.data.record_reader import open_records  # noqa: E402
 from bertforge.engine import Engine, set_threads  # noqa: E402
 from bertforge.model import BertForPreTraining  # noqa: E402
 from bertforge.optim import build_optimizer, build_scheduler  # noqa: E402

@@ -73,8 +73,8 @@ def worker(args: argparse.Namespace) -> None:
     tokenizer = load_tokenizer(work / "weights" / "vocab.txt")
     examples = dev_sample(args.dev, args.questions)
     if args.worker == "ours":
-        from bertforge.checkpoint import load_model
         from bertforge.squad.train import SquadConfig, predict, predict_logits
+        from bertforge.weights import load_model
 
         model = load_model(work / "weights", head="qa")
         squad = SquadConfig(predict_batch_size=args.batch_size)
@@ -147,9 +147,8 @@ def prepare(args: argparse.Namespace, work: Path) -> str:
     """The weights, exported to ``work/weights`` with their vocab; returns what they are."""
     import torch
 
-    from bertforge.checkpoint import load_model
-    from bertforge.convert import export_hf
     from bertforge.squad.train import find_vocab, finetune, load_squad_config
+    from bertforge.weights import export_hf, load_model
 
     if args.model:
         source = Path(args.model)

@@ -29,17 +29,16 @@ from .config import (
     TrainConfig,
     load_config,
 )
+from .version import __version__ as __version__  # re-exported
 
 if TYPE_CHECKING:
-    from .checkpoint import load_model
-    from .convert import export_hf
     from .model import BertForPreTraining, BertForQuestionAnswering, BertModel
     from .train import pretrain
+    from .weights import export_hf, load_model
 
-__version__ = "0.1.0"
 
 _LAZY = {  # name -> the module that defines it (each imports torch)
-    "load_model": "checkpoint", "export_hf": "convert", "pretrain": "train",
+    "load_model": "weights", "export_hf": "weights", "pretrain": "train",
     "BertForPreTraining": "model", "BertForQuestionAnswering": "model", "BertModel": "model",
 }
 

@@ -129,9 +129,9 @@ class Spec:
 
 # ---------------------------------------------------------------- reading and checking
 
-def load_spec(path: str | Path, check: bool = True, sets: Sequence[str] = ()) -> Spec:
-    """The spec in ``path``, its keys and types checked; with ``check`` also that every command's
-    script, config, overrides and options exist (nothing is run).
+def load_spec(path: str | Path, parser: argparse.ArgumentParser | None = None, sets: Sequence[str] = ()) -> Spec:
+    """The spec in ``path``, its keys and types checked; given ``parser`` (the ``bertforge``
+    command's) also that every command's script, config, overrides and options exist (nothing is run).
 
     ``sets`` are ``NAME.KEY...=VALUE`` changes to benchmark NAME made first (the
     value read as YAML): ``data_create_fast.args.input=corpus.txt``.
@@ -166,9 +166,9 @@ def load_spec(path: str | Path, check: bool = True, sets: Sequence[str] = ()) ->
         for key, value in entry.items():
             _check_type(value, KEYS[key], f"{where}.{key}", fail)
         spec.benchmarks[str(name)] = _benchmark(str(name), entry, where, fail)
-    if check:
+    if parser is not None:
         for benchmark in spec.benchmarks.values():
-            check_benchmark(spec, benchmark)
+            check_benchmark(spec, benchmark, parser)
     return spec
 
 
@@ -258,14 +258,14 @@ def _run(entry: dict, where: str, fail: Callable[[str, str], BenchmarkError]) ->
                dict(entry.get("overrides", {})))
 
 
-def check_benchmark(spec: Spec, benchmark: Benchmark) -> None:
+def check_benchmark(spec: Spec, benchmark: Benchmark, parser: argparse.ArgumentParser) -> None:
     """That what the benchmark runs exists: script, config with its overrides, command options."""
     for side, run in (("", benchmark.ours), (".peer", benchmark.peer)):
         if run is None:
             continue
         where = f"{spec.path}: benchmarks.{benchmark.name}{side}"
         for args, what in ((run.args, "args"), ({**run.args, **benchmark.quick}, "quick")):
-            _check_args(run, args, f"{where}.{what}")
+            _check_args(_options(parser, run.command), run, args, f"{where}.{what}")
         if run.script is not None and not (spec.folder / run.script).is_file():
             raise BenchmarkError(f"{where}.script: {run.script} not found in {spec.folder}")
         if run.command in ("pretrain", "squad"):
@@ -284,13 +284,11 @@ def check_benchmark(spec: Spec, benchmark: Benchmark) -> None:
                 raise BenchmarkError(f"{where}.{'overrides' if overrides else 'config'}: {err}") from None
 
 
-def _options(command: str) -> argparse.ArgumentParser | None:
-    """The argument parser of a command (None for scripts, whose options are theirs)."""
+def _options(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser | None:
+    """The argument parser of a command, a subparser of ``bertforge``'s (None for scripts,
+    whose options are theirs)."""
     if command == "script":
         return None
-    from .cli import build_parser
-
-    parser: argparse.ArgumentParser = build_parser()
     path = {"pretrain": ("bench", "pretrain"), "squad": ("bench", "squad"),
             "data-create": ("data", "create")}[command]
     for name in path:
@@ -299,8 +297,7 @@ def _options(command: str) -> argparse.ArgumentParser | None:
     return parser
 
 
-def _check_args(run: Run, args: dict[str, Any], where: str) -> None:
-    parser = _options(run.command)
+def _check_args(parser: argparse.ArgumentParser | None, run: Run, args: dict[str, Any], where: str) -> None:
     if parser is None:
         return
     for key, value in args.items():
@@ -517,9 +514,10 @@ def summary_line(result: dict[str, Any]) -> str:
     return line + f"; {result['seconds']:.1f}s"
 
 
-def run_command(args: argparse.Namespace) -> int:
-    """``bertforge bench --spec FILE [--benchmark NAME ...] [--list] [--quick] [--json]``."""
-    spec = load_spec(args.spec, check=True, sets=args.set or ())
+def run_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """``bertforge bench --spec FILE [--benchmark NAME ...] [--list] [--quick] [--json]``; ``parser``
+    is the ``bertforge`` command's, which checks the options of the spec's commands."""
+    spec = load_spec(args.spec, parser, sets=args.set or ())
     if args.list:
         chosen = select(spec, args.benchmark)
         width = max(len(b.name) for b in chosen)

@@ -29,19 +29,19 @@ import sys
 import typing
 from pathlib import Path
 
-from . import __version__
 from .config import (
     MODEL_PRESETS,
     ConfigError,
     Head,
     Precision,
-    config_from_args,
     parse_overrides,
 )
 from .data.cli import add_data_commands
 from .log import LOG_LEVELS, console_logging
 from .plan import add_plan_command
+from .runs import config_from_args
 from .squad.cli import add_squad_commands
+from .version import __version__
 
 LOG_LEVEL_ENV = "BERTFORGE_LOG_LEVEL"
 
@@ -97,7 +97,7 @@ def cmd_bench_spec(args: argparse.Namespace, extra: list[str]) -> int:
 
     if not args.spec:
         raise ConfigError("bench: name a benchmark (pretrain, squad) or a spec: --spec benchmarks.yml")
-    return run_command(args)
+    return run_command(args, build_parser())
 
 
 def cmd_bench_squad(args: argparse.Namespace, extra: list[str]) -> int:
@@ -117,8 +117,8 @@ def cmd_bench_squad(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
-    from .checkpoint import find_checkpoint, load_model
-    from .convert import check_export_target, export_hf
+    from .runs import find_checkpoint
+    from .weights import check_export_target, export_hf, load_model
 
     checkpoint = find_checkpoint(args.checkpoint, weights_only=True)  # a model directory will do
     out = Path(args.out).resolve()
@@ -130,7 +130,7 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
     vocab = checkpoint / "vocab.txt"
     if args.format == "tf1":
         from .checkpoint import read_trainer_state
-        from .convert import export_tf1
+        from .weights import export_tf1
 
         step = read_trainer_state(checkpoint)["step"] if (checkpoint / "trainer.pt").is_file() else 0
         export_tf1(model, args.out, vocab_path=vocab if vocab.is_file() else None, overwrite=args.overwrite,
@@ -143,8 +143,8 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
 
 def cmd_import_tf1(args: argparse.Namespace, extra: list[str]) -> int:
     from . import tf1
-    from .checkpoint import CheckpointError
-    from .convert import import_tf1
+    from .runs import CheckpointError
+    from .weights import import_tf1
 
     prefix = tf1.find_prefix(args.prefix)
     if prefix is None:
@@ -336,8 +336,8 @@ def user_errors() -> tuple[type[Exception], ...]:
 
     errors: list[type[Exception]] = [ConfigError, DataError, SquadError, FileNotFoundError]
     # These modules import torch: only a command that loaded them can have raised their errors.
-    for module, name in (("bertforge.checkpoint", "CheckpointError"),
-                         ("bertforge.convert", "ConversionError"),
+    for module, name in (("bertforge.runs", "CheckpointError"),
+                         ("bertforge.weights", "ConversionError"),
                          ("bertforge.engine", "NonFiniteError")):
         if module in sys.modules:
             errors.append(getattr(sys.modules[module], name))

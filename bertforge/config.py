@@ -20,12 +20,9 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import yaml
-
-if TYPE_CHECKING:
-    import argparse
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 
@@ -439,44 +436,6 @@ def load_config(name: str | None = None, overrides: list[tuple[str, Any]] | None
         # The values may come from the file or the command line: name both.
         raise ConfigError(f"{err} in {path}{' with the overrides' if overrides else ''}") from None
     return cfg
-
-
-def config_from_args(args: argparse.Namespace, extra: list[str], default: str | None) -> Config:
-    """The config of a command: ``--config`` (else the config saved with the run being
-    resumed, else ``default``), then the dotted overrides in ``extra``, then the command's own
-    flags (``--steps``, ``--resume``, …; one that the command does not define is skipped).
-
-    Used by the ``bertforge`` commands (cli.py, plan.py). Imports torch only to find the
-    checkpoint of ``--resume``."""
-    overrides: list[tuple[str, Any]] = parse_overrides(extra)  # flags add non-string values
-    for flag, key in (("steps", "train.steps"), ("epochs", "train.epochs"),
-                      ("resume", "checkpoint.resume"), ("init", "checkpoint.init"),
-                      ("run_dir", "log.run_dir"), ("name", "log.name"), ("profile", "log.profile")):
-        value = getattr(args, flag, None)
-        if value is not None:
-            overrides.append((key, value))
-    if getattr(args, "wandb", False):
-        overrides.append(("log.wandb", True))
-    if getattr(args, "no_progress", False):
-        overrides.append(("log.progress", False))
-    name = getattr(args, "config", None)
-    resume = getattr(args, "resume", None)
-    if name is None and resume == "auto":
-        # The run directory (log.run_dir/log.name) comes from the defaults and the flags; its
-        # newest sound checkpoint's config, if it has one, else a fresh start with `default`.
-        from .checkpoint import auto_run_dir, find_resumable  # imports torch: only when resuming
-
-        fresh = load_config(default, overrides)
-        found = find_resumable(auto_run_dir(fresh.log.run_dir, fresh.log.name), only=["config.yaml"], warn=False)
-        if found is None:
-            return fresh
-        name = str(found / "config.yaml")
-    elif name is None and resume:
-        # A resumed run continues with the config it was saved with, plus the overrides.
-        from .checkpoint import find_checkpoint  # imports torch: only when resuming
-
-        name = str(find_checkpoint(resume) / "config.yaml")
-    return load_config(name or default, overrides)
 
 
 def config_from_dict(data: dict[str, Any]) -> Config:

@@ -4,7 +4,7 @@
     bertforge eval runs/NAME/checkpoints/step_* --data.eval_input records/eval_10k.tfrecord --json
 
 Each checkpoint (our run, step or model directory, a Hugging Face BERT
-directory, or whatever else ``checkpoint.load_model`` reads) is evaluated on
+directory, or whatever else ``weights.load_model`` reads) is evaluated on
 every record of the eval file, in order and without dropout, by the same
 function as a training run's evaluations (``train.evaluate``): the masked-LM
 accuracy is the mean over all real predictions of the file (padding
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from .data import DataError, PretrainingDataset
-from .data.records import open_records
+from .data.record_reader import open_records
 
 
 def read_eval_set(path: str | Path) -> PretrainingDataset:
@@ -53,9 +53,9 @@ def evaluate_checkpoints(checkpoints: Sequence[str | Path], eval_input: str | Pa
     """One result per checkpoint, in order: its path, then ``train.evaluate``'s numbers."""
     import torch
 
-    from .checkpoint import load_model
     from .dist import resolve_device
     from .train import evaluate
+    from .weights import load_model
 
     where = resolve_device(device)
     eval_set = read_eval_set(eval_input)

@@ -2,7 +2,7 @@
 
 Parameter names follow Hugging Face's ``modeling_bert.py`` (``bert.embeddings.
 word_embeddings``, ``attention.self.query``, ``cls.predictions…``) so that
-importing and exporting weights is a near-identity key map (see convert.py).
+importing and exporting weights is a near-identity key map (see weights.py).
 The model is single-device and knows nothing of processes or files.
 
 Shapes: B batch, T sequence length, H hidden size, P masked positions per

@@ -56,7 +56,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .config import Config, ConfigError, ModelConfig, config_from_args
+from .config import Config, ConfigError, ModelConfig
+from .runs import config_from_args
 
 FP32 = 4
 # What the runtime holds besides tensors. CUDA: context, cuBLAS/cuDNN and NCCL

@@ -78,7 +78,7 @@ def check_window(text: str, start_step: int, total_steps: int) -> tuple[int, int
 
 def run_metadata(cfg: Config, dist: DistContext) -> dict[str, Any]:
     """What a run ran on: library versions, device, world size, threads and the execution settings."""
-    from . import __version__
+    from .version import __version__
 
     device = dist.device
     meta: dict[str, Any] = {

@@ -32,8 +32,8 @@ import google_crc32c
 import numpy as np
 import torch
 
-from .checkpoint import CheckpointError
 from .fileio import fsync
+from .runs import CheckpointError
 
 MAGIC = 0xDB4775248B80FB57  # leveldb's table magic number, the last 8 bytes of an .index
 FOOTER_SIZE = 48  # two block handles padded to 40 bytes, then the magic

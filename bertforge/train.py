@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from . import checkpoint as ckpt
+from . import runs, weights
 from .config import Config, ConfigError, accumulation_steps
 from .data import PretrainingDataset, SyntheticDataset, build_datasets, decode_sample, vocab_size_of
 from .data.loader import Prefetcher, RecordStream, is_records, masking_spec, record_files
@@ -172,15 +173,15 @@ def locate_run(cfg: Config) -> tuple[Path | None, Path, bool]:
     warning), or starts fresh there. Temporaries of interrupted saves are removed.
     """
     resume = cfg.checkpoint.resume
-    if resume == ckpt.AUTO:
-        run_dir = ckpt.auto_run_dir(cfg.log.run_dir, cfg.log.name)
+    if resume == runs.AUTO:
+        run_dir = runs.auto_run_dir(cfg.log.run_dir, cfg.log.name)
         created = not run_dir.exists()
-        resume_from = ckpt.checkpoint_to_resume(resume, run_dir)
+        resume_from = runs.checkpoint_to_resume(resume, run_dir)
         if resume_from is None:
             _make_dir(run_dir)
         return resume_from, run_dir, created
     if resume:
-        resume_from = ckpt.checkpoint_to_resume(resume)
+        resume_from = runs.checkpoint_to_resume(resume)
         assert resume_from is not None  # a named checkpoint, or an error
         return resume_from, resume_from.parent.parent, False
     return None, make_run_dir(cfg), True
@@ -219,7 +220,7 @@ def load_data(cfg: Config, run_dir: Path, rank: int = 0, world_size: int = 1, *,
         return lambda position: BatchStream(train, batch_size, seed, **position, **split), eval_set
 
     from .data.loader import read_eval_records, records_shape
-    from .data.records import open_records
+    from .data.record_reader import open_records
 
     # The records decide the shapes. A value the config sets (on the command line or in a config
     # file, even the default value) must agree with them, or it would be silently replaced; a
@@ -281,7 +282,7 @@ def check_resume(checkpoint: Path, saved: dict[str, Any], world_size: int, strea
     """
     saved_world = saved.get("world_size", 1)
     if streamed and saved_world != world_size:
-        raise ckpt.CheckpointError(
+        raise runs.CheckpointError(
             f"{checkpoint} was saved by {saved_world} rank(s) and this run has {world_size}: the position "
             f"in record shards is per rank, so resume with {saved_world} rank(s)")
 
@@ -308,7 +309,7 @@ def pretrain(cfg: Config) -> dict[str, Any]:
             return summary
         except Exception:
             if (created and dist.world_size == 1 and progress["steps"] == 0
-                    and not ckpt.complete_checkpoints(run_dir)):
+                    and not runs.complete_checkpoints(run_dir)):
                 # Nothing to keep: the error on the console says it all. Under torchrun the
                 # directory stays, holding every rank's error log.
                 shutil.rmtree(run_dir, ignore_errors=True)
@@ -337,7 +338,7 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
     cfg.data.vocab, cfg.model.vocab_size = from_main(dist, load_on_main)
     make_stream, eval_set = loaded[0] if loaded else load_data(cfg, run_dir, dist.rank, dist.world_size, pin=pin)
     if resume_from is not None:
-        ckpt.check_model_config(ckpt.read_config(resume_from).model, cfg.model, resume_from)
+        weights.check_model_config(weights.read_config(resume_from).model, cfg.model, resume_from)
     if dist.is_main:
         with atomic_file(run_dir / "config.yaml") as tmp:
             tmp.write_text(cfg.to_yaml(), encoding="utf-8")
@@ -346,7 +347,7 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
     random.seed(cfg.train.seed)
     model: nn.Module = BertForPreTraining(cfg.model)  # then wrapped by prepare_model
     if cfg.checkpoint.init and resume_from is None:
-        ckpt.load_weights(model, cfg.checkpoint.init)
+        weights.load_weights(model, cfg.checkpoint.init)
     try:
         accumulation = accumulation_steps(cfg.train, world_size=dist.world_size)
     except ConfigError as err:

@@ -15,7 +15,8 @@ from bertforge import bench
 from bertforge.cli import main
 from bertforge.config import MODEL_PRESETS, ConfigError, ModelConfig, load_config
 from bertforge.data.packing import pack_arrays, pack_command
-from bertforge.data.records import read_records, write_records
+from bertforge.data.record_reader import read_records
+from bertforge.data.record_writer import write_records
 from bertforge.flops import peak_tflops, pretraining_flops
 from bertforge.model import BertForPreTraining
 from bertforge.train import forward_loss

@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from bertforge.benchspec import BenchmarkError, load_spec, lookup
-from bertforge.cli import main
+from bertforge.cli import build_parser, main
 
 ROOT = Path(__file__).parents[1]
 SHIPPED = ROOT / "benchmarks.yml"
 
 
 def test_shipped_spec_is_valid_and_complete():
-    spec = load_spec(SHIPPED, check=True)  # every script, config, override and option exists
+    spec = load_spec(SHIPPED, build_parser())  # every script, config, override and option exists
     names = set(spec.benchmarks)
     for size in ("tiny", "base", "large"):
         for seq in (128, 512):

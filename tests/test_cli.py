@@ -163,7 +163,7 @@ def test_flag_choices_are_the_config_literals():
 
 
 def test_checkpoint_heads_are_the_config_literal():
-    from bertforge.checkpoint import HEADS
+    from bertforge.weights import HEADS
 
     assert HEADS == ("pretraining", "qa", "encoder")
 

@@ -20,11 +20,11 @@ from bertforge.config import (
     Recompute,
     Schedule,
     TrainConfig,
-    config_from_args,
     config_from_dict,
     load_config,
     parse_overrides,
 )
+from bertforge.runs import config_from_args
 
 SHIPPED = sorted(p.stem for p in CONFIG_DIR.glob("pretrain_*.yaml"))  # squad_*: tests/test_squad_train.py
 

@@ -16,7 +16,8 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # never reach the network; set before transf
 transformers = pytest.importorskip("transformers")
 
 from bertforge.config import ModelConfig  # noqa: E402
-from bertforge.convert import (  # noqa: E402
+from bertforge.model import BertForPreTraining, BertModel  # noqa: E402
+from bertforge.weights import (  # noqa: E402
     ConversionError,
     NewlyInitializedWarning,
     export_hf,
@@ -26,7 +27,6 @@ from bertforge.convert import (  # noqa: E402
     load_hf_state_dict,
     model_config_from_hf,
 )
-from bertforge.model import BertForPreTraining, BertModel  # noqa: E402
 
 SMALL = dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
              intermediate_size=128, max_position_embeddings=64)

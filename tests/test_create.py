@@ -25,9 +25,10 @@ from data_prep import wiki_sample_text
 
 from bertforge.data import DataError
 from bertforge.data.create import CreateStats, create, generate
-from bertforge.data.instances import PretrainingArrays, truncated_lengths
+from bertforge.data.instances import truncated_lengths
 from bertforge.data.pick_eval import make_eval, pick_eval, pick_indices
-from bertforge.data.records import read_records
+from bertforge.data.record_reader import read_records
+from bertforge.data.rows import PretrainingArrays
 from bertforge.data.text import chunk_ranges, expand_inputs, read_documents, read_lines, read_ranges
 from bertforge.data.tokenizer import load_tokenizer, tokenize_documents
 from bertforge.data.wordpiece import FastWordPiece

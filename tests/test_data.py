@@ -118,8 +118,8 @@ def test_binary_files_where_text_is_expected_are_named_for_what_they_are(tmp_pat
     reported as such, not as "not valid UTF-8"."""
     import bz2
 
-    from bertforge.data.instances import PretrainingArrays
-    from bertforge.data.records import write_records
+    from bertforge.data.record_writer import write_records
+    from bertforge.data.rows import PretrainingArrays
 
     n, seq = 4, 16
     arrays = PretrainingArrays(

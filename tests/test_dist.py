@@ -20,10 +20,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from bertforge.checkpoint import CheckpointError, find_checkpoint, load_model
 from bertforge.config import ConfigError, ExecutionConfig
 from bertforge.dist import check_execution
 from bertforge.optim import Lamb
+from bertforge.runs import CheckpointError, find_checkpoint
+from bertforge.weights import load_model
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 4
@@ -305,7 +306,7 @@ def test_batch_stream_ranks_split_each_step_of_one_process():
 def test_record_shards_give_every_rank_the_same_number_of_batches(tmp_path):
     from bertforge.data import SyntheticDataset
     from bertforge.data.loader import RecordStream
-    from bertforge.data.records import write_records
+    from bertforge.data.record_writer import write_records
 
     arrays = SyntheticDataset(size=23, vocab_size=50, seq_len=8, max_predictions=2, seed=1).arrays
     files = [tmp_path / "a.native", tmp_path / "b.native"]

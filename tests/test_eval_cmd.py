@@ -9,12 +9,12 @@ import pytest
 import torch
 from tiny_corpus import write_corpus
 
-from bertforge.checkpoint import load_model
 from bertforge.cli import main
 from bertforge.config import load_config
-from bertforge.data.records import read_records
+from bertforge.data.record_reader import read_records
 from bertforge.evaluate import read_eval_set
 from bertforge.train import evaluate, pretrain
+from bertforge.weights import load_model
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from bertforge import feed
 from bertforge.config import MODEL_PRESETS, ModelConfig
 from bertforge.data.dataset import SyntheticDataset, decode_sample
 from bertforge.data.packing import pack_arrays
-from bertforge.data.records import read_records
+from bertforge.data.record_reader import read_records
 from bertforge.engine import to_device
 from bertforge.model import BertForPreTraining
 from bertforge.train import forward_loss

@@ -21,8 +21,10 @@ from conftest import shared_data
 
 from bertforge.data import native
 from bertforge.data.errors import DataError
-from bertforge.data.instances import PretrainingArrays
-from bertforge.data.records import FEATURES, open_records, write_records
+from bertforge.data.record_reader import open_records
+from bertforge.data.record_schema import FEATURES
+from bertforge.data.record_writer import write_records
+from bertforge.data.rows import PretrainingArrays
 from bertforge.data.tfrecord import HEADER_BYTES, masked_crc
 
 SAMPLE = "tfrecord/graphcore_sample_text.tfrecord"

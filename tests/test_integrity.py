@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from bertforge import checkpoint as ckpt
+from bertforge import runs, weights
 from bertforge.cli import main
 from bertforge.config import ConfigError, load_config
 from bertforge.fileio import atomic_directory, remove_temporaries
@@ -56,26 +57,26 @@ def test_every_checkpoint_has_a_manifest_of_its_files(run):
     assert names == ["config.yaml", "model.safetensors", "optimizer.pt", "trainer.pt"]
     for entry in manifest["files"]:
         file = step_dir(run, 4) / entry["path"]
-        assert entry["size"] == file.stat().st_size and entry["crc32c"] == ckpt.crc32c(file)
-    assert ckpt.verify(step_dir(run, 4)) is True
+        assert entry["size"] == file.stat().st_size and entry["crc32c"] == runs.crc32c(file)
+    assert runs.verify(step_dir(run, 4)) is True
 
 
 def test_a_flipped_bit_is_named_and_refused(run, tmp_path, capsys):
     copy = copy_of(run, tmp_path)
-    weights = step_dir(copy, 4) / "model.safetensors"
-    data = bytearray(weights.read_bytes())
+    safetensors = step_dir(copy, 4) / "model.safetensors"
+    data = bytearray(safetensors.read_bytes())
     data[len(data) // 2] ^= 0x10
-    weights.write_bytes(bytes(data))
-    expected = (f"error: {weights}: its crc32c differs from manifest.json: damaged or edited; "
+    safetensors.write_bytes(bytes(data))
+    expected = (f"error: {safetensors}: its crc32c differs from manifest.json: damaged or edited; "
                 f"refusing this checkpoint\n")
     for argv in (["pretrain", "--resume", str(copy), "--steps", "6", "--no-progress"],
                  ["export", str(copy), str(tmp_path / "hf")]):
         assert main(argv) == 2
         assert capsys.readouterr().err == expected
-    with pytest.raises(ckpt.CheckpointError, match="crc32c differs"):
-        ckpt.load_model(copy)
-    with pytest.raises(ckpt.CheckpointError, match="crc32c differs"):
-        ckpt.load_weights(ckpt.load_model(run), copy)
+    with pytest.raises(runs.CheckpointError, match="crc32c differs"):
+        weights.load_model(copy)
+    with pytest.raises(runs.CheckpointError, match="crc32c differs"):
+        weights.load_weights(weights.load_model(run), copy)
     assert not (tmp_path / "hf").exists()
 
 
@@ -91,7 +92,7 @@ def test_resume_auto_skips_a_damaged_newest_checkpoint(run, tmp_path, caplog):
     original = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]  # resumed at 2; 3 and 4 once each
     assert [r["loss"] for r in rows] == [r["loss"] for r in original]
-    assert ckpt.verify(step_dir(copy, 4))  # rewritten whole
+    assert runs.verify(step_dir(copy, 4))  # rewritten whole
 
 
 def test_truncated_files_without_a_manifest_are_one_line_errors(run, tmp_path, capsys):
@@ -99,14 +100,14 @@ def test_truncated_files_without_a_manifest_are_one_line_errors(run, tmp_path, c
     copy = copy_of(run, tmp_path)
     for step in (2, 4):
         (step_dir(copy, step) / "manifest.json").unlink()
-    assert ckpt.verify(step_dir(copy, 4)) is False
-    assert all(torch.equal(a, b) for a, b in zip(ckpt.load_model(copy).state_dict().values(),
-                                                 ckpt.load_model(run).state_dict().values()))
-    weights = step_dir(copy, 4) / "model.safetensors"
-    weights.write_bytes(weights.read_bytes()[:5000])
+    assert runs.verify(step_dir(copy, 4)) is False
+    assert all(torch.equal(a, b) for a, b in zip(weights.load_model(copy).state_dict().values(),
+                                                 weights.load_model(run).state_dict().values()))
+    safetensors = step_dir(copy, 4) / "model.safetensors"
+    safetensors.write_bytes(safetensors.read_bytes()[:5000])
     assert main(["export", str(copy), str(tmp_path / "hf")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"error: {weights}: not a readable safetensors file (truncated or edited?)")
+    assert err.startswith(f"error: {safetensors}: not a readable safetensors file (truncated or edited?)")
     assert err.count("\n") == 1
     for name in ("trainer.pt", "optimizer.pt"):
         target = step_dir(copy, 2) / name
@@ -125,24 +126,24 @@ def test_temporaries_of_interrupted_saves_are_removed_at_the_next_start(run, tmp
     # Killed between the two renames of a replacement: the old copy is put back.
     (checkpoints / ".step_00000004.old-k9").mkdir()
     os.replace(step_dir(copy, 4), checkpoints / ".step_00000004.old-k9" / "step_00000004")
-    assert [p.name for p in ckpt.complete_checkpoints(copy)] == ["step_00000002"]
+    assert [p.name for p in runs.complete_checkpoints(copy)] == ["step_00000002"]
     assert main(["pretrain", "--resume", str(copy), "--steps", "5", "--no-progress"]) == 0
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step_00000002", "step_00000004", "step_00000005"]
 
 
 def test_non_finite_weights_are_never_saved(run, tmp_path):
-    model = ckpt.load_model(run)
-    assert ckpt.first_nonfinite(model) is None
+    model = weights.load_model(run)
+    assert weights.first_nonfinite(model) is None
     with torch.no_grad():
         model.bert.encoder.layer[1].output.dense.weight[3, 7] = float("nan")
-    assert ckpt.first_nonfinite(model) == "bert.encoder.layer.1.output.dense.weight"
+    assert weights.first_nonfinite(model) == "bert.encoder.layer.1.output.dense.weight"
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     from bertforge.engine import Engine
     from bertforge.train import training_loss
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     engine = Engine(model, optimizer, scheduler, training_loss, "fp32", 0.0)
-    with pytest.raises(ckpt.CheckpointError, match=r"step 7: weight bert.encoder.layer.1.output.dense.weight "
+    with pytest.raises(runs.CheckpointError, match=r"step 7: weight bert.encoder.layer.1.output.dense.weight "
                                                    r"is not finite \(NaN or infinity\); refusing to write"):
         ckpt.save(tmp_path, 7, engine, load_config("tiny"), {})
     assert not (tmp_path / "checkpoints").exists() or not list((tmp_path / "checkpoints").iterdir())
@@ -266,11 +267,11 @@ def test_kill_during_save_never_leaves_a_false_checkpoint(tmp_path):
     lines = result.stdout.splitlines()
     assert len(lines) == 10
     run = tmp_path / "run"
-    complete = ckpt.complete_checkpoints(run)
+    complete = runs.complete_checkpoints(run)
     assert complete, result.stdout
     for step in complete:
-        assert ckpt.verify(step) is True
-        ckpt.load_model(step)
+        assert runs.verify(step) is True
+        weights.load_model(step)
         assert ckpt.read_trainer_state(step)["step"] == int(step.name.removeprefix("step_"))
     newest = int(complete[-1].name.removeprefix("step_"))
     assert main(run_args(tmp_path, "run", newest + 1, "--data.seq_len", "16", "--data.max_predictions", "2",
@@ -413,7 +414,7 @@ def _check_loads(failures: list[str], what: str, copy: Path, may_differ: bool, s
     """Run ``load`` (True when it loaded the original); note in ``failures`` what it should not have done."""
     try:
         same = load()
-    except (ckpt.CheckpointError, ConfigError) as err:
+    except (runs.CheckpointError, ConfigError) as err:
         message = str(err)
         if "\n" in message or str(copy) not in message:
             failures.append(f"{what}: {stage}: message {message!r}")
@@ -443,8 +444,8 @@ def test_fuzzed_checkpoints_load_whole_or_are_one_line_errors(run, tmp_path, cap
     from bertforge.train import training_loss
 
     original = step_dir(run, 4)
-    cfg = ckpt.read_config(original)
-    weights = ckpt.load_model(original).state_dict()
+    cfg = weights.read_config(original)
+    saved = weights.load_model(original).state_dict()
     model = BertForPreTraining(cfg.model)
     optimizer = build_optimizer(model, cfg.train)
     engine = Engine(model, optimizer, build_scheduler(optimizer, cfg.train, cfg.train.steps), training_loss,
@@ -456,10 +457,10 @@ def test_fuzzed_checkpoints_load_whole_or_are_one_line_errors(run, tmp_path, cap
         optimizer_state = optimizer.state_dict()
         case_dir = tmp_path
 
-        crc32c = ckpt.crc32c
+        crc32c = runs.crc32c
 
         read: set[Path] = set()  # by one call of the verifier
-        verify = ckpt.verify
+        verify = runs.verify
 
         def verify_once(*args, **kwargs) -> bool:
             read.clear()
@@ -472,8 +473,9 @@ def test_fuzzed_checkpoints_load_whole_or_are_one_line_errors(run, tmp_path, cap
             read.add(resolved)
             return crc32c(path)
 
-        monkeypatch.setattr(ckpt, "crc32c", crc32c_inside)
-        monkeypatch.setattr(ckpt, "verify", verify_once)
+        monkeypatch.setattr(runs, "crc32c", crc32c_inside)
+        for module in (runs, weights, ckpt):  # each calls the verifier by its own name
+            monkeypatch.setattr(module, "verify", verify_once)
         # Every load overwrites the initial weights (a weight left as initialised is a failure either way):
         # skipping their random init halves the time of a case.
         monkeypatch.setattr(torch.nn.init, "normal_", lambda tensor, *args, **kwargs: tensor)
@@ -501,14 +503,14 @@ def test_fuzzed_checkpoints_load_whole_or_are_one_line_errors(run, tmp_path, cap
             may_differ = not keep_manifest and what.split()[2] == "flip"  # no checksum to tell
 
             check = functools.partial(_check_loads, failures, what, copy, may_differ)
-            check("load_model", lambda copy=copy: _same(ckpt.load_model(copy).state_dict(), weights))
+            check("load_model", lambda copy=copy: _same(weights.load_model(copy).state_dict(), saved))
 
             def resume(copy: Path = copy) -> bool:
-                step = ckpt.find_checkpoint(copy)
-                ckpt.verify(step)
-                ckpt.check_model_config(ckpt.read_config(step).model, cfg.model, step)
+                step = runs.find_checkpoint(copy)
+                runs.verify(step)
+                weights.check_model_config(weights.read_config(step).model, cfg.model, step)
                 state = ckpt.resume(step, engine, verified=True)
-                return (_same(model.state_dict(), weights) and _same(optimizer.state_dict(), optimizer_state)
+                return (_same(model.state_dict(), saved) and _same(optimizer.state_dict(), optimizer_state)
                         and _same(state, trainer))
 
             check("resume", resume)

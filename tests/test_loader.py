@@ -9,9 +9,10 @@ from conftest import shared_data
 
 from bertforge.config import ConfigError, DataConfig
 from bertforge.data.errors import DataError
-from bertforge.data.instances import PretrainingArrays
 from bertforge.data.loader import MaskingSpec, Prefetcher, RecordStream, is_records, record_files, remask
-from bertforge.data.records import read_records, write_records
+from bertforge.data.record_reader import read_records
+from bertforge.data.record_writer import write_records
+from bertforge.data.rows import PretrainingArrays
 
 BERT_SPECIALS = MaskingSpec(vocab_size=30522, cls_id=101, sep_id=102, mask_id=103)
 

@@ -16,19 +16,12 @@ from conftest import shared_data
 
 from bertforge.config import MODEL_PRESETS, ModelConfig
 from bertforge.data import DataError
-from bertforge.data.instances import PretrainingArrays
 from bertforge.data.loader import RecordStream
-from bertforge.data.packing import (
-    PackedArrays,
-    PackingStats,
-    pack_arrays,
-    pack_command,
-    pack_indices,
-    pack_rows,
-    spfhp,
-    unpack_rows,
-)
-from bertforge.data.records import inspect_records, open_records, read_records, write_records
+from bertforge.data.packing import PackingStats, pack_arrays, pack_command, pack_indices, pack_rows, spfhp, unpack_rows
+from bertforge.data.record_inspect import inspect_records
+from bertforge.data.record_reader import open_records, read_records
+from bertforge.data.record_writer import write_records
+from bertforge.data.rows import PackedArrays, PretrainingArrays
 from bertforge.model import BertForPreTraining
 from bertforge.train import forward_loss, training_loss
 

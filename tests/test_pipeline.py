@@ -8,7 +8,7 @@ import pytest
 from conftest import shared_data
 
 from bertforge.cli import main
-from bertforge.data.records import open_records
+from bertforge.data.record_reader import open_records
 
 pytest.importorskip("wikiextractor")
 pytest.importorskip("sentencex")

@@ -19,10 +19,10 @@ import pytest
 import test_squad_cli
 import torch
 
-from bertforge.checkpoint import load_model
 from bertforge.cli import main
 from bertforge.config import ConfigError, load_config
-from bertforge.data.records import read_records
+from bertforge.data.record_reader import read_records
+from bertforge.weights import load_model
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -164,7 +164,7 @@ def test_resume_auto_starts_fresh_then_resumes(tmp_path, capsys):
 def test_resume_auto_needs_a_name_in_config_from_args():
     import argparse
 
-    from bertforge.config import config_from_args
+    from bertforge.runs import config_from_args
 
     args = argparse.Namespace(config=None, resume="auto", name=None, run_dir=None)
     with pytest.raises(ConfigError, match="--resume auto needs a named run directory"):
@@ -353,7 +353,7 @@ def test_a_seq_len_given_equal_to_the_default_must_agree_with_the_records(tmp_pa
     from test_loader import numbered_arrays, records_config
 
     from bertforge.config import DataConfig
-    from bertforge.data.records import write_records
+    from bertforge.data.record_writer import write_records
     from bertforge.train import load_data
 
     path = write_records(tmp_path / "train.native", numbered_arrays(0, 12), fmt="native")

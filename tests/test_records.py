@@ -13,20 +13,11 @@ import pytest
 from conftest import shared_data
 
 from bertforge.data.errors import DataError
-from bertforge.data.instances import PretrainingArrays
-from bertforge.data.records import (
-    FEATURES,
-    FORMATS,
-    RecordEncoder,
-    RecordWriter,
-    describe,
-    detect_format,
-    index_path_for,
-    open_records,
-    read_records,
-    write_index,
-    write_records,
-)
+from bertforge.data.record_inspect import describe
+from bertforge.data.record_reader import index_path_for, open_records, read_records, write_index
+from bertforge.data.record_schema import FEATURES, FORMATS, detect_format
+from bertforge.data.record_writer import RecordEncoder, RecordWriter, write_records
+from bertforge.data.rows import PretrainingArrays
 from bertforge.data.tfrecord import (
     FLOAT,
     INT64,

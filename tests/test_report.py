@@ -108,8 +108,8 @@ def test_a_target_line_when_the_config_has_one_and_a_torn_line_is_skipped(runs, 
 
 def test_a_squad_run_gets_its_loss_scores_and_profile(tmp_path):
     from bertforge.config import ModelConfig
-    from bertforge.convert import export_hf
     from bertforge.model import BertForQuestionAnswering
+    from bertforge.weights import export_hf
 
     words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "paris", "is", "the", "capital", "of", "france", ".",
              "what", "?"]

@@ -13,10 +13,10 @@ import pytest
 
 from bertforge.cli import main
 from bertforge.config import ConfigError, ModelConfig, load_config
-from bertforge.convert import export_hf
 from bertforge.model import BertForQuestionAnswering
 from bertforge.squad.metric import check_predictions
 from bertforge.squad.train import _out_dir
+from bertforge.weights import export_hf
 
 CONTEXT = "Paris is the capital of France ."
 DEV = {"version": "1.1", "data": [{"title": "t", "paragraphs": [{"context": CONTEXT, "qas": [

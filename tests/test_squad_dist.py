@@ -19,10 +19,10 @@ import torch
 from conftest import shared_data
 from test_dist import run_here, torchrun
 
-from bertforge.checkpoint import find_checkpoint, load_model
 from bertforge.config import ModelConfig
-from bertforge.convert import export_hf
 from bertforge.model import BertForPreTraining
+from bertforge.runs import find_checkpoint
+from bertforge.weights import export_hf, load_model
 
 pytestmark = [pytest.mark.dist, pytest.mark.shared_data]
 

@@ -12,12 +12,11 @@ import pytest
 import torch
 from conftest import shared_data
 
-from bertforge.checkpoint import CheckpointError, find_checkpoint, load_model
 from bertforge.cli import main
 from bertforge.config import ConfigError, ModelConfig
-from bertforge.convert import export_hf
 from bertforge.data.tokenizer import load_tokenizer
 from bertforge.model import BertForQuestionAnswering
+from bertforge.runs import CheckpointError, find_checkpoint
 from bertforge.squad import (
     convert_examples_to_features,
     evaluate,
@@ -36,6 +35,7 @@ from bertforge.squad.train import (
     save_model,
     write_run_files,
 )
+from bertforge.weights import export_hf, load_model
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -9,10 +9,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from bertforge.checkpoint import CheckpointError, find_checkpoint, load_model
 from bertforge.config import load_config
 from bertforge.engine import BatchStream
+from bertforge.runs import CheckpointError, find_checkpoint
 from bertforge.train import pretrain
+from bertforge.weights import load_model
 
 
 def small_config(tmp_path: Path, name: str, **overrides):
@@ -216,7 +217,7 @@ def test_tensorboard_gets_the_scalars(full_run):
 def test_pretrain_from_record_shards_resumes_exactly(fmt, full_run, tmp_path):
     from bertforge.config import DataConfig
     from bertforge.data import build_datasets
-    from bertforge.data.records import write_records
+    from bertforge.data.record_writer import write_records
 
     _, run_dir, _ = full_run
     data = DataConfig(vocab=str(run_dir / "vocab.txt"), seq_len=64, max_predictions=10, dupe_factor=1)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 
 def cmd_index(args: argparse.Namespace, extra: list[str]) -> int:
-    from .records import write_index
+    from .record_reader import write_index
 
     for path in args.files:
         print(write_index(path))
@@ -33,7 +33,7 @@ def cmd_index(args: argparse.Namespace, extra: list[str]) -> int:
 def cmd_inspect(args: argparse.Namespace, extra: list[str]) -> int:
     """Print the file's description; status 1 when its validation failed (2, from main, when
     it cannot be read at all)."""
-    from .records import inspect_records
+    from .record_inspect import inspect_records
 
     text, ok = inspect_records(args.file, num=args.num, vocab_path=args.vocab)
     print(text)

@@ -25,7 +25,7 @@ Two modes:
   another document of the same chunk; instances are shuffled only within
   their chunk (the loader shuffles across chunks). Memory is bounded by a few chunks,
   the tokenizer's cache and the longest document, whatever the corpus size.
-  Each chunk is also encoded where it is made (:class:`.records.RecordEncoder`):
+  Each chunk is also encoded where it is made (:class:`.record_writer.RecordEncoder`):
   with ``workers`` > 1 each worker process reads its chunk's byte ranges itself and
   leaves finished record bytes in a spool file, and the parent, one of the
   workers itself, scans the input for cut points and appends those bytes to the files.
@@ -73,8 +73,10 @@ from pathlib import Path
 import numpy as np
 
 from .errors import DataError, warn_one_document
-from .instances import PretrainingArrays, create_arrays_fast, create_instances, to_arrays
-from .records import FORMATS, EncodedRecords, RecordEncoder, RecordWriter
+from .instances import create_arrays_fast, create_instances, to_arrays
+from .record_schema import FORMATS
+from .record_writer import EncodedRecords, RecordEncoder, RecordWriter
+from .rows import PretrainingArrays
 from .text import Chunk, expand_inputs, input_chunks, input_documents, read_chunk
 from .tokenizer import read_vocab
 from .wordpiece import FastWordPiece

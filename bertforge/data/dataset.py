@@ -4,8 +4,8 @@ A dataset hands out batches as dicts of tensors with the keys of
 ``bertforge.model.pretraining_loss``: ``input_ids``, ``token_type_ids``,
 ``attention_mask`` (left out when no row has padding), ``masked_lm_positions``,
 ``masked_lm_ids``, ``masked_lm_weights`` and ``next_sentence_labels``, in the
-compact dtypes of :meth:`.instances.PretrainingArrays.to_torch`; packed rows
-give the keys of :meth:`.packing.PackedArrays.to_torch` instead.
+compact dtypes of :meth:`.rows.PretrainingArrays.to_torch`; packed rows
+give the keys of :meth:`.rows.PackedArrays.to_torch` instead.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import torch
 from ..config import DataConfig
 from .corpus import builtin_corpus, read_text_corpus
 from .errors import DataError, warn_one_document
-from .instances import PretrainingArrays, create_instances, to_arrays
-from .packing import Rows
+from .instances import create_instances, to_arrays
+from .rows import PretrainingArrays, Rows
 from .tokenizer import load_tokenizer, read_vocab, special_ids, tokenize_documents, train_wordpiece, vocab_size_of
 
 log = logging.getLogger(__name__)

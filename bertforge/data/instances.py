@@ -19,16 +19,16 @@ same document or, half of the time, a span of another document
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .rows import PretrainingArrays
 from .tokenizer import SpecialIds
 
 if TYPE_CHECKING:
-    import torch
+    pass
 
 TokenDocument = list[list[int]]  # token ids per sentence
 
@@ -53,77 +53,6 @@ class Instance:
         for position, token in zip(self.masked_positions, self.replacements):
             ids[position] = token
         return ids
-
-
-C = TypeVar("C", bound="Columns")
-
-
-class Columns:
-    """A dataclass of arrays with one row per record along their first axis: rows are taken
-    and joined the same way for every field."""
-
-    input_ids: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.input_ids)
-
-    def take(self: C, rows: slice | Sequence[int] | np.ndarray) -> C:
-        """These rows of every field: a slice gives views, indices give copies.
-
-        Fields may be any array-likes (a writer takes them so); the result's are arrays.
-        """
-        return type(self)(**{f.name: np.asarray(getattr(self, f.name))[rows]
-                             for f in fields(self)})  # type: ignore[arg-type]
-
-    @classmethod
-    def concat(cls: type[C], parts: Iterable[C]) -> C:
-        """The rows of several, one after the other."""
-        parts = list(parts)
-        return cls(**{f.name: np.concatenate([getattr(p, f.name) for p in parts])
-                      for f in fields(cls)})  # type: ignore[arg-type]
-
-
-@dataclass
-class PretrainingArrays(Columns):
-    """Padded instances, one row each; padding is 0 everywhere."""
-
-    input_ids: np.ndarray  # (N, T) int32
-    segment_ids: np.ndarray  # (N, T) int8: 0 for [CLS] A [SEP], 1 for B [SEP]
-    input_mask: np.ndarray  # (N, T) int8: 1 on real tokens
-    masked_lm_positions: np.ndarray  # (N, P) int32
-    masked_lm_ids: np.ndarray  # (N, P) int32: the original tokens there
-    masked_lm_weights: np.ndarray  # (N, P) float32: 1 for real predictions
-    next_sentence_labels: np.ndarray  # (N,) int64: 0 = B follows A, 1 = B is random
-
-    def to_torch(self) -> dict[str, torch.Tensor]:
-        """The model's batch dict (see ``bertforge.model.pretraining_loss``), compact for the copy
-        to the device: ids, positions and labels int32, the mask uint8, weights float32
-        (``bertforge.feed.widen`` makes the int32 fields int64 on the device).
-
-        A batch without padding has no ``attention_mask``: the model then runs
-        attention without a mask (Flash on CUDA), and knowing it costs no device sync.
-
-        torch is imported here, not with the module: the ``bertforge data``
-        commands use these arrays and never need torch.
-        """
-        batch = {"input_ids": host_tensor(self.input_ids, np.int32),
-                 "token_type_ids": host_tensor(self.segment_ids, np.int32)}
-        if not np.all(self.input_mask):
-            batch["attention_mask"] = host_tensor(self.input_mask, np.uint8)
-        batch.update({
-            "masked_lm_positions": host_tensor(self.masked_lm_positions, np.int32),
-            "masked_lm_ids": host_tensor(self.masked_lm_ids, np.int32),
-            "masked_lm_weights": host_tensor(self.masked_lm_weights, np.float32),
-            "next_sentence_labels": host_tensor(self.next_sentence_labels, np.int32),
-        })
-        return batch
-
-
-def host_tensor(x: np.ndarray, dtype: type[np.generic]) -> torch.Tensor:
-    """A contiguous CPU tensor of ``dtype`` holding a copy of ``x`` (never a view of a record file)."""
-    import torch
-
-    return torch.from_numpy(np.array(x, dtype=dtype, order="C"))
 
 
 def create_instances(documents: list[TokenDocument], *, seq_len: int, max_predictions: int,

@@ -22,7 +22,7 @@ sequence is masked anew (80/10/10) from a seed that depends on the epoch and
 the batch, so every epoch sees different masks and resuming stays exact.
 
 Packed records (``bertforge data pack``, or Graphcore's) are detected from
-the files and come as packed batches (:meth:`.packing.PackedArrays.to_torch`);
+the files and come as packed batches (:meth:`.rows.PackedArrays.to_torch`);
 a batch is then ``batch_size`` rows of up to S sequences each. The shards of
 one data set must be all packed (alike) or all unpacked.
 """
@@ -37,9 +37,9 @@ import torch
 
 from ..feed import pinned
 from .errors import DataError
-from .instances import PretrainingArrays
-from .packing import Rows, concat_rows
-from .records import RecordFile, detect_format, open_records
+from .record_reader import RecordFile, open_records
+from .record_schema import detect_format
+from .rows import PretrainingArrays, Rows, concat_rows
 from .text import expand_inputs
 from .tokenizer import read_vocab
 
@@ -253,7 +253,7 @@ def read_eval_records(path: str | Path, train: tuple[Path, int, int], vocab_size
 def record_files(pattern: str) -> list[Path]:
     """A directory (its files but TFRecord indexes and hidden ones, sorted), a glob, or one file.
 
-    Hidden files are writers' temporary files (see :class:`.records.RecordWriter`).
+    Hidden files are writers' temporary files (see :class:`.record_writer.RecordWriter`).
     """
     try:
         return expand_inputs([pattern], patterns=("*",), skip=(".*", "*.index"))

@@ -22,7 +22,7 @@ fancy index. Verifying means reading the whole row region once for the block
 checksums (about the speed of reading the file: crc32c runs at >10 GB/s).
 A truncated file is detected from the sizes in the preamble and header.
 
-Packed rows (:class:`.packing.PackedArrays`) have their own row layout; the
+Packed rows (:class:`.rows.PackedArrays`) have their own row layout; the
 header then says ``"max_sequences_per_pack": S`` (a file without that field
 holds unpacked rows), and ``max_predictions`` is per sequence (a row holds
 ``max_predictions + S - 1``), as in Graphcore's packed TFRecords.
@@ -44,8 +44,7 @@ from typing import BinaryIO
 import google_crc32c
 import numpy as np
 
-from .instances import PretrainingArrays
-from .packing import MAX_SEQUENCES_PER_PACK, PackedArrays, Rows
+from .rows import MAX_SEQUENCES_PER_PACK, PackedArrays, PretrainingArrays, Rows
 
 MAGIC = b"\x89BFREC\r\n"
 VERSION = 1

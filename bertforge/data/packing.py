@@ -36,78 +36,17 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .errors import DataError
-from .instances import Columns, PretrainingArrays, host_tensor
+from .rows import MAX_SEQUENCES_PER_PACK, PackedArrays, PretrainingArrays, Rows
 
 if TYPE_CHECKING:
-    import torch
+    pass
 
-MAX_SEQUENCES_PER_PACK = 255  # sequence indices are stored as uint8
 _WRITE_CHUNK = 4096  # packs built and written at a time: bounds memory
-
-
-@dataclass
-class PackedArrays(Columns):
-    """Packed rows in Graphcore's layout (see the module docstring); padding is 0 everywhere.
-
-    T is the row length, S the most sequences per row, P = max_predictions + S - 1.
-    """
-
-    input_ids: np.ndarray  # (N, T) int32
-    input_mask: np.ndarray  # (N, T) int8: the 1-based index of the token's sequence, 0 = padding
-    segment_ids: np.ndarray  # (N, T) int8
-    position_ids: np.ndarray  # (N, T) int32: the position within the token's own sequence
-    masked_lm_positions: np.ndarray  # (N, P) int32: positions in the row
-    masked_lm_ids: np.ndarray  # (N, P) int32
-    masked_lm_mask: np.ndarray  # (N, P) int8: the index of the prediction's sequence, 0 = padding
-    next_sentence_labels: np.ndarray  # (N, S) int64: slot S - k holds sequence k's label
-    next_sentence_mask: np.ndarray  # (N, S) int8: 1 where that sequence is present
-
-    @property
-    def max_sequences_per_pack(self) -> int:
-        return int(np.shape(self.next_sentence_labels)[1])
-
-    def to_torch(self) -> dict[str, torch.Tensor]:
-        """The model's packed batch (see ``bertforge.train.forward_loss``).
-
-        ``sequence_ids`` (the per-token sequence index) makes the attention
-        block-diagonal; ``cls_positions`` are the last S positions, where the
-        [CLS] tokens are; ``next_sentence_weights`` marks the real sequences.
-        Compact as :meth:`.instances.PretrainingArrays.to_torch`: int32, ``sequence_ids`` uint8.
-        """
-        n, seq_len = np.shape(self.input_ids)
-        slots = self.max_sequences_per_pack
-        cls_positions = np.broadcast_to(np.arange(seq_len - slots, seq_len), (n, slots))
-        return {
-            "input_ids": host_tensor(self.input_ids, np.int32),
-            "token_type_ids": host_tensor(self.segment_ids, np.int32),
-            "sequence_ids": host_tensor(self.input_mask, np.uint8),
-            "position_ids": host_tensor(self.position_ids, np.int32),
-            "masked_lm_positions": host_tensor(self.masked_lm_positions, np.int32),
-            "masked_lm_ids": host_tensor(self.masked_lm_ids, np.int32),
-            "masked_lm_weights": host_tensor(np.asarray(self.masked_lm_mask) > 0, np.float32),
-            "cls_positions": host_tensor(cls_positions, np.int32),
-            "next_sentence_labels": host_tensor(self.next_sentence_labels, np.int32),
-            "next_sentence_weights": host_tensor(np.asarray(self.next_sentence_mask) > 0, np.float32),
-        }
-
-
-Rows = PretrainingArrays | PackedArrays
-
-
-def arrays_class(max_sequences_per_pack: int) -> type[PretrainingArrays] | type[PackedArrays]:
-    return PackedArrays if max_sequences_per_pack else PretrainingArrays
-
-
-def concat_rows(parts: Sequence[Rows]) -> Rows:
-    """The rows of several arrays of one kind (unpacked or packed), one after the other."""
-    if all(isinstance(p, PackedArrays) for p in parts):
-        return PackedArrays.concat(cast(list[PackedArrays], parts))
-    return PretrainingArrays.concat(cast(list[PretrainingArrays], parts))
 
 
 # ---------------------------------------------------------------- counting
@@ -374,7 +313,8 @@ def pack_files(inputs: Sequence[Path], outputs: Sequence[Path], max_sequences_pe
     plan and one chunk whatever the input size.
     """
     from .loader import check_same_shape
-    from .records import RecordWriter, open_records
+    from .record_reader import open_records
+    from .record_writer import RecordWriter
 
     check_max_sequences(max_sequences_per_pack)
     readers = []
@@ -468,7 +408,7 @@ def pack_command(inputs: str, output: Path, max_sequences_per_pack: int, *, fmt:
     """
     from ..fileio import atomic_directory
     from .loader import record_files
-    from .records import FORMATS, SUFFIXES, detect_format
+    from .record_schema import FORMATS, SUFFIXES, detect_format
 
     files = record_files(inputs)
     output = Path(output)

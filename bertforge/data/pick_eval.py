@@ -29,7 +29,9 @@ from pathlib import Path
 import numpy as np
 
 from .errors import DataError
-from .records import FORMATS, RecordWriter, open_records
+from .record_reader import open_records
+from .record_schema import FORMATS
+from .record_writer import RecordWriter
 from .text import expand_inputs
 
 MLPERF_EVAL = {"seq_len": 512, "max_predictions": 76, "masked_lm_prob": 0.15,

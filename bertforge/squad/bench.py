@@ -62,7 +62,7 @@ def build_model(model: str | Path, cfg: Config) -> BertForQuestionAnswering:
         apply_model_preset(cfg, str(model))
         torch.manual_seed(cfg.train.seed)
         return BertForQuestionAnswering(cfg.model)
-    from ..checkpoint import load_model
+    from ..weights import load_model
 
     if not Path(model).is_dir():
         raise ConfigError(f"--model {model}: neither a preset ({', '.join(MODEL_PRESETS)}) "

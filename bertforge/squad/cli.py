@@ -171,7 +171,7 @@ def hf_logits(model: Any, model_path: str | Path, features: Any) -> tuple[Any, A
     import transformers
     from safetensors import safe_open
 
-    from ..convert import export_hf
+    from ..weights import export_hf
 
     path = Path(model_path)
     direct = False

@@ -62,7 +62,7 @@ import yaml
 from torch import nn
 
 from .. import checkpoint as ckpt
-from .. import tf1
+from .. import runs, tf1, weights
 from ..config import (
     Config,
     ConfigError,
@@ -152,8 +152,8 @@ def load_squad_config(name: str | None = None, overrides: Sequence[tuple[str, An
     """
     cfg, squad = Config(), SquadConfig()
     path: Path | None
-    if name is None and resume and resume != ckpt.AUTO:  # auto: the launch command's config
-        checkpoint = ckpt.find_checkpoint(resume)
+    if name is None and resume and resume != runs.AUTO:  # auto: the launch command's config
+        checkpoint = runs.find_checkpoint(resume)
         path = checkpoint / "config.yaml"
         data = dict(load_yaml(path) or {})
         squad_file = checkpoint.parent.parent / "squad.yaml"
@@ -200,7 +200,7 @@ def find_vocab(model_path: str | Path, vocab: str | Path | None = None) -> Path:
         candidates = [prefix.parent / "vocab.txt", prefix.parent.parent / "vocab.txt"]
     elif not (path / "config.json").is_file() and not (path / "model.safetensors").is_file():
         try:
-            candidates.insert(0, ckpt.find_checkpoint(path) / "vocab.txt")
+            candidates.insert(0, runs.find_checkpoint(path) / "vocab.txt")
         except ValueError:
             pass
     for candidate in candidates:
@@ -215,7 +215,7 @@ def load_qa_model(path: str | Path, vocab: Path) -> BertForQuestionAnswering:
         raise SquadError(f"model not found: {path}")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a new QA head is expected when fine-tuning an encoder
-        model = ckpt.load_model(path, head="qa")
+        model = weights.load_model(path, head="qa")
     assert isinstance(model, BertForQuestionAnswering)  # what head="qa" loads
     size = vocab_size_of(vocab)
     if size != model.config.vocab_size:
@@ -258,14 +258,14 @@ def save_model(model: BertForQuestionAnswering, out_dir: Path) -> Path:
     ``model.safetensors`` is written last, each file atomically: a directory
     holds a whole model, or none (``load_model`` then reads its newest step).
     """
-    from ..convert import hf_config_from_model_config
+    from ..weights import hf_config_from_model_config
 
     hf = hf_config_from_model_config(model.config, ["BertForQuestionAnswering"])
     hf["dtype"] = "float32"
     with atomic_file(out_dir / "config.json") as tmp:
         tmp.write_text(json.dumps(hf, indent=2) + "\n", encoding="utf-8")
     with atomic_file(out_dir / "model.safetensors") as tmp:
-        ckpt.save_weights(model, tmp)
+        weights.save_weights(model, tmp)
     return out_dir
 
 
@@ -460,7 +460,7 @@ def _finetune(cfg: Config, squad: SquadConfig, dist: DistContext, out_dir: Path,
         cfg.checkpoint.init = str(Path(init).resolve())
     else:  # the weights come from the checkpoint
         vocab_path = find_vocab(out_dir, vocab)
-        model = BertForQuestionAnswering(ckpt.read_config(resume_from).model)
+        model = BertForQuestionAnswering(weights.read_config(resume_from).model)
     # The saved config describes what actually runs.
     cfg.model = dataclasses.replace(model.config)
     cfg.data.vocab = str(Path(vocab_path).resolve())
@@ -592,7 +592,7 @@ def full_model(model: nn.Module, cfg: Config, dist: DistContext) -> BertForQuest
     if not is_sharded(inner):
         assert isinstance(inner, BertForQuestionAnswering)
         return inner
-    state = ckpt.full_state_dict(inner)
+    state = weights.full_state_dict(inner)
     if not dist.is_main:
         return None
     whole = BertForQuestionAnswering(cfg.model)
@@ -609,14 +609,14 @@ def _locate_run(cfg: Config, out_dir: str | Path | None) -> tuple[Path | None, P
     of interrupted saves are removed first.
     """
     resume = cfg.checkpoint.resume
-    if resume == ckpt.AUTO:
-        run_dir = Path(out_dir) if out_dir else ckpt.auto_run_dir(cfg.log.run_dir, cfg.log.name, "--out")
+    if resume == runs.AUTO:
+        run_dir = Path(out_dir) if out_dir else runs.auto_run_dir(cfg.log.run_dir, cfg.log.name, "--out")
         if (run_dir / "squad.yaml").is_file():  # ours: never take a pre-training run's checkpoints
             # None: it started before and failed before its first checkpoint; start again there.
-            return ckpt.checkpoint_to_resume(resume, run_dir), run_dir
+            return runs.checkpoint_to_resume(resume, run_dir), run_dir
         return None, _out_dir(cfg, run_dir, None)
     if resume:
-        resume_from = ckpt.checkpoint_to_resume(resume)
+        resume_from = runs.checkpoint_to_resume(resume)
         assert resume_from is not None  # a named checkpoint, or an error
         return resume_from, _out_dir(cfg, out_dir, resume_from)
     return None, _out_dir(cfg, out_dir, None)

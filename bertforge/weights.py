@@ -1,10 +1,20 @@
-"""Checkpoint formats: Hugging Face BERT directories and TensorFlow 1 checkpoints, in and out.
+"""Model weights in every format, in and out: ours, Hugging Face directories, TensorFlow 1 checkpoints.
+
+Ours is ``model.safetensors`` with ``config.yaml`` beside it, in a step
+directory of a run (:mod:`bertforge.runs`), a SQuAD fine-tune's output or an
+imported model; our parameter names are Hugging Face's. :func:`load_model`
+builds a model from any of the three formats, :func:`load_weights` loads one
+into a built model (``--init``), and :func:`read_weights` gives the shape and
+tensors alone. A tensor whose shape differs from the model's, or a missing
+encoder tensor, is an error that names it, wherever it is loaded
+(:func:`assign_weights`). Training state (optimizer, schedule, RNG) is
+:mod:`bertforge.checkpoint`'s, which builds on this module.
 
 A Hugging Face BERT directory holds ``config.json`` and the weights, as
 ``model.safetensors`` (or a sharded ``model.safetensors.index.json``) or, in
-older uploads, the pickle file ``pytorch_model.bin``. Our parameter names are
-Hugging Face's ``BertForPreTraining`` / ``BertForQuestionAnswering`` /
-``BertModel`` names, so the key map is small:
+older uploads, the pickle file ``pytorch_model.bin``. Since our names are
+``BertForPreTraining`` / ``BertForQuestionAnswering`` / ``BertModel``'s, the
+key map is small:
 
 * a bare ``BertModel`` checkpoint has no ``bert.`` prefix; task models have it;
 * ``embeddings.position_ids`` (a buffer of 0..max_pos-1) is dropped;
@@ -42,12 +52,16 @@ import warnings
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .config import Head, ModelConfig
+from . import tf1
+from .config import Config, ConfigError, Head, ModelConfig, config_from_dict, load_yaml, validate
+from .dist import is_sharded, unwrap
 from .fileio import atomic_directory
 from .model import ACTIVATIONS, BertForPreTraining, BertForQuestionAnswering, BertModel, init_weights
+from .runs import WEIGHTS_FILES, CheckpointError, find_checkpoint, verify, write_manifest
 
 HEADS = typing.get_args(Head)
 SAFETENSORS = "model.safetensors"
@@ -67,7 +81,231 @@ class NewlyInitializedWarning(UserWarning):
     """Some head weights were not in the checkpoint and keep their fresh initialisation."""
 
 
+# ---------------------------------------------------------------- ours, and any format in
+
+# Weights that belong to one task's head: absent from a source made for another task, they stay as initialised.
+HEAD_PREFIXES = ("cls.", "qa_outputs.", "classifier.", "bert.pooler.", "pooler.")
+
+
+def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """``load_file`` with a CheckpointError naming the file when it cannot be read."""
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as err:
+        if isinstance(err, FileNotFoundError):
+            raise CheckpointError(f"{path}: missing") from None
+        raise CheckpointError(f"{path}: not a readable safetensors file (truncated or edited?): "
+                              f"{str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
+
+
+def weight_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """The tensor shapes of a safetensors file, from its header alone."""
+    try:
+        with safe_open(str(path), "pt") as f:
+            return {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
+    except (SafetensorError, OSError, ValueError, RuntimeError) as err:
+        if isinstance(err, FileNotFoundError):
+            raise CheckpointError(f"{path}: missing") from None
+        raise CheckpointError(f"{path}: not a readable safetensors file (truncated or edited?): "
+                              f"{str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
+
+
+def save_weights(model: nn.Module, path: Path) -> None:
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(path), metadata={"format": "pt"})
+
+
+def first_nonfinite(model: nn.Module) -> str | None:
+    """The name of the first floating tensor of ``model`` (this rank's shards) holding a NaN or
+    infinity, else None: one pass over the weights and one host sync when all are finite."""
+    tensors = [(name, getattr(t, "_local_tensor", t)) for name, t in model.state_dict().items()]
+    tensors = [(name, t) for name, t in tensors if t.is_floating_point() and t.numel()]
+    if not tensors:
+        return None
+    flags = torch.stack([torch.isfinite(t).all() for _, t in tensors])
+    if bool(flags.all()):
+        return None
+    return next(name for (name, _), ok in zip(tensors, flags.tolist()) if not ok)
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model's weights on the CPU: gathered from every rank's shards under FSDP
+    (a collective: every rank calls it; rank 0 gets the weights, the others nothing)."""
+    if not is_sharded(model):
+        return {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return typing.cast(dict[str, torch.Tensor], state)  # a full state dict holds plain tensors
+
+
+def model_shapes(model: nn.Module) -> dict[str, torch.Size]:
+    """Parameter and buffer shapes by name; the whole tensor's for FSDP shards."""
+    return {k: v.shape for k, v in model.state_dict().items()}
+
+
+def check_shapes(own: dict[str, torch.Size], state: dict[str, torch.Tensor], source: Path | str,
+                  error: type[ValueError] = CheckpointError) -> None:
+    for key, tensor in state.items():
+        if key in own and own[key] != tensor.shape:
+            raise error(f"{source}: weight {key} has shape {tuple(tensor.shape)} in the checkpoint but "
+                        f"the model expects {tuple(own[key])}")
+
+
+def checked_state(model: nn.Module, state: dict[str, torch.Tensor], source: Path) -> dict[str, torch.Tensor]:
+    """``state`` if it holds exactly the model's tensors with their shapes; an error naming the first that does not."""
+    own = model_shapes(model)
+    check_shapes(own, state, source)
+    missing, unknown = sorted(own.keys() - state.keys()), sorted(state.keys() - own.keys())
+    if missing or unknown:
+        what = f"lacks {', '.join(missing)}" if missing else f"has weights the model does not: {', '.join(unknown)}"
+        raise CheckpointError(f"{source}: {what}")
+    return state
+
+
+def assign_weights(model: nn.Module, state: dict[str, torch.Tensor], source: Path | str,
+                   error: type[ValueError] = CheckpointError) -> list[str]:
+    """Load ``state`` (our names) into ``model``; returns the head weights it left as initialised.
+
+    Shapes must match; encoder weights must all be there; another task's head
+    weights (an MLM head loaded for QA) are ignored; any other weight the
+    model does not have is an error. ``error`` is the exception raised.
+    """
+    own = model_shapes(model)
+    check_shapes(own, state, source, error)
+    unknown = [k for k in state if k not in own and not k.startswith(HEAD_PREFIXES)]
+    if unknown:
+        raise error(f"{source}: weights unknown to this model: {', '.join(unknown)}")
+    missing = [k for k in own if k not in state]
+    missing_encoder = [k for k in missing if not k.startswith(HEAD_PREFIXES)]
+    if missing_encoder:
+        raise error(f"{source}: checkpoint lacks encoder weights: {', '.join(missing_encoder)}")
+    model.load_state_dict({k: v for k, v in state.items() if k in own}, strict=False)
+    return missing
+
+
+def read_config(checkpoint: Path) -> Config:
+    verify(checkpoint, ["config.yaml"])
+    try:
+        cfg = config_from_dict(load_yaml(checkpoint / "config.yaml"))
+    except ConfigError as err:
+        raise CheckpointError(f"{checkpoint / 'config.yaml'}: {err}") from None
+    check_config_fits(cfg.model, checkpoint)
+    return cfg
+
+
+def check_config_fits(cfg: ModelConfig, checkpoint: Path) -> None:
+    """A checkpoint's model config against the shapes of its weights (our names), before a model is
+    built of it: an edited ``config.yaml`` (with no manifest to tell) would build a model of any size."""
+    shapes = weight_shapes(checkpoint / "model.safetensors")
+    layers = {key.split(".")[3] for key in shapes if key.startswith("bert.encoder.layer.")}
+    dims = {"vocab_size": ("bert.embeddings.word_embeddings.weight", 0),
+            "hidden_size": ("bert.embeddings.word_embeddings.weight", 1),
+            "max_position_embeddings": ("bert.embeddings.position_embeddings.weight", 0),
+            "type_vocab_size": ("bert.embeddings.token_type_embeddings.weight", 0),
+            "intermediate_size": ("bert.encoder.layer.0.intermediate.dense.weight", 0)}
+    for name, (key, dim) in dims.items():
+        shape = shapes.get(key)
+        if shape is None or len(shape) != 2 or shape[dim] != getattr(cfg, name):
+            raise CheckpointError(f"{checkpoint / 'config.yaml'}: model.{name}={getattr(cfg, name)} does not fit "
+                                  f"the weights in model.safetensors ({key}: {shape or 'missing'})")
+    if len(layers) != cfg.num_hidden_layers:
+        raise CheckpointError(f"{checkpoint / 'config.yaml'}: model.num_hidden_layers={cfg.num_hidden_layers} "
+                              f"does not fit the weights in model.safetensors ({len(layers)} layers)")
+
+
+def check_model_config(saved: ModelConfig, wanted: ModelConfig, source: Path) -> None:
+    """Weights fit only a model of the same shape: name the first field that differs."""
+    shape_fields = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                    "intermediate_size", "max_position_embeddings", "type_vocab_size")
+    for name in shape_fields:
+        have, want = getattr(saved, name), getattr(wanted, name)
+        if have != want:
+            raise CheckpointError(f"checkpoint {source} has model.{name}={have} "
+                                  f"but the config asks for model.{name}={want}")
+
+
+def read_weights(path: str | Path, bert_config: str | Path | None = None,
+                 ) -> tuple[ModelConfig, dict[str, torch.Tensor], Path]:
+    """(model shape, weights in our BertForPreTraining names, the directory or prefix read) of
+    our checkpoint (run, step or model directory), a Hugging Face BERT directory, or a
+    TensorFlow 1 checkpoint (a prefix such as ``ckpt/model.ckpt-28252``, or a directory with a
+    ``checkpoint`` file; ``bert_config`` defaults to the ``bert_config.json`` beside it)."""
+    path = Path(path)
+    prefix = tf1.find_prefix(path)
+    if prefix is not None:  # every head it has comes along: the caller takes what its model needs
+        cfg, state, _ = read_tf1(prefix, bert_config, head="encoder")
+        return cfg, state, prefix
+    if (path / "config.json").is_file() and not (path / "config.yaml").is_file():
+        return read_hf_config(path), hf_to_ours(load_hf_state_dict(path), "pretraining"), path
+    checkpoint = find_checkpoint(path, weights_only=True)
+    verify(checkpoint, WEIGHTS_FILES)
+    return read_config(checkpoint).model, load_safetensors(checkpoint / "model.safetensors"), checkpoint
+
+
+def load_weights(model: nn.Module, path: str | Path, bert_config: str | Path | None = None) -> list[str]:
+    """Load the weights at ``path`` (see :func:`read_weights`) into a built model: ``--init``.
+
+    The source must have the model's shape (the first differing field is
+    named); returns the head weights left as initialised (a QA head when
+    starting from a pre-trained encoder).
+    """
+    saved, state, source = read_weights(path, bert_config)
+    wanted = model.config
+    assert isinstance(wanted, ModelConfig)  # our models carry their shape
+    check_model_config(saved, wanted, source)
+    if saved.hidden_act != wanted.hidden_act:  # the weights load, but the function differs a little
+        logger.warning("%s was trained with model.hidden_act=%s but this model uses %s (a TF1 checkpoint's "
+                       "gelu is gelu_new)", source, saved.hidden_act, wanted.hidden_act)
+    if isinstance(model, BertModel):  # the encoder alone: its keys have no "bert." prefix
+        state = {k.removeprefix("bert."): v for k, v in state.items() if k.startswith("bert.")}
+    return assign_weights(model, state, source)
+
+
+def load_model(path: str | Path, head: str = "pretraining", allow_pickle: bool = False,
+               bert_config: str | Path | None = None) -> nn.Module:
+    """A model from our checkpoint, a Hugging Face BERT directory or a TensorFlow 1 checkpoint.
+
+    Ours is a run directory (its newest complete step) or any directory with
+    ``model.safetensors`` and ``config.yaml`` (a step, a SQuAD fine-tune); a
+    directory with both ``config.yaml`` and ``config.json`` is read as ours.
+    A TF1 checkpoint is a prefix (``ckpt/model.ckpt-28252``) or a directory
+    with a ``checkpoint`` file, its shape from ``bert_config`` (default: the
+    ``bert_config.json`` beside it).
+
+    ``head`` is ``"pretraining"`` (MLM + NSP), ``"qa"`` (SQuAD span head, newly
+    initialised when the source has none) or ``"encoder"`` (BertModel). The
+    model is returned in eval mode on the CPU.
+    """
+    if head not in HEADS:
+        raise ValueError(f"head must be one of {', '.join(HEADS)}, got {head!r}")
+    path = Path(path)
+    prefix = tf1.find_prefix(path)
+    checkpoint: Path
+    if prefix is not None:
+        cfg, state, _ = read_tf1(prefix, bert_config, head=head)
+        checkpoint = prefix
+    elif (path / "config.json").is_file() and not (path / "config.yaml").is_file():
+        return load_hf(path, head=head, allow_pickle=allow_pickle).eval()
+    else:
+        checkpoint = find_checkpoint(path, weights_only=True)
+        verify(checkpoint, WEIGHTS_FILES)
+        cfg = read_config(checkpoint).model
+        state = load_safetensors(checkpoint / "model.safetensors")
+    model: nn.Module
+    if head == "encoder":  # with a pooler when the source has one (a QA model has none)
+        state = {k.removeprefix("bert."): v for k, v in state.items() if k.startswith("bert.")}
+        model = BertModel(cfg, add_pooler="pooler.dense.weight" in state)
+    else:
+        model = BertForPreTraining(cfg) if head == "pretraining" else BertForQuestionAnswering(cfg)
+    missing = assign_weights(model, state, checkpoint)
+    if missing and head != "qa":  # a QA head is new when starting from an encoder; nothing else is
+        raise CheckpointError(f"{checkpoint}: lacks {', '.join(missing)}")
+    return model.eval()
+
+
 # ---------------------------------------------------------------- config.json
+
 
 def model_config_from_hf(config_json: dict, source: str) -> ModelConfig:
     """Our ModelConfig from a parsed Hugging Face ``config.json``; unrelated keys are ignored."""
@@ -115,6 +353,7 @@ def hf_config_from_model_config(cfg: ModelConfig, architectures: list[str]) -> d
 
 
 # ---------------------------------------------------------------- weights
+
 
 def _read_index(index: Path) -> list[Path]:
     """The shard files named by a ``*.index.json``, in a stable order."""
@@ -244,8 +483,6 @@ def load_hf(path: Path | str, head: str = "pretraining", allow_pickle: bool = Fa
     missing encoder weights, unknown weights and wrong shapes are errors.
     Weights are cast to the model's float32. The model is returned in eval mode.
     """
-    from .checkpoint import assign_weights
-
     path = Path(path)
     if head not in HEADS:
         raise ConversionError(f"unknown head {head!r} (one of {', '.join(HEADS)})")
@@ -260,6 +497,7 @@ def load_hf(path: Path | str, head: str = "pretraining", allow_pickle: bool = Fa
 
 
 # ---------------------------------------------------------------- export
+
 
 def _architecture(model: nn.Module) -> str:
     for cls in (BertForPreTraining, BertForQuestionAnswering, BertModel):
@@ -375,8 +613,6 @@ def _required(name: str, head: str) -> bool:
 def find_bert_config(prefix: Path, given: Path | str | None = None) -> Path:
     """``given``, else ``bert_config.json`` beside the checkpoint, else in the directory above it
     (MLPerf's download keeps the checkpoint in ``tf1_ckpt/`` under the config)."""
-    from .checkpoint import CheckpointError
-
     if given is not None:
         if not Path(given).is_file():
             raise CheckpointError(f"{given}: no such file (the bert_config.json of {prefix})")
@@ -390,8 +626,6 @@ def find_bert_config(prefix: Path, given: Path | str | None = None) -> Path:
 
 def model_config_from_bert_config(path: Path) -> ModelConfig:
     """Our ModelConfig from google-research/bert's ``bert_config.json`` (its ``gelu`` is our ``gelu_new``)."""
-    from .checkpoint import CheckpointError
-
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -434,9 +668,6 @@ def read_tf1(prefix: Path | str, bert_config: Path | str | None = None,
     must all be there: the first missing one is named. The skipped names are
     returned and summarised in a log line.
     """
-    from . import tf1
-    from .checkpoint import CheckpointError
-
     if head not in HEADS:
         raise ConversionError(f"unknown head {head!r} (one of {', '.join(HEADS)})")
     prefix = Path(prefix)
@@ -493,9 +724,6 @@ def import_tf1(prefix: Path | str, out_dir: Path | str, bert_config: Path | str 
     """Write a TF1 checkpoint as our model directory (``model.safetensors``, ``config.yaml``,
     ``vocab.txt`` when there is one, ``manifest.json``), which ``load_model`` reads; returns it
     and the variables skipped. The heads the checkpoint has come along (none is required)."""
-    from .checkpoint import save_weights, write_manifest
-    from .config import Config, validate
-
     prefix, out_dir = Path(prefix), Path(out_dir)
     check_export_target(out_dir, overwrite)
     cfg, state, skipped = read_tf1(prefix, bert_config, head="encoder")
@@ -521,8 +749,6 @@ def import_tf1(prefix: Path | str, out_dir: Path | str, bert_config: Path | str 
 
 def _copy_weights(model: nn.Module, state: dict[str, torch.Tensor], source: Path) -> None:
     """Load ``state`` into ``model``; the heads ``model`` has must all be in it."""
-    from .checkpoint import CheckpointError, assign_weights
-
     missing = assign_weights(model, state, source)
     if missing:
         raise CheckpointError(f"{source}: lacks {', '.join(missing)}")
@@ -534,8 +760,6 @@ def export_tf1(model: nn.Module, out_dir: Path | str, vocab_path: Path | str | N
     ``model.ckpt.index``, ``model.ckpt.data-00000-of-00001`` (the weights under TF1 names and
     ``global_step``), the ``checkpoint`` state file, ``bert_config.json`` and ``vocab.txt``
     when given. Written atomically, like :func:`export_hf`."""
-    from . import tf1
-
     model = getattr(model, "_orig_mod", model)
     out_dir = Path(out_dir)
     check_export_target(out_dir, overwrite)

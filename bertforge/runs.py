@@ -1,0 +1,281 @@
+"""Run directories: their layout, the integrity of what is in them, and finding a checkpoint.
+
+A run directory looks like::
+
+    runs/NAME/
+      config.yaml          the resolved config of the run
+      vocab.txt            the vocab the run trains with
+      metrics.jsonl
+      checkpoints/step_00000100/
+        model.safetensors  weights, Hugging Face parameter names (tied decoder omitted)
+        optimizer.pt       optimizer state (tensors and numbers only)
+        trainer.pt         step, scheduler, RNG states, data position, loss scaler, world size
+        config.yaml, vocab.txt
+        manifest.json      every other file's relative path, size and crc32c, written last
+
+With ``execution.parallel: fsdp`` the optimizer state (and a second copy of
+the weights) is every rank's shards, written by torch.distributed.checkpoint
+into ``sharded/`` (``.metadata`` plus one ``.distcp`` file per rank) instead of
+``optimizer.pt``.
+
+Integrity: ``manifest.json`` is written last inside the temporary directory
+of a save and verified before anything is loaded: a file whose size or crc32c
+differs is named and refused. Checkpoints written before manifests existed load
+without the check. ``--resume auto`` (:func:`find_resumable`) skips a damaged
+newest checkpoint with a warning and takes the one before.
+
+This module needs no torch: the CLI resolves ``--resume`` with it before
+anything heavy is imported. Weights are read and written by
+:mod:`bertforge.weights`, training state by :mod:`bertforge.checkpoint`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
+
+import google_crc32c
+
+from .config import Config, ConfigError, load_config, parse_overrides
+from .fileio import remove_temporaries
+
+if TYPE_CHECKING:
+    import argparse
+
+CHECKPOINTS = "checkpoints"
+STEP_PREFIX = "step_"
+SHARDED = "sharded"  # torch.distributed.checkpoint's directory in an FSDP step directory
+REQUIRED_FILES = ("model.safetensors", "trainer.pt", "config.yaml")
+OPTIMIZER_FILES = ("optimizer.pt", f"{SHARDED}/.metadata")
+WEIGHTS_FILES = ("model.safetensors", "config.yaml")  # all load_model needs
+MANIFEST = "manifest.json"
+AUTO = "auto"  # checkpoint.resume: the newest sound checkpoint of the named run directory, if any
+_CHUNK = 8 << 20
+_MANIFEST_MAX = 16 << 20  # bytes: about 100 per file listed
+
+logger = logging.getLogger(__name__)
+
+
+class CheckpointError(ValueError):
+    """A missing, incomplete, damaged or incompatible checkpoint; the message names it."""
+
+
+def crc32c(path: Path) -> str:
+    """The crc32c of a file, as 8 hex digits, read in chunks (GB/s with the C extension)."""
+    checksum = google_crc32c.Checksum()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            checksum.update(chunk)
+    return checksum.hexdigest().decode()
+
+
+def write_manifest(directory: Path) -> Path:
+    """``manifest.json`` of every file under ``directory``: the last file a save writes."""
+    files = {p.relative_to(directory).as_posix(): p for p in sorted(directory.rglob("*"))
+             if p.is_file() and p.name != MANIFEST}
+    entries = [{"path": name, "size": p.stat().st_size, "crc32c": crc32c(p)} for name, p in files.items()]
+    path = directory / MANIFEST
+    path.write_text(json.dumps({"format": 1, "files": entries}, indent=1) + "\n", encoding="utf-8")
+    return path
+
+
+def verify(checkpoint: Path, only: Iterable[str] | None = None) -> bool:
+    """Check ``checkpoint``'s files against its manifest (``only`` these, when given).
+
+    False when there is no manifest (a checkpoint written before they existed);
+    a CheckpointError naming the first file that is missing, of another size,
+    or of another checksum, or the manifest when it is not one we write: its
+    paths must name files inside ``checkpoint``, once each, so that no edit of
+    it makes this read anything else, or anything twice.
+    """
+    path = checkpoint / MANIFEST
+    if not path.is_file():
+        return False
+    listed = read_manifest(path)
+    # Every file a save writes is listed: one the readers use that is not was dropped by an edit.
+    wanted = set(only) if only is not None else {*listed, *REQUIRED_FILES, *OPTIMIZER_FILES}
+    for name in sorted(wanted - listed.keys()):
+        if (checkpoint / name).exists():
+            raise CheckpointError(f"{checkpoint / name}: not listed in {MANIFEST}, which lists every file of "
+                                  f"a checkpoint: edited or damaged; refusing this checkpoint")
+    root = checkpoint.resolve()
+    for name in sorted(wanted & listed.keys()):
+        size, checksum = listed[name]
+        file = checkpoint / name
+        if not file.is_file():
+            raise CheckpointError(f"{file}: listed in {MANIFEST} but missing; refusing this checkpoint")
+        if not file.resolve().is_relative_to(root):
+            raise CheckpointError(f"{file}: a link to {file.resolve()}, outside the checkpoint; refusing it")
+        if file.stat().st_size != size:
+            raise CheckpointError(f"{file}: {file.stat().st_size} bytes, but {MANIFEST} says {size}: "
+                                  f"truncated or changed; refusing this checkpoint")
+        if crc32c(file) != checksum:
+            raise CheckpointError(f"{file}: its crc32c differs from {MANIFEST}: damaged or edited; "
+                                  f"refusing this checkpoint")
+    return True
+
+
+def read_manifest(path: Path) -> dict[str, tuple[int, str]]:
+    """``manifest.json``'s entries: {relative path: (size, crc32c)}; a CheckpointError naming it
+    when it is not one we write (too big, not JSON, wrong types, a path outside, a path twice)."""
+    def refuse(why: str) -> CheckpointError:
+        return CheckpointError(f"{path}: not a readable manifest ({why}); refusing this checkpoint")
+
+    if path.stat().st_size > _MANIFEST_MAX:
+        raise refuse(f"{path.stat().st_size} bytes, more than a manifest ever has")
+    try:
+        entries = json.loads(path.read_text(encoding="utf-8"))["files"]
+    except (OSError, ValueError, KeyError, TypeError, IndexError, RecursionError) as err:
+        raise refuse(str(err).splitlines()[0] if str(err) else type(err).__name__) from None
+    if not isinstance(entries, list):
+        raise refuse("files is not a list")
+    listed: dict[str, tuple[int, str]] = {}
+    for entry in entries:
+        if not isinstance(entry, dict):
+            raise refuse(f"an entry is {type(entry).__name__}, not an object")
+        name, size, checksum = entry.get("path"), entry.get("size"), entry.get("crc32c")
+        if not isinstance(name, str) or not isinstance(checksum, str):
+            raise refuse(f"entry {name!r}: path and crc32c must be strings")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise refuse(f"entry {name!r}: size {size!r} is not a number of bytes")
+        relative = PurePosixPath(name)
+        if (not name or "\0" in name or relative.is_absolute() or ".." in relative.parts
+                or relative.as_posix() == "."):
+            raise refuse(f"entry {name!r} is not a path inside the checkpoint")
+        if relative.as_posix() in listed:
+            raise refuse(f"{relative.as_posix()} is listed twice")
+        listed[relative.as_posix()] = (size, checksum)
+    return listed
+
+
+def missing_files(path: Path, weights_only: bool = False) -> list[str]:
+    """What a step directory lacks to be resumed (or, ``weights_only``, to be loaded)."""
+    required = WEIGHTS_FILES if weights_only else REQUIRED_FILES
+    missing = [f for f in required if not (path / f).is_file()]
+    if not weights_only and not any((path / f).is_file() for f in OPTIMIZER_FILES):
+        missing.append(" or ".join(OPTIMIZER_FILES))
+    return missing
+
+
+def is_complete(path: Path) -> bool:
+    return path.is_dir() and path.name.startswith(STEP_PREFIX) and not missing_files(path)
+
+
+def has_shards(checkpoint: Path) -> bool:
+    """Whether the optimizer state is FSDP shards (torch.distributed.checkpoint) rather than optimizer.pt."""
+    return (checkpoint / SHARDED / ".metadata").is_file()
+
+
+def complete_checkpoints(run_dir: Path) -> list[Path]:
+    """Complete step directories of a run, oldest first; temporary ones are ignored."""
+    root = run_dir / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if is_complete(p))
+
+
+def find_checkpoint(path: str | Path, weights_only: bool = False) -> Path:
+    """A step directory, or the newest complete one of a run directory.
+
+    With ``weights_only`` a directory needs only ``model.safetensors`` and
+    ``config.yaml`` (enough to build and load the model, e.g. a SQuAD
+    fine-tune's output) and is taken as it is; resuming needs the optimizer
+    and trainer state too, so a run directory that also holds a final model
+    (a SQuAD run) resumes from its newest step.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    is_step = path.name.startswith(STEP_PREFIX)
+    if is_step or ((path / "model.safetensors").exists() and (weights_only or not (path / CHECKPOINTS).is_dir())):
+        missing = missing_files(path, weights_only)
+        if missing:
+            raise CheckpointError(f"incomplete checkpoint {path}: missing {', '.join(missing)}")
+        return path
+    found = complete_checkpoints(path)
+    if not found:
+        raise CheckpointError(f"no complete checkpoint in {path / CHECKPOINTS}")
+    return found[-1]
+
+
+def remove_temporaries_of(run_dir: Path) -> list[Path]:
+    """Remove the temporary directories of interrupted saves in ``run_dir/checkpoints``; at a run's start."""
+    removed = remove_temporaries(run_dir / CHECKPOINTS)
+    for path in removed:
+        logger.info("removed %s, left by a save that was interrupted", path)
+    return removed
+
+
+def find_resumable(run_dir: Path, only: Iterable[str] | None = None, warn: bool = True) -> Path | None:
+    """The newest complete checkpoint of ``run_dir`` that verifies against its manifest, or None.
+
+    A damaged one is skipped with a warning naming it (``--resume auto``).
+    ``only`` limits the check to these files (config.yaml, to read the config).
+    """
+    for checkpoint in reversed(complete_checkpoints(run_dir)):
+        try:
+            verify(checkpoint, only)
+        except CheckpointError as err:
+            if warn:
+                logger.warning("skipping damaged checkpoint %s: %s", checkpoint, err)
+            continue
+        return checkpoint
+    return None
+
+
+def checkpoint_to_resume(resume: str, run_dir: Path | None = None) -> Path | None:
+    """On rank 0, at a run's start: the checkpoint ``checkpoint.resume`` names, verified, after
+    the temporaries of interrupted saves in its run are removed. With ``auto`` it is the newest
+    sound checkpoint of ``run_dir``, or None for a fresh start."""
+    if resume == AUTO:
+        assert run_dir is not None  # auto works in a named run directory
+        remove_temporaries_of(run_dir)
+        return find_resumable(run_dir)
+    checkpoint = find_checkpoint(resume)
+    remove_temporaries_of(checkpoint.parent.parent)
+    verify(checkpoint)
+    return checkpoint
+
+
+def auto_run_dir(run_dir: str | Path, name: str, flag: str = "--name (log.name)") -> Path:
+    """The run directory ``--resume auto`` works in: it must be named, so that a restart finds it."""
+    if not name:
+        raise ConfigError(f"--resume auto needs a named run directory: pass {flag}, so that every "
+                          f"restart finds the same one")
+    return Path(run_dir) / name
+
+
+def config_from_args(args: argparse.Namespace, extra: list[str], default: str | None) -> Config:
+    """The config of a command: ``--config`` (else the config saved with the run being
+    resumed, else ``default``), then the dotted overrides in ``extra``, then the command's own
+    flags (``--steps``, ``--resume``, …; one that the command does not define is skipped).
+
+    Used by the ``bertforge`` commands (cli.py, plan.py)."""
+    overrides: list[tuple[str, Any]] = parse_overrides(extra)  # flags add non-string values
+    for flag, key in (("steps", "train.steps"), ("epochs", "train.epochs"),
+                      ("resume", "checkpoint.resume"), ("init", "checkpoint.init"),
+                      ("run_dir", "log.run_dir"), ("name", "log.name"), ("profile", "log.profile")):
+        value = getattr(args, flag, None)
+        if value is not None:
+            overrides.append((key, value))
+    if getattr(args, "wandb", False):
+        overrides.append(("log.wandb", True))
+    if getattr(args, "no_progress", False):
+        overrides.append(("log.progress", False))
+    name = getattr(args, "config", None)
+    resume = getattr(args, "resume", None)
+    if name is None and resume == "auto":
+        # The run directory (log.run_dir/log.name) comes from the defaults and the flags; its
+        # newest sound checkpoint's config, if it has one, else a fresh start with `default`.
+        fresh = load_config(default, overrides)
+        found = find_resumable(auto_run_dir(fresh.log.run_dir, fresh.log.name), only=["config.yaml"], warn=False)
+        if found is None:
+            return fresh
+        name = str(found / "config.yaml")
+    elif name is None and resume:
+        # A resumed run continues with the config it was saved with, plus the overrides.
+        name = str(find_checkpoint(resume) / "config.yaml")
+    return load_config(name or default, overrides)
