@@ -304,7 +304,7 @@ def load_model(path: str | Path, head: str = "pretraining", allow_pickle: bool =
     return model.eval()
 
 
-# ---------------------------------------------------------------- config.json
+# ---------------------------------------------------------------- Hugging Face: config.json
 
 
 def model_config_from_hf(config_json: dict, source: str) -> ModelConfig:
@@ -352,7 +352,7 @@ def hf_config_from_model_config(cfg: ModelConfig, architectures: list[str]) -> d
     }
 
 
-# ---------------------------------------------------------------- weights
+# ---------------------------------------------------------------- Hugging Face: weights
 
 
 def _read_index(index: Path) -> list[Path]:
@@ -496,7 +496,7 @@ def load_hf(path: Path | str, head: str = "pretraining", allow_pickle: bool = Fa
     return model.eval()
 
 
-# ---------------------------------------------------------------- export
+# ---------------------------------------------------------------- Hugging Face: export
 
 
 def _architecture(model: nn.Module) -> str:

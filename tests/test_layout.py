@@ -1,0 +1,112 @@
+"""The package's import graph has no cycles (docs/layout.md draws it).
+
+Every ``import`` statement in ``bertforge/`` counts: at module level, inside
+functions (the lazy imports that keep torch out of the data commands) and under
+``if TYPE_CHECKING:``. A cycle means two modules that cannot be understood, or
+changed, one without the other.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "bertforge"
+
+
+def module_name(path: Path, package: Path) -> str:
+    parts = list(path.relative_to(package.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """{module: the package's modules it imports}, from the source alone."""
+    files = {module_name(p, package): p for p in sorted(package.rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        parent = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(parent[:len(parent) - node.level + 1] + ([node.module] if node.module else []))
+                # `from . import train` imports the module bertforge.train; `from .config import X` the module
+                targets.update(f"{base}.{alias.name}" if f"{base}.{alias.name}" in files else base
+                               for alias in node.names)
+        edges = set()
+        for target in targets:
+            while target and target not in files:  # bertforge.data.loader.Prefetcher -> bertforge.data.loader
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                edges.add(target)
+        graph[name] = edges
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for succ in sorted(graph[node]):
+            if succ not in index:
+                visit(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_package_has_no_import_cycle():
+    graph = import_graph()
+    # The walk sees what it must: module-level, relative-package and function-level imports.
+    assert "bertforge.runs" in graph["bertforge.weights"]
+    assert "bertforge.weights" in graph["bertforge.checkpoint"]
+    assert "bertforge.data.record_reader" in graph["bertforge.data.loader"]
+    assert "bertforge.train" in graph["bertforge.cli"]  # imported inside cmd_pretrain
+    assert cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_cycles(tmp_path):
+    package = tmp_path / "bertforge"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from .b import x\n")
+    (package / "b.py").write_text("def f():\n    from . import c\n")
+    (package / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import y\n")
+    (package / "sub" / "__init__.py").write_text("from ..a import x\n")
+    (package / "sub" / "d.py").write_text("from .. import sub\n")
+    graph = import_graph(package)
+    assert graph["bertforge.sub.d"] == {"bertforge.sub"}
+    assert cycles(graph) == [["bertforge.a", "bertforge.b", "bertforge.c"]]
+
+
+def test_run_directories_are_resolved_without_torch():
+    """``--resume`` is resolved before anything heavy is imported: runs.py needs no torch."""
+    assert import_graph()["bertforge.runs"] == {"bertforge.config", "bertforge.fileio"}
+    code = "import sys, bertforge.runs; print(sorted(m for m in ('torch', 'safetensors') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "[]"
