@@ -23,6 +23,7 @@ loggers, on stderr.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -44,6 +45,7 @@ from .squad.cli import add_squad_commands
 from .version import __version__
 
 LOG_LEVEL_ENV = "BERTFORGE_LOG_LEVEL"
+DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
 
 PROFILE_HELP = ("torch.profiler over steps START..END-1 (from 0): a trace, a TensorBoard profile and the "
                 "top operators in RUN/profile/ (log.profile)")
@@ -332,9 +334,12 @@ def build_parser() -> argparse.ArgumentParser:
 def user_errors() -> tuple[type[Exception], ...]:
     """Exceptions that carry a message for the user rather than a bug."""
     from .data import DataError
+    from .fileio import WriteError
     from .squad import SquadError
 
-    errors: list[type[Exception]] = [ConfigError, DataError, SquadError, FileNotFoundError]
+    # WriteError: a full disk or a read-only directory, raised by every command that writes
+    # (through bertforge.fileio), after removing what it had written.
+    errors: list[type[Exception]] = [ConfigError, DataError, SquadError, FileNotFoundError, WriteError]
     # These modules import torch: only a command that loaded them can have raised their errors.
     for module, name in (("bertforge.runs", "CheckpointError"),
                          ("bertforge.weights", "ConversionError"),
@@ -360,6 +365,13 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return args.func(args, extra)
         except user_errors() as err:
+            print(error_line(err), file=sys.stderr)
+            return 2
+        except OSError as err:
+            # A full disk or an unwritable directory met outside bertforge.fileio (which says more):
+            # the user's problem, not a bug, so one line rather than a traceback.
+            if err.errno not in DISK_ERRORS:
+                raise
             print(error_line(err), file=sys.stderr)
             return 2
         except KeyboardInterrupt:

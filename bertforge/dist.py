@@ -46,6 +46,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .config import ConfigError, ExecutionConfig
+from .fileio import atomic_file
 from .model import BertLayer, set_attention_backends, set_recompute, set_vocab_multiple
 
 DEFAULT_COMPILE_CACHE = "~/.cache/bertforge/compile"
@@ -241,11 +242,19 @@ def mean_and_any(ctx: DistContext, values: dict[str, torch.Tensor],
     return dict(zip(values, means.unbind())), total > 0
 
 
-def write_error(run_dir: Path, ctx: DistContext) -> Path:
-    """The current exception's traceback in ``run_dir/error_rank{N}.log``: one file per rank."""
+def write_error(run_dir: Path, ctx: DistContext) -> Path | None:
+    """The current exception's traceback in ``run_dir/error_rank{N}.log``: one file per rank.
+
+    None when it cannot be written (a read-only run directory, a full disk): the
+    error being handled still reaches the console, and no half-written log is left.
+    """
     path = Path(run_dir) / f"error_rank{ctx.rank}.log"
-    path.parent.mkdir(parents=True, exist_ok=True)  # a run may fail before it wrote anything
-    path.write_text(traceback.format_exc(), encoding="utf-8")
+    text = traceback.format_exc()
+    try:
+        with atomic_file(path) as tmp:  # makes the directory: a run may fail before it wrote anything
+            tmp.write_text(text, encoding="utf-8")
+    except OSError:
+        return None
     return path
 
 

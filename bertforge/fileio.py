@@ -3,7 +3,9 @@
 A directory (a checkpoint, an export) or a file (a shard) is written under a
 hidden temporary name next to its final one, flushed to disk, and renamed
 only when complete; a crash leaves at most a hidden temporary behind, which
-:func:`remove_temporaries` clears at the next start.
+:func:`remove_temporaries` clears at the next start. A set of files that is
+whole only when all are (the shards of a data set) is written into a hidden
+temporary directory and renamed into place together (:func:`atomic_files`).
 
 A write that fails because the disk is full or the directory is read-only
 raises :class:`WriteError` with one line naming the path (and, for a full
@@ -18,7 +20,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 # What atomic_directory and atomic_file leave behind when killed: ".NAME.tmp-XXXX", ".NAME.old-XXXX".
@@ -35,18 +37,34 @@ def _size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
 
 
-def _megabytes(size: int) -> str:
-    return f"{size / 2**20:.1f} MB"
+def format_size(size: int) -> str:
+    """``size`` bytes for a message: in bytes below 1 KiB, else in KiB, MiB, GiB or TiB (one decimal)."""
+    if size < 1024:
+        return f"{size} byte{'' if size == 1 else 's'}"
+    value = float(size)
+    for unit in ("KiB", "MiB", "GiB"):
+        value /= 1024
+        if round(value, 1) < 1024:
+            return f"{value:.1f} {unit}"
+    return f"{value / 1024:.1f} TiB"
 
 
-def write_failure(err: BaseException, final: Path, needed: int, written: int = 0) -> str | None:
-    """One line explaining a failed write of ``final`` when the disk is full or read-only, else None.
+def write_failure(err: BaseException, final: Path, needed: int, written: int = 0,
+                  what: str | None = None) -> WriteError | None:
+    """The WriteError for a failed write of ``final`` when the disk is full or read-only, else None.
+
+    Its message is one line naming ``what`` (default: ``final``); its ``errno`` is
+    ENOSPC for a full disk, else the read-only or permission error, so that an
+    outer writer can name the error again for its own path. ``needed`` is what
+    the write needed in all, when known (else 0); ``written`` what it had written
+    when it failed.
 
     torch.save and safetensors do not raise OSError on a full disk (``basic_ios::clear``,
     ``IoError``), so the free space decides when the error carries no errno: a
     write that needed more than was left failed for want of space.
     """
     code = getattr(err, "errno", None)
+    what = str(final) if what is None else what
     parent = final.parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
@@ -55,11 +73,17 @@ def write_failure(err: BaseException, final: Path, needed: int, written: int = 0
     except OSError:
         free = None
     if code == errno.ENOSPC or (code is None and free is not None and free < max(needed - written, 1)):
-        return (f"cannot write {final}: the disk is full (it needs {_megabytes(needed)}, "
-                f"{_megabytes(free or 0)} free on {parent} after removing the partial write)")
+        left = f"{format_size(free or 0)} free on {parent}"
+        # A stream's size is not known beforehand: only that what was free did not suffice.
+        space = f"it needs {format_size(needed)}, {left}" if needed > 0 else f"it needs more than the {left}"
+        error = WriteError(f"cannot write {what}: the disk is full ({space} after removing the partial write)")
+        error.errno = errno.ENOSPC
+        return error
     if code in (errno.EROFS, errno.EACCES, errno.EPERM) or not os.access(parent, os.W_OK):
         reason = "read-only file system" if code == errno.EROFS else "permission denied"
-        return f"cannot write {final}: {parent} is not writable ({reason})"
+        error = WriteError(f"cannot write {what}: {parent} is not writable ({reason})")
+        error.errno = code if code in (errno.EROFS, errno.EPERM) else errno.EACCES
+        return error
     return None
 
 
@@ -112,10 +136,10 @@ def atomic_directory(final: Path, needed: int = 0) -> Iterator[Path]:
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     except OSError as err:
-        message = write_failure(err, final, needed)
-        if message is None:
+        error = write_failure(err, final, needed)
+        if error is None:
             raise
-        raise WriteError(message) from None
+        raise error from None
     try:
         yield tmp
         tmp.chmod(0o755)  # mkdtemp makes it private; outputs are shared data
@@ -133,10 +157,10 @@ def atomic_directory(final: Path, needed: int = 0) -> Iterator[Path]:
     except Exception as err:
         written = _size(tmp)
         shutil.rmtree(tmp, ignore_errors=True)
-        message = None if isinstance(err, WriteError) else write_failure(err, final, needed, written)
-        if message is None:
+        error = None if isinstance(err, WriteError) else write_failure(err, final, needed, written)
+        if error is None:
             raise
-        raise WriteError(message) from None
+        raise error from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -154,10 +178,10 @@ def atomic_file(final: Path) -> Iterator[Path]:
         final.parent.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(prefix=f".{final.name}.tmp-", dir=final.parent)
     except OSError as err:
-        message = write_failure(err, final, 0)
-        if message is None:
+        error = write_failure(err, final, 0)
+        if error is None:
             raise
-        raise WriteError(message) from None
+        raise error from None
     os.close(fd)
     tmp = Path(name)
     try:
@@ -169,10 +193,58 @@ def atomic_file(final: Path) -> Iterator[Path]:
     except OSError as err:
         written = _size(tmp)
         tmp.unlink(missing_ok=True)
-        message = None if isinstance(err, WriteError) else write_failure(err, final, written, written)
-        if message is None:
+        error = None if isinstance(err, WriteError) else write_failure(err, final, 0, written)
+        if error is None:
             raise
-        raise WriteError(message) from None
+        raise error from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+@contextlib.contextmanager
+def atomic_files(finals: Sequence[Path]) -> Iterator[list[Path]]:
+    """Yield one temporary path per file of ``finals``; they become ``finals`` together, when the block succeeds.
+
+    For a set of files that is only whole when all are, such as the shards of
+    one data set: the block writes every file at its temporary path (with
+    :func:`atomic_file` or any other way), in a hidden directory next to the
+    first final path (``finals`` share its directory), and only then are all
+    renamed into place. On an error the hidden directory and all it holds go,
+    and no final path is touched; a full disk or a read-only directory is a
+    :class:`WriteError` naming the final paths.
+    """
+    finals = [Path(f) for f in finals]
+    parent = finals[0].parent
+    if any(final.parent != parent for final in finals):
+        raise ValueError(f"atomic_files: {finals} are not all in {parent}")
+    what = str(finals[0]) if len(finals) == 1 else f"{finals[0]} … {finals[-1].name} ({len(finals)} files)"
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{finals[0].name}.tmp-", dir=parent))
+    except OSError as err:
+        error = write_failure(err, finals[0], 0, what=what)
+        if error is None:
+            raise
+        raise error from None
+    staged = [staging / final.name for final in finals]
+    moved: list[tuple[Path, Path]] = []
+    try:
+        yield staged
+        for path in staged:
+            fsync(path)
+        for path, final in zip(staged, finals):
+            os.replace(path, final)
+            moved.append((final, path))
+        fsync(parent)
+    except BaseException as err:
+        for final, path in reversed(moved):  # a rename that failed: the others go back, nothing is half there
+            with contextlib.suppress(OSError):
+                os.replace(final, path)
+        written = _size(staging)
+        shutil.rmtree(staging, ignore_errors=True)
+        error = write_failure(err, finals[0], 0, written, what) if isinstance(err, OSError) else None
+        if error is None:
+            raise
+        raise error from None
+    shutil.rmtree(staging, ignore_errors=True)  # empty: every file is in place

@@ -41,7 +41,7 @@ def eval_interval_samples(global_batch_size: int) -> int:
         floor(0.05 × (230.23 × global_batch + 3,000,000) / 25,000) × 25,000
 
     computed in integers (230.23 = 23023 / 100), so no rounding of a float
-    decides a boundary: 150,000 for batches up to 2,810, 225,000 for 8,192.
+    decides a boundary: 150,000 for batches up to 2,171, 175,000 from 2,172, 225,000 for 8,192.
     """
     if global_batch_size < 1:
         raise ConfigError(f"train.global_batch_size={global_batch_size} must be at least 1")

@@ -19,3 +19,52 @@ def shared_data(relative: str) -> Path:
     if not path.exists():
         pytest.skip(f"shared test data not found: {path} (set BERTFORGE_TEST_DATA)")
     return path
+
+
+@pytest.fixture
+def make_read_only(monkeypatch):
+    """A function that makes a directory unwritable until the test ends, and returns it.
+
+    For a user: chmod 0o555. Root ignores permissions, so for root: a read-only bind
+    mount ("read-only file system"); where root cannot mount (a container without
+    the right), creating a file or directory in it fails with EACCES, as chmod would
+    make it: tempfile's mkstemp and mkdtemp, through which bertforge.fileio makes
+    every file and directory it writes.
+    """
+    import errno
+    import subprocess
+    import tempfile
+
+    undo = []
+    unwritable: list[Path] = []
+
+    def refuse(make):
+        def made(*args, **kwargs):
+            where = kwargs.get("dir", args[2] if len(args) > 2 else None)
+            if where is not None and Path(where).resolve() in unwritable:
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(where))
+            return make(*args, **kwargs)
+        return made
+
+    def make(directory: Path) -> Path:
+        directory = Path(directory)
+        if os.geteuid() != 0:
+            directory.chmod(0o555)
+            undo.append(lambda: directory.chmod(0o755))
+            return directory
+        mounted = subprocess.run(["mount", "--bind", str(directory), str(directory)], capture_output=True,
+                                 check=False).returncode == 0
+        if mounted:
+            undo.append(lambda: subprocess.run(["umount", "-l", str(directory)], check=False))
+            if subprocess.run(["mount", "-o", "remount,bind,ro", str(directory)], capture_output=True,
+                              check=False).returncode == 0:
+                return directory
+        if not unwritable:
+            monkeypatch.setattr(tempfile, "mkstemp", refuse(tempfile.mkstemp))
+            monkeypatch.setattr(tempfile, "mkdtemp", refuse(tempfile.mkdtemp))
+        unwritable.append(directory.resolve())
+        return directory
+
+    yield make
+    for step in reversed(undo):
+        step()

@@ -1,7 +1,9 @@
 """The ``bertforge`` command: help of every subcommand, config printing, errors, bench."""
 
 import argparse
+import errno
 import json
+import os
 import subprocess
 import sys
 
@@ -279,3 +281,83 @@ def test_export_refuses_a_non_empty_directory_unless_overwrite(tiny_run, tmp_pat
     err = capsys.readouterr().err
     assert err.startswith(f"error: {tiny_run.parent}: --overwrite would delete the checkpoint being exported")
     assert err.count("\n") == 1 and (tiny_run / "config.yaml").is_file()
+
+
+# ------------------------------------------------------------ a read-only directory: one line, nothing written
+
+
+def snapshot(directory):
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_write_errors_are_user_errors():
+    from bertforge.cli import user_errors
+    from bertforge.fileio import WriteError
+
+    assert WriteError in user_errors()
+
+
+@pytest.mark.parametrize("fmt", ["hf", "tf1"])
+def test_export_into_a_read_only_directory_is_one_line(tiny_run, tmp_path, capsys, make_read_only, fmt):
+    (tmp_path / "ro").mkdir()
+    read_only = make_read_only(tmp_path / "ro")
+    out = read_only / "export"
+    capsys.readouterr()
+    assert main(["--log-level", "ERROR", "export", str(tiny_run), str(out), "--format", fmt]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot write {out}: {read_only} is not writable (") and err.count("\n") == 1
+    assert list(read_only.iterdir()) == []
+
+
+def test_data_index_in_a_read_only_directory_is_one_line(tmp_path, capsys, make_read_only):
+    from bertforge.data.create import create
+
+    records = tmp_path / "records"
+    records.mkdir()
+    (tmp_path / "t.txt").write_text("one two three four\nfive six seven\n\neight nine ten\neleven twelve\n")
+    (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "one", "two"]) + "\n")
+    create([tmp_path / "t.txt"], tmp_path / "vocab.txt", records / "a.tfrecord", seq_len=16, max_predictions=2,
+           dupe_factor=1)
+    before = snapshot(make_read_only(records))
+    assert main(["data", "index", str(records / "a.tfrecord")]) == 2
+    assert capsys.readouterr().err.startswith(f"error: cannot write {records / 'a.index'}: {records} is not writable (")
+    assert snapshot(records) == before
+
+
+def test_resuming_a_read_only_run_is_one_line_and_writes_nothing_into_it(tiny_run, tmp_path, capsys, make_read_only):
+    """The run directory's config.yaml cannot be written: one line, and no error_rank0.log either."""
+    import shutil
+
+    run = make_read_only(shutil.copytree(tiny_run, tmp_path / "run"))
+    before = snapshot(run)
+    capsys.readouterr()
+    assert main(["pretrain", "--resume", str(run), "--steps", "2", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot write {run / 'config.yaml'}: {run} is not writable (")
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert snapshot(run) == before and not (run / "error_rank0.log").exists()
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS, errno.EACCES])
+def test_a_disk_error_outside_fileio_is_one_line(tmp_path, monkeypatch, capsys, code):
+    """A command that writes without bertforge.fileio (a report, say) still ends in one line, exit 2."""
+    import bertforge.report
+
+    def fail(*args, **kwargs):
+        raise OSError(code, os.strerror(code), str(tmp_path / "out" / "index.html"))
+
+    monkeypatch.setattr(bertforge.report, "write_report", fail)
+    assert main(["report", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: [Errno {code}] {os.strerror(code)}: '{tmp_path / 'out' / 'index.html'}'\n"
+
+
+def test_other_os_errors_are_not_hidden(tmp_path, monkeypatch):
+    import bertforge.report
+
+    def fail(*args, **kwargs):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(bertforge.report, "write_report", fail)
+    with pytest.raises(OSError, match="Input/output error"):
+        main(["report", str(tmp_path), "--out", str(tmp_path / "out")])

@@ -667,3 +667,117 @@ def test_pick_eval_follows_mlperf(tmp_path, vocab, wiki_files):
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
     with pytest.raises(DataError, match="num=0"):
         pick_eval(intermediate.files, tmp_path / "none.tfrecord", 0)
+
+
+# ---------------------------------------------------------------- a full disk, a read-only directory
+
+def small_corpus(root: Path, documents: int = 40) -> tuple[Path, Path]:
+    """(a text of ``documents`` documents of 10 sentences, its vocab): no shared data needed."""
+    words = [f"w{i}" for i in range(16)]
+    rng = random.Random(0)
+    text = "\n\n".join("\n".join(" ".join(rng.choice(words) for _ in range(10)) for _ in range(10))
+                       for _ in range(documents))
+    (root / "corpus.txt").write_text(text + "\n", encoding="utf-8")
+    (root / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
+    return root / "corpus.txt", root / "vocab.txt"
+
+
+def create_argv(corpus: Path, vocab: Path, output: Path, *extra: str) -> list[str]:
+    return ["data", "create", "--input", str(corpus), "--vocab", str(vocab), "--output", str(output),
+            "--num-output-files", "8", "--seq-len", "32", "--max-predictions", "4", *extra]
+
+
+def assert_no_shard(out: Path, capsys) -> None:
+    """No file of the 8 shards of ``out/train.tfrecord`` exists, and none is taken for records."""
+    from bertforge.cli import main
+    from bertforge.data.create import output_paths
+    from bertforge.data.record_reader import open_records
+
+    for path in output_paths(out / "train.tfrecord", 8):
+        assert not path.exists()
+        with pytest.raises(DataError):
+            open_records(path)
+    capsys.readouterr()
+    assert main(["data", "inspect", str(out / "train-00005-of-00008.tfrecord")]) == 2
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("pack", [[], ["--pack", "2"]], ids=["records", "packed"])
+def test_a_full_disk_at_the_fifth_shard_leaves_no_shard(tmp_path, monkeypatch, capsys, pack):
+    """The disk fills when shard 4 of 8 is completed, after shards 5-7 were (they close last to first;
+    packed shards are written 0 to 7): exit 2, one line naming the shards and the space, and no shard
+    left, neither in place nor hidden; the user's file beside them stays."""
+    import errno
+
+    from bertforge import fileio
+    from bertforge.cli import main
+
+    corpus, vocab = small_corpus(tmp_path)
+    out = tmp_path / "records"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    fsync = fileio.fsync
+    failed = []
+
+    def full(path: Path) -> None:
+        # Shard 4 as it is completed; with --pack the packed one, not the unpacked (under ".train.tfrecord.tmp-").
+        if path.name.startswith(".train-00004-of-00008.tfrecord.tmp-") and "/.train.tfrecord.tmp-" not in str(path):
+            failed.append(path)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        fsync(path)
+
+    monkeypatch.setattr(fileio, "fsync", full)
+    assert main(create_argv(corpus, vocab, out / "train.tfrecord", *pack)) == 2
+    assert len(failed) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot write {out / 'train-00000-of-00008.tfrecord'} … "
+                          f"train-00007-of-00008.tfrecord (8 files): the disk is full (it needs more than the ")
+    assert err.endswith(f" free on {out} after removing the partial write)\n") and err.count("\n") == 1
+    assert "Traceback" not in err and " 0.0 MB" not in err
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    assert_no_shard(out, capsys)
+    monkeypatch.undo()
+    assert main(create_argv(corpus, vocab, out / "train.tfrecord", *pack)) == 0  # with room: all 8
+    assert len(list(out.glob("train-*-of-00008.tfrecord"))) == 8
+
+
+def test_a_small_disk_leaves_no_shard(tmp_path, capsys):
+    """The same on a real full disk: a 256 KiB tmpfs for about 1 MB of records (root only)."""
+    import os
+    import subprocess
+
+    from bertforge.cli import main
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    corpus, vocab = small_corpus(tmp_path, documents=200)
+    out = tmp_path / "records"
+    out.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(out)], capture_output=True,
+                             text=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.strip()}")
+    try:
+        assert main(create_argv(corpus, vocab, out / "train.tfrecord")) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: cannot write {out / 'train-00000-of-00008.tfrecord'} … ")
+        assert "the disk is full (it needs more than the " in err and err.count("\n") == 1
+        assert list(out.iterdir()) == []
+        assert_no_shard(out, capsys)
+    finally:
+        subprocess.run(["umount", "-l", str(out)], check=False)
+
+
+@pytest.mark.parametrize("pack", [[], ["--pack", "2"]], ids=["records", "packed"])
+def test_a_read_only_output_directory_is_one_line(tmp_path, capsys, make_read_only, pack):
+    from bertforge.cli import main
+
+    corpus, vocab = small_corpus(tmp_path, documents=4)
+    out = tmp_path / "records"
+    out.mkdir()
+    make_read_only(out)
+    assert main(create_argv(corpus, vocab, out / "train.tfrecord", *pack)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot write {out / 'train-00000-of-00008.tfrecord'} … "
+                          f"train-00007-of-00008.tfrecord (8 files): {out} is not writable (")
+    assert err.count("\n") == 1 and list(out.iterdir()) == []

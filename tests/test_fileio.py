@@ -1,8 +1,10 @@
 """Atomic writes: the final name appears only when the content is complete."""
 
+import re
+
 import pytest
 
-from bertforge.fileio import atomic_directory, atomic_file
+from bertforge.fileio import WriteError, atomic_directory, atomic_file, atomic_files
 
 
 def test_atomic_file_appears_only_on_success(tmp_path):
@@ -32,3 +34,85 @@ def test_atomic_directory_replaces_whole_or_not_at_all(tmp_path):
         (tmp / "b").write_text("3")
     assert sorted(p.name for p in final.iterdir()) == ["b"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step"]
+
+
+def test_sizes_in_messages_have_units():
+    from bertforge.fileio import format_size
+
+    assert [format_size(n) for n in (0, 1, 1023, 1024, 1536, 2**20 - 1, int(50.7 * 2**20), 3 * 2**30, 5 * 2**40)] \
+        == ["0 bytes", "1 byte", "1023 bytes", "1.0 KiB", "1.5 KiB", "1.0 MiB", "50.7 MiB", "3.0 GiB", "5.0 TiB"]
+
+
+def test_atomic_files_appear_together_or_not_at_all(tmp_path, monkeypatch):
+    """A failure at the last file, in its block or when it is renamed into place, leaves none of them."""
+    import errno
+    import os
+
+    from bertforge import fileio
+
+    finals = [tmp_path / f"part-{i}" for i in range(3)]
+    (tmp_path / "mine.txt").write_text("the user's")
+
+    def write_all(staged):
+        assert all(p.parent.name.startswith(".part-0.tmp-") for p in staged) and not any(f.exists() for f in finals)
+        for path, final in zip(staged, finals):
+            with atomic_file(path) as tmp:
+                tmp.write_text(final.name)
+
+    with pytest.raises(RuntimeError), atomic_files(finals) as staged:
+        write_all(staged)
+        raise RuntimeError("crash")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.txt"]
+
+    replace = os.replace
+
+    def third_fails(src, dst):
+        if dst == finals[2]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        replace(src, dst)
+
+    monkeypatch.setattr(fileio.os, "replace", third_fails)
+    with pytest.raises(WriteError) as err, atomic_files(finals) as staged:
+        write_all(staged)
+    monkeypatch.undo()
+    assert str(err.value).startswith(f"cannot write {finals[0]} … part-2 (3 files): the disk is full (it needs "
+                                     f"more than the ")
+    assert str(err.value).endswith(f" free on {tmp_path} after removing the partial write)")
+    assert "\n" not in str(err.value) and sorted(p.name for p in tmp_path.iterdir()) == ["mine.txt"]
+
+    with atomic_files(finals) as staged:
+        write_all(staged)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.txt", "part-0", "part-1", "part-2"]
+    assert [f.read_text() for f in finals] == ["part-0", "part-1", "part-2"]
+
+
+def test_a_full_disk_or_read_only_directory_under_atomic_files_names_the_final_paths(tmp_path, monkeypatch,
+                                                                                     make_read_only):
+    import errno
+
+    from bertforge import fileio
+
+    finals = [tmp_path / "out" / f"s-{i}.bin" for i in range(2)]
+    fsync = fileio.fsync
+
+    def full(path):
+        if path.name.startswith(".s-1.bin.tmp-"):  # the second file, when atomic_file completes it
+            raise OSError(errno.ENOSPC, "No space left on device")
+        fsync(path)
+
+    monkeypatch.setattr(fileio, "fsync", full)
+    with pytest.raises(WriteError) as err, atomic_files(finals) as staged:
+        for path in staged:
+            with atomic_file(path) as tmp:
+                tmp.write_bytes(b"x" * 1000)
+    monkeypatch.undo()
+    where = re.escape(f"cannot write {finals[0]} … s-1.bin (2 files): the disk is full (it needs more than the ")
+    assert re.fullmatch(rf"{where}[0-9.]+ (bytes|KiB|MiB|GiB|TiB) free on {re.escape(str(tmp_path / 'out'))} after "
+                        r"removing the partial write\)", str(err.value)), str(err.value)
+    assert list((tmp_path / "out").iterdir()) == []
+
+    read_only = make_read_only(tmp_path / "out")
+    where = re.escape(f"cannot write {finals[0]} … s-1.bin (2 files): {read_only} is not writable")
+    with pytest.raises(WriteError, match=rf"^{where} \((read-only file system|permission denied)\)$"):
+        with atomic_files(finals):
+            pass

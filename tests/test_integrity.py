@@ -208,11 +208,11 @@ def small_tmpfs(tmp_path):
 
 @needs_root("a small tmpfs")
 def test_a_full_disk_during_a_checkpoint_is_one_line(small_tmpfs, capsys):
-    """An 8 MB tmpfs: BERT-tiny's first checkpoint (50.7 MB) does not fit. About 3 s."""
+    """An 8 MiB tmpfs: BERT-tiny's first checkpoint (50.7 MiB) does not fit. About 3 s."""
     assert main(run_args(small_tmpfs, "full", 2)) == 2
     err = capsys.readouterr().err.splitlines()[-1]
     final = small_tmpfs / "full" / "checkpoints" / "step_00000002"
-    assert err == (f"error: cannot write {final}: the disk is full (it needs 50.7 MB, 8.0 MB free on "
+    assert err == (f"error: cannot write {final}: the disk is full (it needs 50.7 MiB, 8.0 MiB free on "
                    f"{final.parent} after removing the partial write)")
     assert list((final.parent).iterdir()) == []  # the temporary is gone
 

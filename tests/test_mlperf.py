@@ -69,6 +69,8 @@ def test_eval_interval_is_the_mlperf_formula():
     table = {256: 150_000, 1024: 150_000, 1536: 150_000, 2048: 150_000, 3072: 175_000, 4096: 175_000}
     assert {batch: eval_interval_samples(batch) for batch in table} == table
     assert eval_interval_samples(8192) == 225_000
+    # The switch to 175,000 (issue 21: the docs once said 2,810).
+    assert (eval_interval_samples(2171), eval_interval_samples(2172)) == (150_000, 175_000)
 
 
 def test_cadence_in_samples_and_in_steps():

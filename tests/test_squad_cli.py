@@ -77,6 +77,17 @@ def test_predict_of_a_file_without_questions_is_one_line(tiny, tmp_path, capsys)
     assert not (tmp_path / "p.json").exists()
 
 
+def test_predict_into_a_read_only_directory_is_one_line(tiny, tmp_path, capsys, make_read_only):
+    out = tmp_path / "out"
+    out.mkdir()
+    make_read_only(out)
+    assert main(["squad", "predict", "--model", str(tiny), "--predict-file", str(tmp_path / "dev.json"),
+                 "--data.seq_len", "32", "--squad.max_query_length", "8", "--out", str(out / "p.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot write {out / 'p.json'}: {out} is not writable (") and err.count("\n") == 1
+    assert list(out.iterdir()) == []
+
+
 # ------------------------------------------------------------------ evaluate
 
 

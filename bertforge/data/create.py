@@ -72,6 +72,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..fileio import atomic_files
 from .errors import DataError, warn_one_document
 from .instances import create_arrays_fast, create_instances, to_arrays
 from .record_schema import FORMATS
@@ -461,8 +462,11 @@ def create(inputs: Sequence[str | Path], vocab: str | Path, output: str | Path, 
     stats = CreateStats(mode=mode, files=paths)
 
     with contextlib.ExitStack() as stack:
+        # All files in a hidden directory first, renamed into place together when every one is
+        # complete: a failure (a full disk at the fifth of eight) leaves none that looks whole.
+        staged = stack.enter_context(atomic_files(paths))
         writers = [stack.enter_context(RecordWriter(path, fmt, seq_len, max_predictions,
-                                                    vocab_size=vocab_size)) for path in paths]
+                                                    vocab_size=vocab_size)) for path in staged]
         out = _RoundRobin(writers)
         if mode == "reference":
             _create_reference(files, vocab, options, out, stats, text_column)
@@ -470,7 +474,7 @@ def create(inputs: Sequence[str | Path], vocab: str | Path, output: str | Path, 
             spool = None
             if workers > 1:  # workers leave their records here for us to append
                 spool = stack.enter_context(tempfile.TemporaryDirectory(
-                    prefix=f".{paths[0].name}.spool-", dir=paths[0].parent))
+                    prefix=f".{paths[0].name}.spool-", dir=staged[0].parent))
             encoder = writers[0].encoder
             # Closed before the spool goes: no worker writes into it any more.
             results = stack.enter_context(contextlib.closing(_generate(

@@ -384,17 +384,21 @@ def packing_to(output: str | Path, paths: Sequence[Path], max_sequences_per_pack
 
     The unpacked records go under ``output``'s name into a hidden temporary
     directory next to it; when the block succeeds every file written there is
-    packed into ``paths`` (each written atomically) and the counts filled in.
-    The temporary directory is removed either way.
+    packed into ``paths`` and the counts filled in. The packed files appear
+    together, only when all are complete (:func:`..fileio.atomic_files`, whose
+    hidden directory also holds the unpacked records); the temporaries are
+    removed either way.
     """
+    from ..fileio import atomic_files
+
     check_max_sequences(max_sequences_per_pack)
     output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
     stats = PackingStats()
-    with tempfile.TemporaryDirectory(prefix=f".{output.name}.tmp-", dir=output.parent) as tmp:
+    with atomic_files(paths) as staged, \
+            tempfile.TemporaryDirectory(prefix=f".{output.name}.tmp-", dir=staged[0].parent) as tmp:
         yield Path(tmp) / output.name, stats
         unpacked = sorted(p for p in Path(tmp).iterdir() if not p.name.startswith("."))
-        vars(stats).update(vars(pack_files(unpacked, paths, max_sequences_per_pack, seed=seed)))
+        vars(stats).update(vars(pack_files(unpacked, staged, max_sequences_per_pack, seed=seed)))
 
 
 def pack_command(inputs: str, output: Path, max_sequences_per_pack: int, *, fmt: str | None = None,

@@ -248,13 +248,14 @@ class RecordWriter:
             self._file.write(data)  # type: ignore[arg-type]
 
     def close(self) -> Path:
-        """Complete the file and move it into place."""
+        """Complete the file and move it into place; on an error (a full disk) the file is
+        closed and removed, and nothing appears under ``path``."""
         if self._open:
-            self._flush()
             self._open = False
-            if self._native is not None:
-                self._native.finish()
-            self._stack.close()
+            with self._stack:  # an error completing the file goes through atomic_file
+                self._flush()
+                if self._native is not None:
+                    self._native.finish()
         return self.path
 
     def abort(self) -> None:
