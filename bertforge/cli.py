@@ -215,6 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, help="optimizer steps (train.steps)")
     p.add_argument("--epochs", type=int, help="passes over the data instead of --steps (train.epochs)")
     p.add_argument("--resume", help="run or checkpoint directory to continue exactly")
+    p.add_argument("--resume-with-changes", action="store_true",
+                   help="resume although the config or the data differ from the checkpoint's (each change is "
+                        "logged; checkpoint.resume_with_changes)")
     p.add_argument("--init", help="start from these weights: our checkpoint, a Hugging Face directory or a "
                                   "TF1 checkpoint prefix with bert_config.json beside it (checkpoint.init)")
     p.add_argument("--run-dir", help="parent directory of run directories (log.run_dir)")
@@ -343,7 +346,7 @@ def user_errors() -> tuple[type[Exception], ...]:
     # These modules import torch: only a command that loaded them can have raised their errors.
     for module, name in (("bertforge.runs", "CheckpointError"),
                          ("bertforge.weights", "ConversionError"),
-                         ("bertforge.engine", "NonFiniteError")):
+                         ("bertforge.engine", "NonFiniteError"), ("bertforge.engine", "DivergenceError")):
         if module in sys.modules:
             errors.append(getattr(sys.modules[module], name))
     return tuple(errors)

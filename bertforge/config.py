@@ -130,6 +130,11 @@ class TrainConfig:
     exp_decay_steps: int = 1000
     lr_table: dict[int, float] = field(default_factory=dict)  # table: step → lr from that step
     grad_clip: float = 1.0  # global-norm clip; 0 = off
+    # Stop a run whose loss explodes but stays finite: above divergence_factor × the median of the
+    # last 100 normal steps' losses for divergence_steps steps in a row (engine.DivergenceGuard).
+    # 0 = off. No checkpoint is written during a spike, so the newest one is from before it.
+    divergence_factor: float = 0.0
+    divergence_steps: int = 10
     eval_every: int = 0  # steps between evaluations; 0 = only at the end
     eval_batches: int = 0  # 0 = the whole eval set
     # Training sequences between evaluations; 0 = eval_every applies; mlperf = the MLPerf BERT
@@ -173,6 +178,7 @@ class CheckpointConfig:
     keep: int = 3  # newest step directories kept; 0 = keep all
     resume: str = ""  # a run or checkpoint directory to continue
     init: str = ""  # start from these weights (our checkpoint, a Hugging Face dir or a TF1 checkpoint prefix)
+    resume_with_changes: bool = False  # resume although the config or the data differ from the checkpoint's
 
 
 @dataclass
@@ -472,6 +478,7 @@ _INT_RANGES: dict[str, tuple[int, int]] = {
     "train.epochs": (0, _INT64_MAX),
     "train.warmup_steps": (0, _INT64_MAX),
     "train.exp_decay_steps": (1, _INT64_MAX),
+    "train.divergence_steps": (1, _INT64_MAX),
     "train.eval_every": (0, _INT64_MAX),
     "train.eval_batches": (0, _INT64_MAX),
     "train.eval_batch_size": (0, _INT64_MAX),
@@ -500,6 +507,7 @@ _FLOAT_RANGES: dict[str, tuple[float, float, bool]] = {
     "train.end_lr": (0.0, float("inf"), False),
     "train.exp_decay_rate": (0.0, float("inf"), False),
     "train.grad_clip": (0.0, float("inf"), False),
+    "train.divergence_factor": (0.0, float("inf"), False),
     "train.target_mlm_accuracy": (0.0, 1.0, True),
 }
 _POSITIVE_FLOATS = ("model.layer_norm_eps", "train.eps")  # divided by: 0 is not allowed

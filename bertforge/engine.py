@@ -28,10 +28,12 @@ second signal exits at once.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import random
 import signal
+import statistics
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -50,6 +52,50 @@ LossFn = Callable[[nn.Module, dict[str, torch.Tensor]], dict[str, torch.Tensor]]
 
 class NonFiniteError(FloatingPointError):
     """A step whose loss or gradient norm is not finite; the weights were left as they were."""
+
+
+class DivergenceError(FloatingPointError):
+    """A loss that exploded and stayed high (:class:`DivergenceGuard`); the newest checkpoint is from before."""
+
+
+class DivergenceGuard:
+    """Stops a run whose loss explodes but stays finite, as large runs guard against.
+
+    A step's loss is a spike when it is above ``factor`` × the median of the last
+    ``window`` normal losses (spikes are kept out of that median, so a long spike does
+    not raise its own bar); ``steps`` spikes in a row are a divergence, raised as
+    :class:`DivergenceError`. The first ``min_history`` steps only fill the history.
+    While :attr:`spiking`, the training loop writes no checkpoint, so the newest one,
+    which checkpoint rotation keeps, is from before the spike. ``factor`` 0 is off.
+    """
+
+    def __init__(self, factor: float, steps: int, window: int = 100, min_history: int = 10):
+        self.factor, self.steps, self.min_history = factor, steps, min_history
+        self.history: collections.deque[float] = collections.deque(maxlen=window)
+        self.spikes = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.factor > 0
+
+    @property
+    def spiking(self) -> bool:
+        return self.spikes > 0
+
+    def update(self, step: int, loss: float) -> None:
+        if not self.enabled:
+            return
+        median = statistics.median(self.history) if len(self.history) >= self.min_history else None
+        if median is None or loss <= self.factor * median:
+            self.spikes = 0
+            self.history.append(loss)
+            return
+        self.spikes += 1
+        if self.spikes >= self.steps:
+            raise DivergenceError(
+                f"step {step}: the loss ({loss:.4g}) has been above {self.factor:g} × its running median "
+                f"({median:.4g}) for {self.spikes} steps: the run diverged (train.divergence_factor); the newest "
+                f"checkpoint is from before the spike: resume from it with a lower train.lr, say")
 
 
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)

@@ -31,16 +31,20 @@ anything heavy is imported. Weights are read and written by
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
+import os
+import socket
 from collections.abc import Iterable
+from datetime import datetime
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 import google_crc32c
 
 from .config import Config, ConfigError, load_config, parse_overrides
-from .fileio import remove_temporaries
+from .fileio import remove_temporaries, write_failure
 
 if TYPE_CHECKING:
     import argparse
@@ -52,6 +56,7 @@ REQUIRED_FILES = ("model.safetensors", "trainer.pt", "config.yaml")
 OPTIMIZER_FILES = ("optimizer.pt", f"{SHARDED}/.metadata")
 WEIGHTS_FILES = ("model.safetensors", "config.yaml")  # all load_model needs
 MANIFEST = "manifest.json"
+LOCK = ".lock"  # held by the run that writes into the directory (RunLock)
 AUTO = "auto"  # checkpoint.resume: the newest sound checkpoint of the named run directory, if any
 _CHUNK = 8 << 20
 _MANIFEST_MAX = 16 << 20  # bytes: about 100 per file listed
@@ -248,6 +253,116 @@ def auto_run_dir(run_dir: str | Path, name: str, flag: str = "--name (log.name)"
     return Path(run_dir) / name
 
 
+class RunLock:
+    """The one run that writes into a run directory: two would overwrite each other's checkpoints
+    and metrics. Held by rank 0 for the life of the run (a ``with`` block).
+
+    An ``flock`` on ``RUN/.lock``, which the kernel releases when the process ends, however it
+    ends: the lock of a killed run is free for the next (a torchrun restart, ``--resume auto``
+    after a crash) with nothing to clean up. The file names the holder, for the error a second
+    run gets. (On NFS, Linux maps flock to the server's byte-range locks.)
+    """
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / LOCK
+        self._file: TextIO | None = None
+
+    def __enter__(self) -> RunLock:
+        try:
+            file = open(self.path, "a+", encoding="utf-8")  # held until __exit__
+        except OSError as err:  # a read-only run directory: say so as every other write does
+            error = write_failure(err, self.path, 0)
+            if error is None:
+                raise
+            raise error from None
+        try:
+            fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            file.seek(0)
+            holder = file.read().strip() or "a process that has not written its name yet"
+            file.close()
+            raise ConfigError(f"{self.path.parent} is in use by another run ({holder}): two runs in one "
+                              f"directory would overwrite each other's checkpoints; wait for it to end, "
+                              f"or choose another directory") from None
+        file.seek(0)
+        file.truncate()
+        file.write(f"pid {os.getpid()} on {socket.gethostname()}, since "
+                   f"{datetime.now().isoformat(sep=' ', timespec='seconds')}\n")
+        file.flush()
+        self._file = file
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._file is not None:
+            self._file.close()  # closing releases the flock
+            self._file = None
+
+
+# What a resume may change and still continue the run it resumes: what is logged, saved and
+# evaluated, how far the run goes, and where and how fast it runs. Any other change (the model,
+# the data, the optimizer, its schedule, the batch, the precision) makes another run, which
+# --resume-with-changes (checkpoint.resume_with_changes) asks for knowingly.
+RESUMABLE_CHANGES = ("log.", "checkpoint.", "train.steps", "train.epochs", "train.eval_", "train.target_mlm_accuracy",
+                     "train.divergence_",
+                     "data.prefetch", "data.eval_input", "execution.")
+BREAKING_CHANGES = ("execution.precision",)  # among the above: the arithmetic of every step
+_THE_RESUME_ITSELF = ("checkpoint.resume", "checkpoint.init")  # not worth a line in the log
+
+
+def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict) and key != "lr_table":
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def config_changes(saved: Config, new: Config) -> tuple[list[str], list[str]]:
+    """(the changes from ``saved`` to ``new`` that break "continue exactly", those that do not),
+    each as ``key: old → new``."""
+    old, now = _flat(saved.to_dict()), _flat(new.to_dict())
+    breaking: list[str] = []
+    allowed: list[str] = []
+    for key in now:
+        if old.get(key) != now[key] and not key.startswith(_THE_RESUME_ITSELF):
+            harmless = key.startswith(RESUMABLE_CHANGES) and not key.startswith(BREAKING_CHANGES)
+            (allowed if harmless else breaking).append(f"{key}: {old.get(key)!r} → {now[key]!r}")
+    return breaking, allowed
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.read_bytes() == b.read_bytes()
+    except OSError:
+        return False
+
+
+def check_resume(checkpoint: Path, saved: Config, cfg: Config, saved_data: str | None, data: str | None,
+                 data_name: str) -> None:
+    """Refuse a resume that would not continue the run of ``checkpoint``: a config that differs
+    in what the run computes, or data (``data_name``; ``data``: its fingerprint) other than it
+    trained on, each named; unless ``checkpoint.resume_with_changes``. Every change is logged."""
+    breaking, allowed = config_changes(saved, cfg)
+    # The vocab is named by its path, which moves with a run directory: its tokens are what count.
+    vocab = [c for c in breaking if c.startswith("data.vocab:")]
+    if vocab and _same_file(checkpoint / "vocab.txt", Path(cfg.data.vocab)):
+        breaking.remove(vocab[0])
+        allowed.append(vocab[0] + " (the same tokens)")
+    if saved_data is None and data is not None:
+        logger.warning("%s was saved without a fingerprint of its data: not checked", checkpoint)
+    elif saved_data != data:
+        breaking.append(f"the files of {data_name} changed since the checkpoint (fingerprint {saved_data} → {data})")
+    for change in allowed:
+        logger.info("resuming with %s", change)
+    if breaking and not cfg.checkpoint.resume_with_changes:
+        raise ConfigError(f"resuming {checkpoint} with changes that break continuing it exactly: "
+                          f"{'; '.join(breaking)}; pass --resume-with-changes to go on with them")
+    for change in breaking:
+        logger.warning("resuming with a change: %s", change)
+
+
 def config_from_args(args: argparse.Namespace, extra: list[str], default: str | None) -> Config:
     """The config of a command: ``--config`` (else the config saved with the run being
     resumed, else ``default``), then the dotted overrides in ``extra``, then the command's own
@@ -265,6 +380,8 @@ def config_from_args(args: argparse.Namespace, extra: list[str], default: str | 
         overrides.append(("log.wandb", True))
     if getattr(args, "no_progress", False):
         overrides.append(("log.progress", False))
+    if getattr(args, "resume_with_changes", False):
+        overrides.append(("checkpoint.resume_with_changes", True))
     name = getattr(args, "config", None)
     resume = getattr(args, "resume", None)
     if name is None and resume == "auto":

@@ -42,9 +42,10 @@ from torch import nn
 
 from . import checkpoint as ckpt
 from . import runs, weights
-from .config import Config, ConfigError, accumulation_steps
+from .config import Config, ConfigError, DataConfig, accumulation_steps
 from .data import PretrainingDataset, SyntheticDataset, build_datasets, decode_sample, vocab_size_of
-from .data.loader import Prefetcher, RecordStream, is_records, masking_spec, record_files
+from .data.checksum import fingerprint
+from .data.loader import Prefetcher, RecordStream, check_vocab_fits, is_records, masking_spec, record_files
 from .dist import (
     DistContext,
     barrier,
@@ -57,7 +58,7 @@ from .dist import (
     unwrap,
     write_error,
 )
-from .engine import BatchStream, Engine, Preemption, autocast, set_threads, to_device
+from .engine import BatchStream, DivergenceGuard, Engine, Preemption, autocast, set_threads, to_device
 from .feed import copied_ahead, widen
 from .fileio import atomic_file
 from .log import MetricsLogger, ProgressBar, Throughput
@@ -165,26 +166,44 @@ def absolute_paths(cfg: Config) -> None:
             setattr(part, key, os.path.abspath(os.path.expanduser(value)))
 
 
-def locate_run(cfg: Config) -> tuple[Path | None, Path, bool]:
+def locate_run(cfg: Config, held: contextlib.ExitStack) -> tuple[Path | None, Path, bool]:
     """(the checkpoint to resume or None, the run directory, whether this run created it).
 
     On rank 0 only. ``checkpoint.resume: auto`` takes the newest checkpoint of
     ``log.run_dir/log.name`` that verifies (skipping damaged ones with a
-    warning), or starts fresh there. Temporaries of interrupted saves are removed.
+    warning), or starts fresh there. The run directory's lock is taken into
+    ``held`` first (another live run there is an error naming it); then the
+    temporaries of interrupted saves are removed.
     """
     resume = cfg.checkpoint.resume
     if resume == runs.AUTO:
         run_dir = runs.auto_run_dir(cfg.log.run_dir, cfg.log.name)
         created = not run_dir.exists()
-        resume_from = runs.checkpoint_to_resume(resume, run_dir)
-        if resume_from is None:
-            _make_dir(run_dir)
-        return resume_from, run_dir, created
+        _make_dir(run_dir)
+        try:
+            held.enter_context(runs.RunLock(run_dir))
+            return runs.checkpoint_to_resume(resume, run_dir), run_dir, created
+        except Exception:
+            if created:  # nothing of a run is in it: leave nothing behind
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise
     if resume:
+        run_dir = runs.find_checkpoint(resume).parent.parent
+        held.enter_context(runs.RunLock(run_dir))
         resume_from = runs.checkpoint_to_resume(resume)
         assert resume_from is not None  # a named checkpoint, or an error
-        return resume_from, resume_from.parent.parent, False
-    return None, make_run_dir(cfg), True
+        return resume_from, run_dir, False
+    run_dir = make_run_dir(cfg)
+    held.enter_context(runs.RunLock(run_dir))
+    return None, run_dir, True
+
+
+def fingerprint_of(d: DataConfig) -> str | None:
+    """The fingerprint of the files training reads, saved with every checkpoint, so that a resume
+    notices data regenerated at the same path (None: synthetic data, the built-in corpus)."""
+    if d.synthetic or not d.input:
+        return None
+    return fingerprint(record_files(d.input))
 
 
 def _fail_here(rank: int, step: int) -> bool:
@@ -253,6 +272,9 @@ def load_data(cfg: Config, run_dir: Path, rank: int = 0, world_size: int = 1, *,
                 else f"model.vocab_size={cfg.model.vocab_size}")
         raise ConfigError(f"{first}: written for a vocab of {header_vocab} tokens (its header's vocab_size), "
                           f"but {have}: give data.vocab the vocab the records were made with")
+    if d.vocab and not d.dynamic_masking:  # the records' own masks: made with this vocab, or ids are shifted
+        with open_records(first, verify=False) as records:
+            check_vocab_fits(records, d.vocab)
     # Token ids ≥ the vocab size are refused, naming the file and record, by the readers.
     eval_set = (PretrainingDataset(read_eval_records(d.eval_input, (first, d.seq_len, d.max_predictions),
                                                      cfg.model.vocab_size)) if d.eval_input else None)
@@ -300,22 +322,23 @@ def pretrain(cfg: Config) -> dict[str, Any]:
     dist = init_distributed(cfg.execution.device, cfg.execution.dist_timeout)
     try:
         check_execution(cfg.execution, dist.world_size)
-        # One directory, named by rank 0.
-        resume_from, run_dir, created = from_main(dist, lambda: locate_run(cfg))
-        progress = {"steps": 0}
-        try:
-            summary = train(cfg, dist, run_dir, resume_from, started, progress)
-            barrier(dist)  # no rank leaves the group while another still talks to it
-            return summary
-        except Exception:
-            if (created and dist.world_size == 1 and progress["steps"] == 0
-                    and not runs.complete_checkpoints(run_dir)):
-                # Nothing to keep: the error on the console says it all. Under torchrun the
-                # directory stays, holding every rank's error log.
-                shutil.rmtree(run_dir, ignore_errors=True)
-            else:
-                write_error(run_dir, dist)
-            raise
+        with contextlib.ExitStack() as held:  # rank 0 holds the run directory's lock until the run ends
+            # One directory, named by rank 0.
+            resume_from, run_dir, created = from_main(dist, lambda: locate_run(cfg, held))
+            progress = {"steps": 0}
+            try:
+                summary = train(cfg, dist, run_dir, resume_from, started, progress)
+                barrier(dist)  # no rank leaves the group while another still talks to it
+                return summary
+            except Exception:
+                if (created and dist.world_size == 1 and progress["steps"] == 0
+                        and not runs.complete_checkpoints(run_dir)):
+                    # Nothing to keep: the error on the console says it all. Under torchrun the
+                    # directory stays, holding every rank's error log.
+                    shutil.rmtree(run_dir, ignore_errors=True)
+                else:
+                    write_error(run_dir, dist)
+                raise
     finally:
         destroy_distributed()
 
@@ -337,8 +360,14 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
     # Rank 0 loads first: it may train the vocab into the run directory, which the others then read.
     cfg.data.vocab, cfg.model.vocab_size = from_main(dist, load_on_main)
     make_stream, eval_set = loaded[0] if loaded else load_data(cfg, run_dir, dist.rank, dist.world_size, pin=pin)
+    data_fingerprint = from_main(dist, lambda: fingerprint_of(cfg.data))
+    saved = ckpt.read_trainer_state(resume_from) if resume_from else None
     if resume_from is not None:
-        weights.check_model_config(weights.read_config(resume_from).model, cfg.model, resume_from)
+        assert saved is not None  # read above
+        saved_cfg, saved_data = weights.read_config(resume_from), saved.get("data_fingerprint")
+        weights.check_model_config(saved_cfg.model, cfg.model, resume_from)
+        from_main(dist, lambda: runs.check_resume(resume_from, saved_cfg, cfg, saved_data, data_fingerprint,
+                                                  f"data.input {cfg.data.input}"))
     if dist.is_main:
         with atomic_file(run_dir / "config.yaml") as tmp:
             tmp.write_text(cfg.to_yaml(), encoding="utf-8")
@@ -353,7 +382,6 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
     except ConfigError as err:
         raise ConfigError(f"{err} (micro-batch {cfg.train.micro_batch_size} × {dist.world_size} "
                           f"rank(s))") from None
-    saved = ckpt.read_trainer_state(resume_from) if resume_from else None
     stream = make_stream(saved["data"] if saved else {})
     if resume_from is not None:
         assert saved is not None  # read above
@@ -405,12 +433,13 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
             return target > 0 and result is not None and result["mlm_accuracy"] >= target
 
         def save() -> Path:
-            return ckpt.save(run_dir, step, engine, cfg, {"data": stream.state(),
+            return ckpt.save(run_dir, step, engine, cfg, {"data": stream.state(), "data_fingerprint": data_fingerprint,
                                                           "train_s": trained_s + time.perf_counter() - run_started})
 
         first_eval = last_eval = run_eval() if step == 0 and cfg.train.eval_at_start else None
         first_loss = last_loss = None
         throughput = Throughput()
+        guard = DivergenceGuard(cfg.train.divergence_factor, cfg.train.divergence_steps)
         final_checkpoint: Path | None = None
         micro_batches: Iterable[dict[str, torch.Tensor]]
         while step < steps and not reached(last_eval):  # (the target may be reached at 0 samples)
@@ -443,6 +472,8 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
                                  f"nsp {values['nsp_loss']:.3f} {seq_per_s:.0f} seq/s")
             else:
                 bar.update(step)
+            if guard.enabled:  # one more host sync per step, only when asked for
+                guard.update(step, out["loss"].item())
             if eval_due(cfg, step) and step < steps:  # (the last step's evaluation comes after the loop)
                 last_eval = run_eval()
                 if reached(last_eval):
@@ -451,8 +482,8 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
                 final_checkpoint = save()
                 bar.print(preemption.message(step, final_checkpoint, run_dir))
                 break
-            if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < steps:
-                save()
+            if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < steps and not guard.spiking:
+                save()  # (none during a spike: the newest checkpoint stays one from before it)
         preempted = final_checkpoint is not None
         status = time_to_train = None
         if final_checkpoint is None:

@@ -157,6 +157,16 @@ def test_record_discovery(shards, tmp_path):
     text = tmp_path / "corpus.txt"
     text.write_text("One sentence.\nAnother one.\n")
     assert not is_records(str(text))
+    # Records and text in one directory: training on either kind alone would drop the other (issue 21).
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for shard in shards:
+        (mixed / shard.name).write_bytes(shard.read_bytes())
+    (mixed / "notes.txt").write_text("One sentence.\n")
+    with pytest.raises(DataError) as err:
+        is_records(str(mixed))
+    assert str(err.value) == (f"{mixed}: holds {len(shards)} record file(s) ({sorted(shards)[0].name}, …) and "
+                              f"1 other file(s) (notes.txt, …): point data.input at records or at text, not both")
 
 
 # ---------------------------------------------------------------- records against the config (load_data)
@@ -292,3 +302,29 @@ def test_a_damaged_record_file_is_taken_for_records_not_text(tmp_path):
             "tfrecord": f"{path}: record 0 (byte offset 0): corrupt record length (its checksum does not match); "
                         "the records after it cannot be located",
             "native": f"{path}: not a bertforge native record file (bad magic bytes)"}[fmt]
+
+
+def test_records_with_fixed_masks_refuse_a_vocab_of_other_ids(tmp_path):
+    """Records hold their [CLS] and [MASK] ids: a vocab that maps them to other tokens (one token
+    missing before them shifts every id) or lacks them is refused, naming both (issue 21)."""
+    from bertforge.train import load_data
+
+    records = shared_data("tfrecord/graphcore_sample_text.tfrecord")
+    vocab = shared_data("vocab/bert-base-uncased-vocab.txt").read_text(encoding="utf-8").splitlines()
+    fits = tmp_path / "vocab.txt"
+    fits.write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    cfg = records_config(tmp_path, **{"data.input": str(records), "data.vocab": str(fits)})
+    load_data(cfg, tmp_path)  # the vocab the records were made with
+    shifted = tmp_path / "shifted.txt"
+    shifted.write_text("\n".join(vocab[:1] + vocab[2:]) + "\n", encoding="utf-8")  # [unused0] left out
+    cfg = records_config(tmp_path, **{"data.input": str(records), "data.vocab": str(shifted)})
+    with pytest.raises(DataError) as err:
+        load_data(cfg, tmp_path)
+    assert str(err.value) == (f"{shifted} does not fit the records in {records}: [CLS] is id 100 in the vocab but "
+                              f"101 in the records; [MASK] is id 102 in the vocab but 103 in the records (made "
+                              f"with another vocab?): train with the vocab they were made with")
+    no_mask = tmp_path / "no_mask.txt"
+    no_mask.write_text("\n".join(t for t in vocab if t != "[MASK]") + "\n", encoding="utf-8")
+    cfg = records_config(tmp_path, **{"data.input": str(records), "data.vocab": str(no_mask)})
+    with pytest.raises(DataError, match=rf"^{no_mask}: no \[MASK\] token, which the records in {records} hold"):
+        load_data(cfg, tmp_path)

@@ -18,10 +18,12 @@ from pathlib import Path
 import pytest
 import test_squad_cli
 import torch
+from conftest import shared_data
 
 from bertforge.cli import main
 from bertforge.config import ConfigError, load_config
 from bertforge.data.record_reader import read_records
+from bertforge.data.record_writer import write_records
 from bertforge.weights import load_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -171,9 +173,11 @@ def test_resume_auto_needs_a_name_in_config_from_args():
         config_from_args(args, [], default="tiny")
     cfg = load_config("tiny", [("checkpoint.resume", "auto")])
     with pytest.raises(ConfigError, match="--resume auto needs a named run directory"):
+        import contextlib
+
         from bertforge.train import locate_run
 
-        locate_run(cfg)
+        locate_run(cfg, contextlib.ExitStack())
 
 
 def torchrun(args: list[str], *launcher: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -368,3 +372,171 @@ def test_a_seq_len_given_equal_to_the_default_must_agree_with_the_records(tmp_pa
     cfg = records_config(tmp_path, **{"data.input": str(path)})
     load_data(cfg, tmp_path)
     assert (cfg.data.seq_len, cfg.data.max_predictions) == (16, 3)
+
+
+# ------------------------------------------------------------ one run per run directory (issue 21)
+
+HOLD_LOCK = """
+import sys, time
+from pathlib import Path
+from bertforge.runs import RunLock
+with RunLock(Path(sys.argv[1])):
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_second_run_in_a_live_run_directory_is_refused_naming_the_holder(tmp_path, capsys):
+    """``--resume auto`` started twice: the second is refused while the first lives, and takes the
+    directory over once it is gone (its lock dies with it, whatever killed it). About 5 s."""
+    assert main(run_args(tmp_path, "auto", 2, "--checkpoint.every", "2", "--resume", "auto")) == 0
+    run = tmp_path / "auto"
+    before = (sorted(p.name for p in run.rglob("*")), (run / "metrics.jsonl").read_bytes())
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(run)], env=env(), stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        capsys.readouterr()
+        for argv in (run_args(tmp_path, "auto", 4, "--resume", "auto"),
+                     run_args(tmp_path, "auto", 4, "--resume", str(run))):
+            assert main(argv) == 2
+            err = capsys.readouterr().err
+            assert err.startswith(f"error: {run} is in use by another run (pid {holder.pid} on ")
+            assert err.count("\n") == 1 and "choose another directory" in err
+        assert (sorted(p.name for p in run.rglob("*")), (run / "metrics.jsonl").read_bytes()) == before
+    finally:
+        holder.kill()  # as a machine failure would: no chance to release anything
+        holder.wait()
+    assert f"pid {holder.pid} on " in (run / ".lock").read_text()  # a stale lock file stays behind...
+    assert main(run_args(tmp_path, "auto", 4, "--checkpoint.every", "2", "--resume", "auto")) == 0
+    assert checkpoints(run) == ["step_00000002", "step_00000004"]  # ...and is taken over
+    assert f"pid {os.getpid()} on " in (run / ".lock").read_text()
+
+
+def test_run_lock_is_exclusive_and_released_on_exit(tmp_path):
+    from bertforge.runs import RunLock
+
+    with RunLock(tmp_path):
+        with pytest.raises(ConfigError, match=f"pid {os.getpid()} on "):
+            with RunLock(tmp_path):
+                pass
+    with RunLock(tmp_path):  # free again
+        pass
+
+
+def test_squad_train_refuses_a_live_run_directory(qa_model, tmp_path, capsys):
+    out = tmp_path / "ft"
+    assert main(squad_args(qa_model, out, 2, "--resume", "auto")) == 0
+    from bertforge.runs import RunLock
+
+    with RunLock(out):
+        capsys.readouterr()
+        assert main(squad_args(qa_model, out, 4, "--resume", "auto")) == 2
+        assert capsys.readouterr().err.startswith(f"error: {out} is in use by another run (pid {os.getpid()}")
+    assert checkpoints(out) == ["step_00000002"]
+
+
+# ------------------------------------------------------------ a resume continues the run, or says what differs
+
+@pytest.mark.parametrize("change", [["--train.micro_batch_size", "2"], ["--train.lr", "0.01"],
+                                    ["--execution.precision", "bf16"], ["--data.seed", "7"]])
+def test_a_resume_that_would_not_continue_the_run_is_refused_then_allowed(tmp_path, capsys, caplog, change):
+    """A changed field is named and refused, the run left as it was; --resume-with-changes goes on,
+    logging the change; extending train.steps needs no flag (issue 21). About 4 s each."""
+    assert main(run_args(tmp_path, "r", 2)) == 0
+    run = tmp_path / "r"
+    before = (run / "config.yaml").read_text()
+    capsys.readouterr()
+    assert main(["pretrain", "--resume", str(run), "--steps", "3", "--no-progress", *change]) == 2
+    lines = capsys.readouterr().err.splitlines(keepends=True)
+    assert lines[:-1] == ["INFO bertforge.runs: resuming with train.steps: 2 → 3\n"]  # allowed, and logged
+    err = lines[-1]
+    key, value = change[0][2:], change[1]
+    assert err.startswith(f"error: resuming {run / 'checkpoints' / 'step_00000002'} with changes that break "
+                          f"continuing it exactly: {key}: ")
+    assert f" → {value!r}" in err or f" → {yaml_value(value)!r}" in err
+    assert err.endswith("; pass --resume-with-changes to go on with them\n")
+    assert (run / "config.yaml").read_text() == before and checkpoints(run) == ["step_00000002"]
+    with caplog.at_level("WARNING", logger="bertforge.runs"):
+        assert main(["pretrain", "--resume", str(run), "--steps", "3", "--no-progress", "--resume-with-changes",
+                     *change]) == 0
+    assert any(r.getMessage().startswith(f"resuming with a change: {key}: ") for r in caplog.records)
+    assert checkpoints(run) == ["step_00000002", "step_00000003"]
+
+
+def yaml_value(text: str):
+    import yaml
+
+    return yaml.safe_load(text)
+
+
+def test_records_regenerated_before_a_resume_are_refused(tmp_path, capsys):
+    records = tmp_path / "records"
+    records.mkdir()
+    (records / "part.tfrecord").write_bytes(shared_data("tfrecord/graphcore_sample_text.tfrecord").read_bytes())
+    args = ["pretrain", "--config", "tiny", "--data.input", str(records), "--steps", "1", "--no-progress",
+            "--run-dir", str(tmp_path), "--name", "r", "--train.micro_batch_size", "4",
+            "--train.global_batch_size", "4", "--log.tensorboard", "false", "--train.eval_every", "0"]
+    assert main(args) == 0
+    run = tmp_path / "r"
+    assert main(["pretrain", "--resume", str(run), "--steps", "2", "--no-progress"]) == 0  # the same files
+    regenerated = read_records(records / "part.tfrecord")
+    write_records(records / "part.tfrecord", regenerated.take(range(len(regenerated) - 1)))  # one record fewer
+    capsys.readouterr()
+    assert main(["pretrain", "--resume", str(run), "--steps", "3", "--no-progress"]) == 2
+    err = capsys.readouterr().err.splitlines(keepends=True)[-1]
+    assert err.startswith(f"error: resuming {run / 'checkpoints' / 'step_00000002'} with changes that break "
+                          f"continuing it exactly: the files of data.input {records} changed since the checkpoint "
+                          f"(fingerprint ")
+    assert main(["pretrain", "--resume", str(run), "--steps", "3", "--no-progress", "--resume-with-changes"]) == 0
+
+
+# ------------------------------------------------------------ a loss that explodes but stays finite
+
+def test_the_divergence_guard_counts_spikes_in_a_row_against_the_median_before():
+    from bertforge.engine import DivergenceError, DivergenceGuard
+
+    off = DivergenceGuard(0.0, 3)
+    for step in range(50):
+        off.update(step, 1e12)  # off: never raises, never spikes
+    assert not off.spiking
+    guard = DivergenceGuard(10.0, 3)
+    for step in range(20):
+        guard.update(step, 2.0 + 0.01 * step)
+    guard.update(20, 1e6)
+    guard.update(21, 7e10)
+    assert guard.spiking
+    guard.update(22, 2.0)  # back to normal: the count starts again
+    assert not guard.spiking
+    guard.update(23, 1e6)
+    guard.update(24, 1e6)
+    with pytest.raises(DivergenceError, match=r"^step 25: the loss \(1e\+06\) has been above 10 × its running "
+                                              r"median \(2\.\d+\) for 3 steps: the run diverged"):
+        guard.update(25, 1e6)
+
+
+def test_a_diverged_run_stops_and_keeps_its_checkpoint_from_before_the_spike(tmp_path, monkeypatch, capsys):
+    """The loss explodes from step 13 (×1e6, finite): the run stops at step 15 with one line, exit 2, and
+    checkpoint rotation (keep 1) still holds step 12, from before the spike. About 4 s."""
+    from bertforge.engine import Engine
+
+    step_of = Engine.step
+
+    def exploding(self, micro_batches, accumulation, step):
+        out = step_of(self, micro_batches, accumulation, step)
+        if step >= 12:
+            out["loss"] = out["loss"] * 1e6
+        return out
+
+    monkeypatch.setattr(Engine, "step", exploding)
+    argv = run_args(tmp_path, "d", 20, "--checkpoint.every", "2", "--checkpoint.keep", "1",
+                    "--train.divergence_factor", "10", "--train.divergence_steps", "3")
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if line.startswith("error:")] == [err.splitlines()[-1]]
+    assert err.splitlines()[-1].startswith("error: step 15: the loss (") and " × its running median (" in err
+    assert checkpoints(tmp_path / "d") == ["step_00000012"]
+    assert [r["step"] for r in train_rows(tmp_path / "d")][-1] == 15
+    # The guard is off by default: the same run trains on to the end and exits 0.
+    assert main(run_args(tmp_path, "off", 20, "--checkpoint.every", "2", "--checkpoint.keep", "1")) == 0
+    assert checkpoints(tmp_path / "off") == ["step_00000020"]

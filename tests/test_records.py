@@ -760,3 +760,34 @@ def test_native_header_vocab_must_match_the_readers(tmp_path, sample_arrays):
                               "read with vocab_size 30528")
     with pytest.raises(DataError, match="seq_len 65537: the native format holds sequences of at most 65536"):
         RecordWriter(tmp_path / "long.bfrec", "native", 65537, 20)
+
+
+def test_a_native_header_that_understates_its_ids_is_refused(tmp_path, sample_arrays, monkeypatch, capsys):
+    """A header whose max_id (and so vocab_size) is below the ids its rows hold fails validation,
+    naming the first such record: readers trust it to bound the ids (issue 21)."""
+    from bertforge.cli import main
+    from bertforge.data import native
+
+    true_max = int(max(sample_arrays.input_ids.max(), sample_arrays.masked_lm_ids.max()))
+    first = int(np.flatnonzero(np.maximum(sample_arrays.input_ids.max(axis=1),
+                                          sample_arrays.masked_lm_ids.max(axis=1)) > 999)[0])
+    finish = native.NativeWriter.finish
+
+    def understated(writer):
+        writer.max_id, writer.vocab_size = 999, 1000  # a consistent header, for other rows
+        finish(writer)
+
+    monkeypatch.setattr(native.NativeWriter, "finish", understated)
+    path = write_records(tmp_path / "x.bfrec", sample_arrays, "native")
+    monkeypatch.undo()
+    assert true_max > 999
+    expected = (f"{path}: record {first} (byte offset {64 + 432 * first}): token id "
+                f"{int(max(sample_arrays.input_ids[first].max(), sample_arrays.masked_lm_ids[first].max()))} "
+                f"above the header's max_id 999 (a header edited or written for other rows)")
+    with pytest.raises(DataError) as err:
+        open_records(path)
+    assert str(err.value) == expected
+    assert main(["data", "inspect", str(path), "--num", "0"]) == 1
+    assert capsys.readouterr().out.splitlines()[1] == f"validation: FAILED: {expected}"
+    with open_records(path, verify=False) as records:  # the header alone still opens
+        assert records.header.max_id == 999

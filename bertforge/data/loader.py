@@ -262,16 +262,24 @@ def record_files(pattern: str) -> list[Path]:
 
 
 def is_records(pattern: str) -> bool:
-    """Whether ``data.input`` names record shards rather than text."""
+    """Whether ``data.input`` names record shards rather than text; a DataError when it names both
+    (training on one kind would silently leave out the other)."""
     try:
         files = record_files(pattern)
     except DataError:
         return False
-    try:
-        detect_format(files[0])
-    except DataError:
-        return False
-    return True
+    records, other = [], []
+    for file in files:
+        try:
+            detect_format(file)
+            records.append(file)
+        except DataError:
+            other.append(file)
+    if records and other:
+        raise DataError(f"{pattern}: holds {len(records)} record file(s) ({records[0].name}, …) and "
+                        f"{len(other)} other file(s) ({other[0].name}, …): point data.input at records "
+                        f"or at text, not both")
+    return bool(records)
 
 
 def masking_spec(vocab_path: str | Path, masked_lm_prob: float) -> MaskingSpec:
@@ -281,6 +289,36 @@ def masking_spec(vocab_path: str | Path, masked_lm_prob: float) -> MaskingSpec:
     if missing:
         raise DataError(f"{vocab_path}: no {', '.join(missing)} token")
     return MaskingSpec(len(vocab), index["[CLS]"], index["[SEP]"], index["[MASK]"], masked_lm_prob)
+
+
+def check_vocab_fits(records: RecordFile, vocab_path: str | Path) -> None:
+    """Refuse records made with another vocab: their fixed masks show another [MASK] id, their
+    rows start with another [CLS] id, and training would learn shifted tokens without a word.
+
+    Judged on the first rows of one file: the id most rows start with (unpacked rows) must be
+    this vocab's [CLS], and at least half of the masked positions (80 % under 80/10/10
+    masking) must show its [MASK], once there are enough of them (50) to tell.
+    """
+    vocab = read_vocab(vocab_path)
+    index = {token: i for i, token in enumerate(vocab)}
+    missing = [t for t in ("[CLS]", "[SEP]", "[MASK]") if t not in index]
+    if missing:
+        raise DataError(f"{vocab_path}: no {', '.join(missing)} token, which the records in {records.path} "
+                        f"hold: train with the vocab they were made with")
+    rows = records.take(np.arange(min(len(records), 1024)))
+    ids = np.asarray(rows.input_ids)
+    weights = rows.masked_lm_weights if isinstance(rows, PretrainingArrays) else rows.masked_lm_mask
+    shown = np.take_along_axis(ids, np.asarray(rows.masked_lm_positions), axis=1)[np.asarray(weights) > 0]
+    used = {}
+    if isinstance(rows, PretrainingArrays) and len(ids):
+        used["[CLS]"] = int(np.bincount(ids[:, 0]).argmax())
+    if shown.size >= 50 and np.count_nonzero(shown == index["[MASK]"]) < shown.size / 2:
+        used["[MASK]"] = int(np.bincount(shown).argmax())
+    wrong = [f"{token} is id {index[token]} in the vocab but {used[token]} in the records"
+             for token in used if index[token] != used[token]]
+    if wrong:
+        raise DataError(f"{vocab_path} does not fit the records in {records.path}: {'; '.join(wrong)} (made with "
+                        f"another vocab?): train with the vocab they were made with")
 
 
 class Prefetcher:

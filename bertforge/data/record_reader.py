@@ -369,6 +369,18 @@ class NativeFile(RecordFile):
             if bad is not None:
                 return (f"corrupt data in the block at byte offset {native.DATA_OFFSET + bad} "
                         "(its checksum does not match)")
+            # The header's max_id (below its vocab_size) is what readers trust to bound the ids
+            # without reading them: a header that claims less than the rows hold is refused.
+            for start in range(0, len(self), CHUNK_ROWS):
+                rows = self._rows[start:start + CHUNK_ROWS]
+                largest = np.maximum(rows["input_ids"].max(axis=1, initial=0),
+                                     rows["masked_lm_ids"].max(axis=1, initial=0))
+                over = np.flatnonzero(largest > self.header.max_id)
+                if over.size:
+                    index = start + int(over[0])
+                    return (f"record {index} (byte offset {self.offset(index)}): token id {int(largest[over[0]])} "
+                            f"above the header's max_id {self.header.max_id} (a header edited or written for "
+                            f"other rows)")
         if vocab_size is None:
             return None
         if self.header.vocab_size is not None and self.header.vocab_size != vocab_size:

@@ -40,6 +40,8 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
         overrides.append(("log.profile", args.profile))
     if args.resume:
         overrides.append(("checkpoint.resume", args.resume))
+    if args.resume_with_changes:
+        overrides.append(("checkpoint.resume_with_changes", "true"))
     if args.overwrite and args.resume:
         raise ConfigError("--overwrite starts a new run; it cannot be used with --resume")
     if args.overwrite and not args.out:
@@ -79,7 +81,7 @@ def _clear_out_dir(args: argparse.Namespace, cfg: Any) -> None:
         if value and not Path(value).exists() and not (flag == "--init" and tf1.find_prefix(value)):
             raise SquadError(f"{flag} {value}: not found (nothing in {args.out} was removed)")
     if int(os.environ.get("RANK", "0")) == 0:
-        _out_dir(cfg, args.out, None, overwrite=True, inputs=inputs)
+        _out_dir(cfg, args.out, overwrite=True, inputs=inputs)
 
 
 def _predict_settings(args: argparse.Namespace, extra: list[str]) -> tuple[Any, ...]:
@@ -238,6 +240,9 @@ def add_squad_commands(sub: Any) -> None:
     p.add_argument("--out", help="run directory, new or empty: checkpoints, metrics and the fine-tuned "
                                  "model (default: runs/squad-TIMESTAMP)")
     p.add_argument("--resume", help="a run or step directory of squad train to continue exactly")
+    p.add_argument("--resume-with-changes", action="store_true",
+                   help="resume although the config or the training file differ from the checkpoint's (each "
+                        "change is logged)")
     p.add_argument("--overwrite", action="store_true",
                    help="--out may be a non-empty directory: the files in it are removed first")
     p.add_argument("--vocab", help="vocab.txt (default: the one beside --init)")

@@ -74,6 +74,7 @@ from ..config import (
     set_value,
     validate,
 )
+from ..data.checksum import fingerprint
 from ..data.tokenizer import load_tokenizer, vocab_size_of
 from ..dist import (
     DistContext,
@@ -375,24 +376,22 @@ class FeatureBatches:
         return _batch(self.features, np.sort(indices), torch.device("cpu"))
 
 
-def _out_dir(cfg: Config, out_dir: str | Path | None, resume_from: Path | None, overwrite: bool = False,
+def _out_dir(cfg: Config, out_dir: str | Path | None, overwrite: bool = False,
              inputs: Sequence[str | Path | None] = ()) -> Path:
-    """The run directory: the resumed run's, or a new (or empty) one, never someone's files.
+    """The directory of a new run: a new (or empty) one, never someone's files.
 
-    A new one is made only when training is about to start (``write_run_files``),
-    so a run refused for bad input leaves nothing behind. With ``overwrite``
+    A new one that a run refused for bad input leaves empty is removed again
+    (:func:`_remove_if_unused`). With ``overwrite``
     (``squad train --out DIR --overwrite``: the user named the directory) the
     files of a non-empty one are removed first, unless it holds one of
     ``inputs`` (the ``--init`` weights, the SQuAD files, the vocab) or the
     current directory.
     """
-    if resume_from is not None:
-        return resume_from.parent.parent
     path = Path(out_dir) if out_dir else (
         Path(cfg.log.run_dir) / (cfg.log.name or datetime.now().strftime("squad-%Y%m%d-%H%M%S")))
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{path} exists and is not a directory: choose another --out")
-    if not path.exists() or not any(path.iterdir()):
+    if not path.exists() or all(p.name == runs.LOCK for p in path.iterdir()):  # a lock left by a killed run
         return path
     if not overwrite:
         raise ConfigError(f"{path} already exists and is not empty: pass --resume {path} to continue "
@@ -428,16 +427,19 @@ def finetune(cfg: Config, squad: SquadConfig, init: str | Path | None, train_fil
     dist = init_distributed(cfg.execution.device, cfg.execution.dist_timeout)
     try:
         check_execution(cfg.execution, dist.world_size)
-        resume_from, run_dir = from_main(dist, lambda: _locate_run(cfg, out_dir))
-        try:
-            summary = _finetune(cfg, squad, dist, run_dir, resume_from, init, train_file, predict_file,
-                                vocab, log if dist.is_main else (lambda _: None), started)
-            barrier(dist)
-            return summary
-        except Exception:
-            if dist.world_size > 1:  # one process has its traceback on the console
-                write_error(run_dir, dist)
-            raise
+        with contextlib.ExitStack() as held:  # rank 0 holds the run directory's lock until the run ends
+            resume_from, run_dir = from_main(dist, lambda: _locate_run(cfg, out_dir, held))
+            try:
+                summary = _finetune(cfg, squad, dist, run_dir, resume_from, init, train_file, predict_file,
+                                    vocab, log if dist.is_main else (lambda _: None), started)
+                barrier(dist)
+                return summary
+            except Exception:
+                if dist.world_size > 1:  # one process has its traceback on the console
+                    write_error(run_dir, dist)
+                elif resume_from is None:
+                    _remove_if_unused(run_dir)
+                raise
     finally:
         destroy_distributed()
 
@@ -477,6 +479,12 @@ def _finetune(cfg: Config, squad: SquadConfig, dist: DistContext, out_dir: Path,
                           f"train.global_batch_size={t.global_batch_size}")
     total = t.epochs * steps_per_epoch if t.epochs > 0 else t.steps
     saved = ckpt.read_trainer_state(resume_from) if resume_from else None
+    data_fingerprint = fingerprint([Path(train_file)])
+    if resume_from is not None:
+        assert saved is not None  # read above
+        saved_cfg, saved_data = weights.read_config(resume_from), saved.get("data_fingerprint")
+        from_main(dist, lambda: runs.check_resume(resume_from, saved_cfg, cfg, saved_data, data_fingerprint,
+                                                  f"the training file {train_file}"))
     stream = BatchStream(FeatureBatches(features), t.micro_batch_size, t.seed, **(saved["data"] if saved else {}),
                          rank=dist.rank, world_size=dist.world_size)
     wrapped = prepare_model(model.train(), cfg.execution, dist)
@@ -484,6 +492,10 @@ def _finetune(cfg: Config, squad: SquadConfig, dist: DistContext, out_dir: Path,
     engine = Engine(wrapped, optimizer, build_scheduler(optimizer, t, total), qa_forward_loss,
                     cfg.execution.precision, t.grad_clip, dist, seed=t.seed)
     step = ckpt.resume(resume_from, engine, verified=True)["step"] if resume_from is not None else 0
+
+    def state() -> dict[str, Any]:  # what a checkpoint adds to the engine's: the data position and fingerprint
+        return {"data": stream.state(), "data_fingerprint": data_fingerprint}
+
     if dist.is_main and resume_from is None:
         write_run_files(out_dir, cfg, squad, Path(vocab_path))
     examples = dev_set = None
@@ -549,12 +561,12 @@ def _finetune(cfg: Config, squad: SquadConfig, dist: DistContext, out_dir: Path,
             if t.eval_every and step % t.eval_every == 0 and step < total:
                 run_eval()
             if engine.stop_requested and step < total:  # every rank stops after this same step
-                preempted = ckpt.save(out_dir, step, engine, cfg, {"data": stream.state()})
+                preempted = ckpt.save(out_dir, step, engine, cfg, state())
                 bar.print(preemption.message(step, preempted, out_dir))
                 break
             if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < total:
-                ckpt.save(out_dir, step, engine, cfg, {"data": stream.state()})
-        final_checkpoint = preempted or ckpt.save(out_dir, step, engine, cfg, {"data": stream.state()})
+                ckpt.save(out_dir, step, engine, cfg, state())
+        final_checkpoint = preempted or ckpt.save(out_dir, step, engine, cfg, state())
         summary: dict[str, Any] = {"out_dir": str(out_dir), "checkpoint": str(final_checkpoint),
                                    "questions": questions, "features": len(features), "skipped": skipped,
                                    "steps": step, "losses": torch.stack(losses).tolist() if losses else [],
@@ -600,23 +612,44 @@ def full_model(model: nn.Module, cfg: Config, dist: DistContext) -> BertForQuest
     return whole.to(dist.device)
 
 
-def _locate_run(cfg: Config, out_dir: str | Path | None) -> tuple[Path | None, Path]:
+def _locate_run(cfg: Config, out_dir: str | Path | None, held: contextlib.ExitStack) -> tuple[Path | None, Path]:
     """(the checkpoint to resume, verified, or None; the run directory), on rank 0.
 
     ``checkpoint.resume: auto`` resumes the newest sound checkpoint of ``--out``
     when it is a fine-tuning run directory (it has ``squad.yaml``), skipping
-    damaged ones with a warning, and starts fresh there otherwise. Temporaries
-    of interrupted saves are removed first.
+    damaged ones with a warning, and starts fresh there otherwise. The run
+    directory's lock is taken into ``held`` first (another live run there is an
+    error naming it); then the temporaries of interrupted saves are removed.
     """
     resume = cfg.checkpoint.resume
     if resume == runs.AUTO:
         run_dir = Path(out_dir) if out_dir else runs.auto_run_dir(cfg.log.run_dir, cfg.log.name, "--out")
         if (run_dir / "squad.yaml").is_file():  # ours: never take a pre-training run's checkpoints
+            held.enter_context(runs.RunLock(run_dir))
             # None: it started before and failed before its first checkpoint; start again there.
             return runs.checkpoint_to_resume(resume, run_dir), run_dir
-        return None, _out_dir(cfg, run_dir, None)
+        return None, _new_run_dir(_out_dir(cfg, run_dir), held)
     if resume:
+        run_dir = runs.find_checkpoint(resume).parent.parent
+        held.enter_context(runs.RunLock(run_dir))
         resume_from = runs.checkpoint_to_resume(resume)
         assert resume_from is not None  # a named checkpoint, or an error
-        return resume_from, _out_dir(cfg, out_dir, resume_from)
-    return None, _out_dir(cfg, out_dir, None)
+        return resume_from, run_dir
+    return None, _new_run_dir(_out_dir(cfg, out_dir), held)
+
+
+def _new_run_dir(run_dir: Path, held: contextlib.ExitStack) -> Path:
+    """Make ``run_dir`` and take its lock into ``held``; it goes again when the run fails before
+    it wrote anything (:func:`_remove_if_unused`)."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"cannot create the run directory {run_dir}: {err.strerror} (--out)") from None
+    held.enter_context(runs.RunLock(run_dir))
+    return run_dir
+
+
+def _remove_if_unused(run_dir: Path) -> None:
+    """Remove a run directory that holds nothing but its lock: a run refused for bad input leaves nothing."""
+    if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {runs.LOCK}:
+        shutil.rmtree(run_dir, ignore_errors=True)
