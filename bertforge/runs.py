@@ -303,8 +303,7 @@ class RunLock:
 # the data, the optimizer, its schedule, the batch, the precision) makes another run, which
 # --resume-with-changes (checkpoint.resume_with_changes) asks for knowingly.
 RESUMABLE_CHANGES = ("log.", "checkpoint.", "train.steps", "train.epochs", "train.eval_", "train.target_mlm_accuracy",
-                     "train.divergence_",
-                     "data.prefetch", "data.eval_input", "execution.")
+                     "train.divergence_", "data.prefetch", "data.eval_input", "execution.")
 BREAKING_CHANGES = ("execution.precision",)  # among the above: the arithmetic of every step
 _THE_RESUME_ITSELF = ("checkpoint.resume", "checkpoint.init")  # not worth a line in the log
 
@@ -345,11 +344,14 @@ def check_resume(checkpoint: Path, saved: Config, cfg: Config, saved_data: str |
     in what the run computes, or data (``data_name``; ``data``: its fingerprint) other than it
     trained on, each named; unless ``checkpoint.resume_with_changes``. Every change is logged."""
     breaking, allowed = config_changes(saved, cfg)
-    # The vocab is named by its path, which moves with a run directory: its tokens are what count.
-    vocab = [c for c in breaking if c.startswith("data.vocab:")]
-    if vocab and _same_file(checkpoint / "vocab.txt", Path(cfg.data.vocab)):
-        breaking.remove(vocab[0])
-        allowed.append(vocab[0] + " (the same tokens)")
+    # The vocab and the data are named by paths, which move with their directories: what is in
+    # them is what counts (the vocab's tokens, the data's fingerprint).
+    for key, same in (("data.vocab:", _same_file(checkpoint / "vocab.txt", Path(cfg.data.vocab))),
+                      ("data.input:", saved_data is not None and saved_data == data)):
+        moved = [c for c in breaking if c.startswith(key)]
+        if moved and same:
+            breaking.remove(moved[0])
+            allowed.append(f"{moved[0]} (the same {'tokens' if key == 'data.vocab:' else 'files'})")
     if saved_data is None and data is not None:
         logger.warning("%s was saved without a fingerprint of its data: not checked", checkpoint)
     elif saved_data != data:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,22 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))  # tests import bert_reference
 
 DATA = Path(os.environ.get("BERTFORGE_TEST_DATA", Path(__file__).parents[1] / ".." / "shared" / "data"))
+
+
+@contextlib.contextmanager
+def tmpfs(directory: Path, size: str) -> Iterator[Path]:
+    """A small tmpfs mounted on ``directory`` (a real full disk), or a skip where it cannot be
+    mounted (not root, a container without the right); unmounted afterwards."""
+    import subprocess
+
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
+                             capture_output=True, text=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.strip()}")
+    try:
+        yield directory
+    finally:
+        subprocess.run(["umount", "-l", str(directory)], check=False)
 
 
 def shared_data(relative: str) -> Path:

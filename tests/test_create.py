@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import shared_data
+from conftest import shared_data, tmpfs
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
 from data_prep import wiki_sample_text
@@ -744,7 +744,6 @@ def test_a_full_disk_at_the_fifth_shard_leaves_no_shard(tmp_path, monkeypatch, c
 def test_a_small_disk_leaves_no_shard(tmp_path, capsys):
     """The same on a real full disk: a 256 KiB tmpfs for about 1 MB of records (root only)."""
     import os
-    import subprocess
 
     from bertforge.cli import main
 
@@ -753,19 +752,13 @@ def test_a_small_disk_leaves_no_shard(tmp_path, capsys):
     corpus, vocab = small_corpus(tmp_path, documents=200)
     out = tmp_path / "records"
     out.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(out)], capture_output=True,
-                             text=True, check=False)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.strip()}")
-    try:
+    with tmpfs(out, "256k"):
         assert main(create_argv(corpus, vocab, out / "train.tfrecord")) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"error: cannot write {out / 'train-00000-of-00008.tfrecord'} … ")
         assert "the disk is full (it needs more than the " in err and err.count("\n") == 1
         assert list(out.iterdir()) == []
         assert_no_shard(out, capsys)
-    finally:
-        subprocess.run(["umount", "-l", str(out)], check=False)
 
 
 @pytest.mark.parametrize("pack", [[], ["--pack", "2"]], ids=["records", "packed"])

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tmpfs
 
 from bertforge import checkpoint as ckpt
 from bertforge import runs, weights
@@ -198,12 +199,8 @@ def needs_root(reason: str):
 def small_tmpfs(tmp_path):
     mount = tmp_path / "small"
     mount.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], capture_output=True,
-                            text=True, check=False)
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {result.stderr.strip()}")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
+    with tmpfs(mount, "8m"):
+        yield mount
 
 
 @needs_root("a small tmpfs")

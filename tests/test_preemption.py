@@ -424,6 +424,19 @@ def test_run_lock_is_exclusive_and_released_on_exit(tmp_path):
         pass
 
 
+def test_squad_train_resume_refuses_a_changed_config_unless_asked(qa_model, tmp_path, capsys):
+    out = tmp_path / "ft"
+    assert main(squad_args(qa_model, out, 2)) == 0
+    capsys.readouterr()
+    resume = ["squad", "train", "--resume", str(out), "--no-progress", "--train.steps", "3", "--train.lr", "0.5"]
+    assert main(resume) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"error: resuming {out / 'checkpoints' / 'step_00000002'} with changes that break continuing it exactly: "
+        f"train.lr: 0.001 → 0.5; pass --resume-with-changes to go on with them")
+    assert main([*resume, "--resume-with-changes"]) == 0
+    assert checkpoints(out) == ["step_00000002", "step_00000003"]
+
+
 def test_squad_train_refuses_a_live_run_directory(qa_model, tmp_path, capsys):
     out = tmp_path / "ft"
     assert main(squad_args(qa_model, out, 2, "--resume", "auto")) == 0
@@ -480,15 +493,17 @@ def test_records_regenerated_before_a_resume_are_refused(tmp_path, capsys):
     assert main(args) == 0
     run = tmp_path / "r"
     assert main(["pretrain", "--resume", str(run), "--steps", "2", "--no-progress"]) == 0  # the same files
+    records = records.rename(tmp_path / "moved")  # the same files at another path: still the same run
+    assert main(["pretrain", "--resume", str(run), "--steps", "3", "--no-progress", "--data.input", str(records)]) == 0
     regenerated = read_records(records / "part.tfrecord")
     write_records(records / "part.tfrecord", regenerated.take(range(len(regenerated) - 1)))  # one record fewer
     capsys.readouterr()
-    assert main(["pretrain", "--resume", str(run), "--steps", "3", "--no-progress"]) == 2
+    assert main(["pretrain", "--resume", str(run), "--steps", "4", "--no-progress"]) == 2
     err = capsys.readouterr().err.splitlines(keepends=True)[-1]
-    assert err.startswith(f"error: resuming {run / 'checkpoints' / 'step_00000002'} with changes that break "
+    assert err.startswith(f"error: resuming {run / 'checkpoints' / 'step_00000003'} with changes that break "
                           f"continuing it exactly: the files of data.input {records} changed since the checkpoint "
                           f"(fingerprint ")
-    assert main(["pretrain", "--resume", str(run), "--steps", "3", "--no-progress", "--resume-with-changes"]) == 0
+    assert main(["pretrain", "--resume", str(run), "--steps", "4", "--no-progress", "--resume-with-changes"]) == 0
 
 
 # ------------------------------------------------------------ a loss that explodes but stays finite
