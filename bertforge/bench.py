@@ -41,7 +41,7 @@ from .dist import (
 )
 from .engine import Engine, set_threads, to_device
 from .flops import peak_tflops, pretraining_flops
-from .host import current_rss_mb, device_name, peak_rss_mb
+from .host import current_rss_mb, device_name, peak_rss_mb, reset_peak_rss
 from .model import BertForPreTraining, num_parameters
 from .optim import build_optimizer, build_scheduler
 from .train import training_loss
@@ -55,7 +55,8 @@ class PeakMemory:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
             self.base = torch.cuda.memory_allocated(device) / 2**20
-        else:
+        else:  # the process's earlier peak (another job, another test) is not this one's
+            reset_peak_rss()
             self.base = current_rss_mb()
 
     def peak_mb(self) -> float:

@@ -41,6 +41,17 @@ def current_rss_mb() -> float:
     return pages * resource.getpagesize() / 2**20
 
 
+def reset_peak_rss() -> bool:
+    """Reset the high-water mark (``VmHWM``) to the current resident set (Linux ≥ 4.0), so that
+    :func:`peak_rss_mb` gives the peak of what runs next; whether it could."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def peak_rss_mb() -> float:
     """The peak resident set of this process (since the last reset of ``VmHWM``), in MiB.
 

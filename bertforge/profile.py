@@ -47,7 +47,7 @@ import torch
 
 from .config import Config, ConfigError, profile_steps
 from .dist import DistContext, compiles
-from .host import device_name, package_version, peak_rss_mb
+from .host import device_name, package_version, peak_rss_mb, reset_peak_rss
 
 if TYPE_CHECKING:
     from .log import MetricsLogger
@@ -99,16 +99,6 @@ def run_metadata(cfg: Config, dist: DistContext) -> dict[str, Any]:
 # ------------------------------------------------------------------ memory
 
 
-def _reset_host_peak() -> bool:
-    """Reset the high-water mark to the current resident set (Linux ≥ 4.0); whether it could."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
 class PhaseMemory:
     """Peak host (and CUDA) memory per phase of a run; the current phase is ``setup`` at first."""
 
@@ -129,7 +119,7 @@ class PhaseMemory:
     def close(self) -> None:
         """Record the current phase's peaks so far (it stays current)."""
         self.host[self.current] = max(self.host.get(self.current, 0.0), peak_rss_mb())
-        self.exact = _reset_host_peak() and self.exact
+        self.exact = reset_peak_rss() and self.exact
         if self.cuda:
             gpu = torch.cuda.max_memory_allocated(self.device) / MB
             self.gpu[self.current] = max(self.gpu.get(self.current, 0.0), gpu)

@@ -555,3 +555,13 @@ def test_a_diverged_run_stops_and_keeps_its_checkpoint_from_before_the_spike(tmp
     # The guard is off by default: the same run trains on to the end and exits 0.
     assert main(run_args(tmp_path, "off", 20, "--checkpoint.every", "2", "--checkpoint.keep", "1")) == 0
     assert checkpoints(tmp_path / "off") == ["step_00000020"]
+
+
+def test_a_refused_squad_run_leaves_no_directory_and_no_lock(qa_model, tmp_path, capsys):
+    out = tmp_path / "ft"
+    assert main(["squad", "train", "--init", str(qa_model), "--out", str(out), "--no-progress"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == "error: squad train needs --train-file"
+    assert not out.exists()  # made for the run, with its lock, and removed with it
+    out.mkdir()  # one the user made stays
+    assert main(["squad", "train", "--init", str(qa_model), "--out", str(out), "--no-progress"]) == 2
+    assert out.is_dir()

@@ -381,7 +381,7 @@ def _out_dir(cfg: Config, out_dir: str | Path | None, overwrite: bool = False,
     """The directory of a new run: a new (or empty) one, never someone's files.
 
     A new one that a run refused for bad input leaves empty is removed again
-    (:func:`_remove_if_unused`). With ``overwrite``
+    (:func:`_new_run_dir`). With ``overwrite``
     (``squad train --out DIR --overwrite``: the user named the directory) the
     files of a non-empty one are removed first, unless it holds one of
     ``inputs`` (the ``--init`` weights, the SQuAD files, the vocab) or the
@@ -437,8 +437,6 @@ def finetune(cfg: Config, squad: SquadConfig, init: str | Path | None, train_fil
             except Exception:
                 if dist.world_size > 1:  # one process has its traceback on the console
                     write_error(run_dir, dist)
-                elif resume_from is None:
-                    _remove_if_unused(run_dir)
                 raise
     finally:
         destroy_distributed()
@@ -639,12 +637,15 @@ def _locate_run(cfg: Config, out_dir: str | Path | None, held: contextlib.ExitSt
 
 
 def _new_run_dir(run_dir: Path, held: contextlib.ExitStack) -> Path:
-    """Make ``run_dir`` and take its lock into ``held``; it goes again when the run fails before
-    it wrote anything (:func:`_remove_if_unused`)."""
+    """Make ``run_dir`` and take its lock into ``held``. One made here goes again, when ``held``
+    closes, if the run wrote nothing into it (refused for bad input, say)."""
+    created = not run_dir.exists()
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ConfigError(f"cannot create the run directory {run_dir}: {err.strerror} (--out)") from None
+    if created:
+        held.callback(_remove_if_unused, run_dir)  # after the lock is released (an ExitStack unwinds backwards)
     held.enter_context(runs.RunLock(run_dir))
     return run_dir
 
