@@ -1,0 +1,1 @@
+"""Fine-tuning beyond SQuAD: GLUE sentence(-pair) classification and regression, and token classification (NER)."""
