@@ -10,7 +10,8 @@
     bertforge config [--config NAME] [--section.key VALUE ...]   # print the resolved config
     bertforge report RUN... --out DIR [--overwrite]   # figures and one HTML page (see report.py)
     bertforge data …                           # Wikipedia / text → records (see data/cli.py)
-    bertforge squad train|predict|evaluate|ask # SQuAD v1.1 (see squad/cli.py)
+    bertforge squad train|predict|evaluate|ask # SQuAD v1.1 and v2.0 (see squad/cli.py)
+    bertforge finetune glue|ner|predict|download-glue  # GLUE and NER (see finetune/cli.py)
 
 Every command handler takes ``(args, extra)`` and returns an exit status. ``main``
 is the one place that turns errors into exits: a mistake a user can make (see
@@ -38,6 +39,7 @@ from .config import (
     parse_overrides,
 )
 from .data.cli import add_data_commands
+from .finetune.cli import add_finetune_commands
 from .log import LOG_LEVELS, console_logging
 from .plan import add_plan_command
 from .runs import config_from_args
@@ -128,7 +130,17 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
         raise ConfigError(f"{args.out}: --overwrite would delete the checkpoint being exported "
                           f"({checkpoint}); choose another output directory")
     check_export_target(args.out, args.overwrite)  # refused before the weights are loaded
-    model = load_model(checkpoint, head=args.head)
+    head, labels = args.head, None
+    settings = [d for d in (checkpoint, checkpoint.parent.parent) if (d / "finetune.yaml").is_file()]
+    if settings:  # a GLUE or NER model: its head and label names
+        from .finetune.train import saved_task
+
+        task = saved_task(settings[0])
+        head, labels = head or task.head, task.labels or None
+    elif head is None:
+        head = "qa" if any((d / "squad.yaml").is_file() for d in (checkpoint, checkpoint.parent.parent)) \
+            else "pretraining"
+    model = load_model(checkpoint, head=head)
     vocab = checkpoint / "vocab.txt"
     if args.format == "tf1":
         from .checkpoint import read_trainer_state
@@ -138,7 +150,8 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
         export_tf1(model, args.out, vocab_path=vocab if vocab.is_file() else None, overwrite=args.overwrite,
                    global_step=int(step))
     else:
-        export_hf(model, args.out, vocab_path=vocab if vocab.is_file() else None, overwrite=args.overwrite)
+        export_hf(model, args.out, vocab_path=vocab if vocab.is_file() else None, overwrite=args.overwrite,
+                  labels=labels)
     print(f"exported {checkpoint} to {args.out}")
     return 0
 
@@ -285,7 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", help="run or step directory")
     p.add_argument("out", type=Path, help="output directory: new or empty, unless --overwrite")
     p.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists and is not empty")
-    p.add_argument("--head", choices=typing.get_args(Head), default="pretraining")
+    p.add_argument("--head", choices=typing.get_args(Head), default=None,
+                   help="default: the run's (classification or token_classification for finetune runs, qa for "
+                        "squad runs, else pretraining)")
     p.add_argument("--format", choices=("hf", "tf1"), default="hf",
                    help="hf: config.json + model.safetensors; tf1: model.ckpt.index/.data-00000-of-00001, "
                         "checkpoint and bert_config.json, as google-research/bert reads them (default: hf)")
@@ -306,6 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_data_commands(sub)
     add_squad_commands(sub)
+    add_finetune_commands(sub)
 
     p = sub.add_parser("report", help="figures and one HTML page for runs, from their metrics.jsonl and config.yaml",
                        description="Write DIR/index.html (figures embedded) and DIR/*.png for one or more run "
@@ -338,11 +354,12 @@ def user_errors() -> tuple[type[Exception], ...]:
     """Exceptions that carry a message for the user rather than a bug."""
     from .data import DataError
     from .fileio import WriteError
+    from .finetune import FinetuneError
     from .squad import SquadError
 
     # WriteError: a full disk or a read-only directory, raised by every command that writes
     # (through bertforge.fileio), after removing what it had written.
-    errors: list[type[Exception]] = [ConfigError, DataError, SquadError, FileNotFoundError, WriteError]
+    errors: list[type[Exception]] = [ConfigError, DataError, SquadError, FinetuneError, FileNotFoundError, WriteError]
     # These modules import torch: only a command that loaded them can have raised their errors.
     for module, name in (("bertforge.runs", "CheckpointError"),
                          ("bertforge.weights", "ConversionError"),

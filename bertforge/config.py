@@ -38,7 +38,8 @@ LambVariant = Literal["bertforge", "mlperf", "nvidia", "paper"]  # see bertforge
 Schedule = Literal["poly", "poly_tf", "exp", "exp_staircase", "table", "constant"]
 HiddenAct = Literal["gelu", "relu", "gelu_new"]
 Attention = Literal["auto", "flash", "cudnn", "efficient", "math"]  # SDPA kernels, see dist.attention_backends
-Head = Literal["pretraining", "qa", "encoder"]  # what a checkpoint is loaded or exported as
+# What a checkpoint is loaded or exported as.
+Head = Literal["pretraining", "qa", "classification", "token_classification", "encoder"]
 
 
 class ConfigError(ValueError):
@@ -251,6 +252,13 @@ def _coerce(key: str, value: Any, typ: Any) -> Any:
         ktyp, vtyp = typing.get_args(typ)
         return {_coerce(f"{key}[{k}]", k, ktyp): _coerce(f"{key}[{k}]", v, vtyp)
                 for k, v in value.items()}
+    if origin is list:  # a YAML list, or comma-separated on the command line
+        if isinstance(value, str):
+            value = value.split(",") if value else []
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list, got {_short(value)}")
+        (item,) = typing.get_args(typ)
+        return [_coerce(f"{key}[{i}]", v, item) for i, v in enumerate(value)]
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(typ) if a is not type(None)]
         if len(args) < len(typing.get_args(typ)) and (

@@ -373,6 +373,53 @@ class BertForQuestionAnswering(nn.Module):
         return start, end  # (B, T) each
 
 
+
+class BertForSequenceClassification(nn.Module):
+    """GLUE head: dropout and a linear layer on the pooled [CLS]; ``num_labels=1`` is regression (STS-B).
+
+    The same layers and names as Hugging Face's ``BertForSequenceClassification``
+    (``classifier.weight`` is (num_labels, H)) and google-research/bert's
+    run_classifier.py (dropout 0.1 on the pooled output before ``output_weights``).
+    """
+
+    def __init__(self, cfg: ModelConfig, num_labels: int):
+        super().__init__()
+        if num_labels < 1:
+            raise ValueError(f"num_labels must be at least 1, got {num_labels}")
+        self.config = cfg
+        self.num_labels = num_labels
+        self.bert = BertModel(cfg)
+        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+        self.classifier = nn.Linear(cfg.hidden_size, num_labels)
+        init_weights(self.classifier, cfg.initializer_range)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        _, pooled = self.bert(input_ids, token_type_ids, attention_mask)
+        assert pooled is not None  # built with a pooler
+        return self.classifier(self.dropout(pooled))  # (B, num_labels)
+
+
+class BertForTokenClassification(nn.Module):
+    """NER head: dropout and a linear layer on every token (Hugging Face's ``BertForTokenClassification``)."""
+
+    def __init__(self, cfg: ModelConfig, num_labels: int):
+        super().__init__()
+        if num_labels < 1:
+            raise ValueError(f"num_labels must be at least 1, got {num_labels}")
+        self.config = cfg
+        self.num_labels = num_labels
+        self.bert = BertModel(cfg, add_pooler=False)
+        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+        self.classifier = nn.Linear(cfg.hidden_size, num_labels)
+        init_weights(self.classifier, cfg.initializer_range)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        x, _ = self.bert(input_ids, token_type_ids, attention_mask)
+        return self.classifier(self.dropout(x))  # (B, T, num_labels)
+
+
 def pretraining_loss(mlm_logits: torch.Tensor, nsp_logits: torch.Tensor,
                      batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """MLM cross-entropy averaged over real (weight 1) predictions, plus NSP cross-entropy

@@ -60,7 +60,15 @@ from . import tf1
 from .config import Config, ConfigError, Head, ModelConfig, config_from_dict, load_yaml, validate
 from .dist import is_sharded, unwrap
 from .fileio import atomic_directory
-from .model import ACTIVATIONS, BertForPreTraining, BertForQuestionAnswering, BertModel, init_weights
+from .model import (
+    ACTIVATIONS,
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    BertModel,
+    init_weights,
+)
 from .runs import WEIGHTS_FILES, CheckpointError, find_checkpoint, verify, write_manifest
 
 HEADS = typing.get_args(Head)
@@ -263,7 +271,7 @@ def load_weights(model: nn.Module, path: str | Path, bert_config: str | Path | N
 
 
 def load_model(path: str | Path, head: str = "pretraining", allow_pickle: bool = False,
-               bert_config: str | Path | None = None) -> nn.Module:
+               bert_config: str | Path | None = None, num_labels: int | None = None) -> nn.Module:
     """A model from our checkpoint, a Hugging Face BERT directory or a TensorFlow 1 checkpoint.
 
     Ours is a run directory (its newest complete step) or any directory with
@@ -273,9 +281,12 @@ def load_model(path: str | Path, head: str = "pretraining", allow_pickle: bool =
     with a ``checkpoint`` file, its shape from ``bert_config`` (default: the
     ``bert_config.json`` beside it).
 
-    ``head`` is ``"pretraining"`` (MLM + NSP), ``"qa"`` (SQuAD span head, newly
-    initialised when the source has none) or ``"encoder"`` (BertModel). The
-    model is returned in eval mode on the CPU.
+    ``head`` is ``"pretraining"`` (MLM + NSP), ``"qa"`` (SQuAD span head),
+    ``"classification"`` (GLUE: pooler and classifier), ``"token_classification"``
+    (NER) or ``"encoder"`` (BertModel); a task head the source lacks is newly
+    initialised, with ``num_labels`` outputs for the classifiers (taken from the
+    source's classifier when it has one). The model is returned in eval mode on
+    the CPU.
     """
     if head not in HEADS:
         raise ValueError(f"head must be one of {', '.join(HEADS)}, got {head!r}")
@@ -286,20 +297,17 @@ def load_model(path: str | Path, head: str = "pretraining", allow_pickle: bool =
         cfg, state, _ = read_tf1(prefix, bert_config, head=head)
         checkpoint = prefix
     elif (path / "config.json").is_file() and not (path / "config.yaml").is_file():
-        return load_hf(path, head=head, allow_pickle=allow_pickle).eval()
+        return load_hf(path, head=head, allow_pickle=allow_pickle, num_labels=num_labels).eval()
     else:
         checkpoint = find_checkpoint(path, weights_only=True)
         verify(checkpoint, WEIGHTS_FILES)
         cfg = read_config(checkpoint).model
         state = load_safetensors(checkpoint / "model.safetensors")
-    model: nn.Module
-    if head == "encoder":  # with a pooler when the source has one (a QA model has none)
+    if head == "encoder":
         state = {k.removeprefix("bert."): v for k, v in state.items() if k.startswith("bert.")}
-        model = BertModel(cfg, add_pooler="pooler.dense.weight" in state)
-    else:
-        model = BertForPreTraining(cfg) if head == "pretraining" else BertForQuestionAnswering(cfg)
+    model = _build(head, cfg, state, num_labels, checkpoint, CheckpointError)
     missing = assign_weights(model, state, checkpoint)
-    if missing and head != "qa":  # a QA head is new when starting from an encoder; nothing else is
+    if missing and head in ("pretraining", "encoder"):  # a task head is new when starting from an encoder
         raise CheckpointError(f"{checkpoint}: lacks {', '.join(missing)}")
     return model.eval()
 
@@ -447,15 +455,32 @@ def hf_to_ours(state: dict, head: str) -> dict:
     return canon
 
 
-def _build(head: str, cfg: ModelConfig, with_pooler: bool) -> nn.Module:
+def _build(head: str, cfg: ModelConfig, state: dict[str, torch.Tensor], num_labels: int | None,
+           source: Path | str, error: type[ValueError]) -> nn.Module:
+    """Our model for ``head``, shaped to take ``state`` (our names; the encoder's unprefixed).
+
+    A classifier's size is its weights' when ``state`` has them (``num_labels``,
+    when given, must agree), else ``num_labels``.
+    """
     if head == "pretraining":
         return BertForPreTraining(cfg)
     if head == "qa":
         return BertForQuestionAnswering(cfg)
-    model = BertModel(cfg, add_pooler=with_pooler)
-    # BertModel alone is not initialised by its constructor; match the task models.
-    init_weights(model, cfg.initializer_range)
-    return model
+    if head == "encoder":  # with a pooler when the source has one (a QA model has none)
+        model = BertModel(cfg, add_pooler="pooler.dense.weight" in state)
+        # BertModel alone is not initialised by its constructor; match the task models.
+        init_weights(model, cfg.initializer_range)
+        return model
+    have = state.get("classifier.weight")
+    if have is not None and num_labels is not None and have.shape[0] != num_labels:
+        raise error(f"{source}: its classifier has {have.shape[0]} labels, not the {num_labels} asked for "
+                    "(a model fine-tuned for another task?)")
+    labels = int(have.shape[0]) if have is not None else num_labels
+    if labels is None:
+        raise error(f"{source}: has no classifier; give num_labels for a new {head} head")
+    if head == "classification":
+        return BertForSequenceClassification(cfg, labels)
+    return BertForTokenClassification(cfg, labels)
 
 
 def read_hf_config(path: Path | str) -> ModelConfig:
@@ -473,12 +498,15 @@ def read_hf_config(path: Path | str) -> ModelConfig:
     return model_config_from_hf(config_json, str(config_file))
 
 
-def load_hf(path: Path | str, head: str = "pretraining", allow_pickle: bool = False) -> nn.Module:
+def load_hf(path: Path | str, head: str = "pretraining", allow_pickle: bool = False,
+            num_labels: int | None = None) -> nn.Module:
     """Build our model for ``head`` from a Hugging Face directory and load its weights.
 
-    head: "pretraining" (BertForPreTraining), "qa" (BertForQuestionAnswering) or
+    head: "pretraining" (BertForPreTraining), "qa" (BertForQuestionAnswering),
+    "classification" / "token_classification" (BertFor{Sequence,Token}Classification,
+    ``num_labels`` outputs when the checkpoint has no classifier) or
     "encoder" (BertModel, with a pooler when the checkpoint has one).
-    Head weights the checkpoint lacks (cls.*, qa_outputs.*, the pooler) keep
+    Head weights the checkpoint lacks (cls.*, qa_outputs.*, classifier.*, the pooler) keep
     their fresh initialisation and are named in a NewlyInitializedWarning;
     missing encoder weights, unknown weights and wrong shapes are errors.
     Weights are cast to the model's float32. The model is returned in eval mode.
@@ -488,7 +516,7 @@ def load_hf(path: Path | str, head: str = "pretraining", allow_pickle: bool = Fa
         raise ConversionError(f"unknown head {head!r} (one of {', '.join(HEADS)})")
     cfg = read_hf_config(path)
     state = hf_to_ours(load_hf_state_dict(path, allow_pickle), head)
-    model = _build(head, cfg, with_pooler="pooler.dense.weight" in state)
+    model = _build(head, cfg, state, num_labels, path, ConversionError)
     missing = assign_weights(model, state, path, error=ConversionError)
     if missing:
         warnings.warn(f"{path}: not in the checkpoint, newly initialised: "
@@ -499,12 +527,46 @@ def load_hf(path: Path | str, head: str = "pretraining", allow_pickle: bool = Fa
 # ---------------------------------------------------------------- Hugging Face: export
 
 
+EXPORTABLE = (BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification,
+              BertForTokenClassification, BertModel)
+
+
 def _architecture(model: nn.Module) -> str:
-    for cls in (BertForPreTraining, BertForQuestionAnswering, BertModel):
-        if isinstance(model, cls):
-            return cls.__name__
-    raise ConversionError(f"cannot export {type(model).__name__}: expected BertForPreTraining, "
-                          "BertForQuestionAnswering or BertModel")
+    if isinstance(model, EXPORTABLE):
+        return type(model).__name__
+    raise ConversionError(f"cannot export {type(model).__name__}: expected one of "
+                          f"{', '.join(cls.__name__ for cls in EXPORTABLE)}")
+
+
+def hf_head_config(model: nn.Module, labels: list[str] | None = None) -> dict:
+    """A classifier's ``config.json`` keys: its labels (``id2label``/``label2id``, so pipelines name
+    them) and, with one output, ``problem_type: regression`` (transformers then takes an MSE loss)."""
+    if not isinstance(model, (BertForSequenceClassification, BertForTokenClassification)):
+        return {}
+    names = list(labels) if labels is not None else [f"LABEL_{i}" for i in range(model.num_labels)]
+    if len(names) != model.num_labels:
+        raise ConversionError(f"{len(names)} label names for a classifier of {model.num_labels} outputs")
+    extra: dict = {"id2label": {str(i): name for i, name in enumerate(names)},
+                   "label2id": {name: i for i, name in enumerate(names)}}
+    if isinstance(model, BertForSequenceClassification):
+        extra["problem_type"] = "regression" if model.num_labels == 1 else "single_label_classification"
+    return extra
+
+
+def hf_labels(path: Path | str) -> list[str] | None:
+    """The label names of a Hugging Face classifier directory (``id2label`` in order), or None."""
+    try:
+        config_json = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    id2label = config_json.get("id2label") if isinstance(config_json, dict) else None
+    if not isinstance(id2label, dict):
+        return None
+    try:
+        ordered = sorted((int(k), str(v)) for k, v in id2label.items())
+    except ValueError:
+        return None
+    return [name for _, name in ordered] if [i for i, _ in ordered] == list(range(len(ordered))) else None
 
 
 def check_export_target(out_dir: Path | str, overwrite: bool = False) -> None:
@@ -519,9 +581,9 @@ def check_export_target(out_dir: Path | str, overwrite: bool = False) -> None:
 
 
 def export_hf(model: nn.Module, out_dir: Path | str, vocab_path: Path | str | None = None,
-              overwrite: bool = False) -> Path:
+              overwrite: bool = False, labels: list[str] | None = None) -> Path:
     """Write ``model`` as a Hugging Face directory: config.json, model.safetensors
-    (and vocab.txt when ``vocab_path`` is given).
+    (and vocab.txt when ``vocab_path`` is given). A classifier's ``labels`` name its outputs.
 
     The files are written into a hidden sibling directory that is renamed to
     ``out_dir`` only when complete, so a crash never leaves a partial export
@@ -532,10 +594,10 @@ def export_hf(model: nn.Module, out_dir: Path | str, vocab_path: Path | str | No
     out_dir = Path(out_dir)
     check_export_target(out_dir, overwrite)
     architecture = _architecture(model)
-    assert isinstance(model, (BertForPreTraining, BertForQuestionAnswering, BertModel))  # _architecture checked
+    assert isinstance(model, EXPORTABLE)  # _architecture checked
     # Cloned, contiguous CPU tensors: safetensors refuses views and shared storage.
     state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
-    config = hf_config_from_model_config(model.config, [architecture])
+    config = {**hf_config_from_model_config(model.config, [architecture]), **hf_head_config(model, labels)}
     # transformers reads the weights' dtype from here (it otherwise logs a notice and guesses).
     config["dtype"] = str(next(iter(state.values())).dtype).removeprefix("torch.")
 
@@ -764,6 +826,9 @@ def export_tf1(model: nn.Module, out_dir: Path | str, vocab_path: Path | str | N
     out_dir = Path(out_dir)
     check_export_target(out_dir, overwrite)
     _architecture(model)
+    if isinstance(model, (BertForSequenceClassification, BertForTokenClassification)):
+        raise ConversionError(f"cannot export {type(model).__name__} as a TF1 checkpoint (classifier heads go "
+                              "to Hugging Face only: --format hf)")
     cfg = model.config
     assert isinstance(cfg, ModelConfig)  # our models carry their shape
     names = tf1_names(cfg.num_hidden_layers)

@@ -8,6 +8,7 @@
   either one given (``sha1``/``md5``) or one looked up in the dump's published
   checksum file (lines of ``<hex>  <file name>``, as ``sha1sum`` writes them).
   A mismatch keeps the bytes as ``NAME.bad`` and raises.
+  The transfer itself is :mod:`bertforge.download`'s, shared with GLUE's downloader.
 * :func:`extract` -- run ``wikiextractor`` (3.1.0) on a dump, then clean what
   it returns and write one JSON object per article to a ``.jsonl`` file:
   ``{"id": "12", "title": "Anarchism", "text": "paragraph\\nparagraph..."}``.
@@ -28,20 +29,17 @@ import argparse
 import bz2
 import dataclasses
 import gzip
-import hashlib
 import html
 import http.client
 import importlib.util
 import io
 import json
 import logging
-import os
 import re
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
 import urllib.parse
 import urllib.request
 import xml.etree.ElementTree as ET
@@ -50,7 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from ..fileio import atomic_file, fsync
+from ..download import HASH_BY_HEX_LENGTH, checked_digest, fetch_verified, is_hex
+from ..fileio import atomic_file
 from .errors import DataError
 
 log = logging.getLogger(__name__)
@@ -62,8 +61,6 @@ log = logging.getLogger(__name__)
 DEFAULT_DUMP_URL = "https://dumps.wikimedia.org/enwiki/latest/enwiki-latest-pages-articles.xml.bz2"
 DEFAULT_CHECKSUMS_URL = "https://dumps.wikimedia.org/enwiki/latest/enwiki-latest-sha1sums.txt"
 WIKIEXTRACTOR_VERSION = "3.1.0"  # 3.0.4 and 3.0.6 fail to import on Python >= 3.11
-
-_HASH_BY_HEX_LENGTH = {32: "md5", 40: "sha1", 64: "sha256"}
 
 
 # ================================================================ download
@@ -94,21 +91,8 @@ def download(url: str = DEFAULT_DUMP_URL, out_dir: str | Path = ".", *, sha1: st
     if expected is None and verify:
         raise DataError(f"{url}: no checksum to verify it against; give sha1, md5 or a "
                         "checksums URL (or turn verification off)")
-    final = out_dir / name
-    if final.exists():
-        if expected:
-            _verify(final, expected, url, bad_name=None)
-        log.info("%s is already here", final)
-        return final
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    part = out_dir / f"{name}.part"
-    _fetch(url, part, chunk_size, retries, retry_wait, timeout)
-    if expected:
-        _verify(part, expected, url, bad_name=f"{name}.bad")
-    os.replace(part, final)
-    fsync(out_dir)
-    return final
+    return fetch_verified(url, out_dir / name, expected, chunk_size=chunk_size, retries=retries,
+                          retry_wait=retry_wait, timeout=timeout)
 
 
 def _read_url(url: str, timeout: float) -> bytes:
@@ -130,10 +114,7 @@ def _expected_checksum(name: str, sha1: str | None, md5: str | None, checksums_u
     """(hash algorithm, lower-case hex digest) to check ``name`` against, if any."""
     for algorithm, value in (("sha1", sha1), ("md5", md5)):
         if value is not None:
-            value = value.strip().lower()
-            if len(value) != hashlib.new(algorithm).digest_size * 2 or not _is_hex(value):
-                raise DataError(f"--{algorithm} {value!r} is not a {algorithm} hex digest")
-            return algorithm, value
+            return checked_digest(algorithm, value)
     if checksums_url is None:
         return None
     # Wikimedia's latest/ directory lists the dated names ("enwiki-20240601-...")
@@ -154,103 +135,9 @@ def _expected_checksum(name: str, sha1: str | None, md5: str | None, checksums_u
         what = "no line" if not found else f"{len(found)} lines ({', '.join(f[0] for f in found)})"
         raise DataError(f"{checksums_url}: {what} for {name}")
     digest = found[0][1]
-    if len(digest) not in _HASH_BY_HEX_LENGTH or not _is_hex(digest):
+    if len(digest) not in HASH_BY_HEX_LENGTH or not is_hex(digest):
         raise DataError(f"{checksums_url}: {digest!r} for {name} is not an md5, sha1 or sha256 digest")
-    return _HASH_BY_HEX_LENGTH[len(digest)], digest
-
-
-def _is_hex(text: str) -> bool:
-    return bool(re.fullmatch(r"[0-9a-f]+", text))
-
-
-def _hash_file(path: Path, algorithm: str) -> str:
-    digest = hashlib.new(algorithm)
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _set_aside(path: Path, name: str) -> Path:
-    """Rename ``path`` to ``name`` (then ``name2``, ``name3``...: never over an earlier one)."""
-    target, n = path.with_name(name), 1
-    while target.exists():
-        n += 1
-        target = path.with_name(f"{name}{n}")
-    os.replace(path, target)
-    return target
-
-
-def _verify(path: Path, expected: tuple[str, str], url: str, bad_name: str | None) -> None:
-    """Raise when ``path`` does not hash to ``expected``; the bytes are moved, never deleted."""
-    algorithm, digest = expected
-    actual = _hash_file(path, algorithm)
-    if actual == digest:
-        return
-    where = f"{path} is left as it is; delete it to download again"
-    if bad_name is not None:  # a later call must not resume a corrupt .part
-        kept = _set_aside(path, bad_name)
-        where = f"the downloaded bytes are kept in {kept}; delete it and run again to download afresh"
-    raise DataError(f"{url}: {algorithm} mismatch: expected {digest}, got {actual}; {where}")
-
-
-def _content_range(value: str | None) -> tuple[int | None, int | None]:
-    """(first byte, total size) from a Content-Range header; None where absent or '*'."""
-    match = re.fullmatch(r"\s*bytes\s+(?:(\d+)-\d+|\*)/(\d+|\*)\s*", value or "")
-    if not match:
-        return None, None
-    first, total = match.groups()
-    return (int(first) if first else None), (int(total) if total and total != "*" else None)
-
-
-def _fetch(url: str, part: Path, chunk_size: int, retries: int, retry_wait: float,
-           timeout: float) -> None:
-    """Bring ``part`` to the full content of ``url``, resuming from its current size."""
-    failures = 0
-    while True:
-        offset = part.stat().st_size if part.exists() else 0
-        request = urllib.request.Request(url, headers={"User-Agent": "bertforge"})
-        if offset:
-            request.add_header("Range", f"bytes={offset}-")
-        try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                first, total = _content_range(response.headers.get("Content-Range"))
-                if offset and response.status == 206 and first == offset:
-                    mode = "ab"
-                else:
-                    if offset:
-                        log.warning("%s: the server did not resume at byte %d; starting over",
-                                    url, offset)
-                    mode, offset = "wb", 0
-                    length = response.headers.get("Content-Length")
-                    total = int(length) if length and length.isdigit() else None
-                log.info("downloading %s from byte %d of %s", url, offset, total or "?")
-                with open(part, mode) as f:
-                    while chunk := response.read(chunk_size):
-                        f.write(chunk)
-                    size = f.tell()
-                if total is not None and size != total:
-                    raise http.client.IncompleteRead(b"", total - size)
-                return
-        except urllib.error.HTTPError as err:
-            _, total = _content_range(err.headers.get("Content-Range") if err.headers else None)
-            if err.code == 416 and offset and total == offset:
-                return  # the .part file already holds every byte
-            if err.code == 416 and offset:
-                # The .part is longer than the file: it is not this file's prefix.
-                bad = _set_aside(part, part.name[:-len(".part")] + ".bad")
-                log.warning("%s is longer than %s; moved it to %s and starting over", part, url, bad)
-                continue
-            raise DataError(f"{url}: HTTP error {err.code} {err.reason}") from None
-        except (OSError, http.client.HTTPException) as err:
-            grown = (part.stat().st_size if part.exists() else 0) > offset
-            failures = 0 if grown else failures + 1
-            if failures > retries:
-                kept = part.stat().st_size if part.exists() else 0
-                raise DataError(f"{url}: download failed ({type(err).__name__}: {err}); {part} keeps "
-                                f"{kept} bytes, run again to resume") from None
-            log.warning("%s: %s: %s; retrying", url, type(err).__name__, err)
-            time.sleep(retry_wait * failures)
+    return HASH_BY_HEX_LENGTH[len(digest)], digest
 
 
 # ================================================================ extract

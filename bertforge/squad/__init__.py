@@ -1,8 +1,9 @@
-"""SQuAD v1.1: examples, features, post-processing and the official metric.
+"""SQuAD v1.1 and v2.0: examples, features, post-processing and the official metrics.
 
-Every step reproduces google-research/bert's ``run_squad.py`` and the official
-``evaluate-v1.1.py`` exactly (tested against them), so that a score difference
-can only come from the model::
+Every step reproduces google-research/bert's ``run_squad.py`` (v2.0: with
+``version_2_with_negative``) and the official ``evaluate-v1.1.py`` and
+``evaluate-v2.0.py`` exactly (tested against them), so that a score
+difference can only come from the model::
 
     from bertforge.data.tokenizer import load_tokenizer
     from bertforge import squad
@@ -12,6 +13,11 @@ can only come from the model::
     # start_logits, end_logits: (len(features), 384) from BertForQuestionAnswering
     predictions, nbest = squad.postprocess(examples, features, start_logits, end_logits)
     squad.evaluate(squad.load_json("dev-v1.1.json"), predictions)  # {"exact_match": …, "f1": …}
+
+    # SQuAD v2.0: read and post-process with version_2_with_negative=True; the result
+    # also carries .null_odds, the official v2.0 script's --na-prob-file
+    result = squad.postprocess(examples, features, start_logits, end_logits, version_2_with_negative=True)
+    squad.evaluate_v2("dev-v2.0.json", result.predictions, result.null_odds)  # {"exact": …, "f1": …, …}
 """
 
 from .data import (
@@ -28,10 +34,11 @@ from .data import (
     parse_examples,
     read_examples,
 )
-from .metric import evaluate, exact_match_score, f1_score, normalize_answer
+from .metric import evaluate, evaluate_v2, exact_match_score, f1_score, format_scores, normalize_answer
 from .postprocess import (
     MAX_ANSWER_LENGTH,
     N_BEST_SIZE,
+    SquadPredictions,
     get_final_text,
     postprocess,
     write_predictions,
@@ -39,8 +46,9 @@ from .postprocess import (
 
 __all__ = [
     "DOC_STRIDE", "MAX_ANSWER_LENGTH", "MAX_QUERY_LENGTH", "MAX_SEQ_LENGTH", "N_BEST_SIZE",
-    "SkippedAnswer", "SquadError", "SquadExample", "SquadFeatures", "convert_examples_to_features",
-    "evaluate", "exact_match_score", "example_from_text", "f1_score", "get_final_text", "load_json",
+    "SkippedAnswer", "SquadError", "SquadExample", "SquadFeatures", "SquadPredictions",
+    "convert_examples_to_features", "evaluate", "evaluate_v2", "exact_match_score", "example_from_text",
+    "f1_score", "format_scores", "get_final_text", "load_json",
     "normalize_answer", "parse_examples", "postprocess", "read_examples", "write_predictions",
     # fine-tuning and inference (bertforge.squad.train, imported on first use: it needs torch)
     "SquadConfig", "finetune", "load_squad_config", "predict", "predict_logits", "qa_loss",

@@ -2,9 +2,11 @@
 
     bertforge squad train --init MODEL --train-file train-v1.1.json [--predict-file dev-v1.1.json]
         [--config squad_base] [--out DIR [--overwrite]] [--vocab vocab.txt] [--train.lr 3e-5 --squad.doc_stride 128 …]
+        [--version 2]
     bertforge squad predict --model DIR --predict-file dev-v1.1.json --out predictions.json
-        [--nbest-out nbest_predictions.json]
+        [--nbest-out nbest_predictions.json] [--version 2 [--null-threshold T] [--null-odds-out null_odds.json]]
     bertforge squad evaluate dev-v1.1.json predictions.json
+        [--version 2 [--na-prob-file null_odds.json] [--null-threshold 1.0]]
     bertforge squad ask --model DIR --context "…" --question "…" [--questions-file q.txt] [--compare-hf]
 
 Every handler takes ``(args, extra)`` and returns an exit status; it raises the
@@ -42,6 +44,8 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
         overrides.append(("checkpoint.resume", args.resume))
     if args.resume_with_changes:
         overrides.append(("checkpoint.resume_with_changes", "true"))
+    if args.version is not None:  # only when given: a resumed run keeps its saved version otherwise
+        overrides.append(("squad.version_2_with_negative", str(_is_v2(args)).lower()))
     if args.overwrite and args.resume:
         raise ConfigError("--overwrite starts a new run; it cannot be used with --resume")
     if args.overwrite and not args.out:
@@ -57,9 +61,9 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     print(f"{summary['steps']} steps on {summary['questions']} questions in {summary['minutes']:.1f} min"
           f"{trained}")
     print(f"model: {summary['out_dir']}")
-    if "f1" in summary:
+    if "scores" in summary:
         print(f"predictions: {summary['predictions']}")
-        print(json.dumps({"exact_match": summary["exact_match"], "f1": summary["f1"]}))
+        print(json.dumps(summary["scores"]))  # v1.1: exact_match and f1; v2.0: the official v2.0 keys
     return 0
 
 
@@ -110,6 +114,10 @@ def _predict_settings(args: argparse.Namespace, extra: list[str]) -> tuple[Any, 
             raise ConfigError(f"{key}: only data.seq_len and squad.* can be set here")
     if getattr(args, "batch_size", None):
         squad.predict_batch_size = args.batch_size
+    if getattr(args, "version", None) is not None:  # else the model's saved setting
+        squad.version_2_with_negative = _is_v2(args)
+    if getattr(args, "null_threshold", None) is not None:
+        squad.null_score_diff_threshold = args.null_threshold
     validate_squad(squad, seq_len)
     return model, load_tokenizer(vocab, lowercase), seq_len, squad, lowercase
 
@@ -119,28 +127,47 @@ def cmd_predict(args: argparse.Namespace, extra: list[str]) -> int:
     from .postprocess import write_predictions
     from .train import predict
 
-    # Only the files named are written: --out, and --nbest-out when given.
+    # Only the files named are written: --out, --nbest-out when given, and with SQuAD v2.0
+    # the null odds (--null-odds-out, else null_odds.json beside --out, as run_squad writes them).
     out = Path(args.out)
     nbest_file = Path(args.nbest_out) if args.nbest_out else None
     if nbest_file is not None and nbest_file.resolve() == out.resolve():
         raise SquadError(f"--out and --nbest-out are the same file: {out}")
     model, tokenizer, seq_len, squad, lowercase = _predict_settings(args, extra)
-    examples, _ = read_examples(args.predict_file)
+    null_file = None
+    if squad.version_2_with_negative:
+        null_file = Path(args.null_odds_out) if args.null_odds_out else out.parent / "null_odds.json"
+        if null_file.resolve() in {out.resolve(), *([nbest_file.resolve()] if nbest_file else [])}:
+            raise SquadError(f"the null odds would overwrite another output: {null_file} (--null-odds-out)")
+    elif args.null_odds_out:
+        raise SquadError("--null-odds-out needs SQuAD v2.0 (--version 2)")
+    examples, _ = read_examples(args.predict_file, version_2_with_negative=squad.version_2_with_negative)
     if not examples:
         raise SquadError(f"{args.predict_file}: no questions to predict")
-    predictions, nbest = predict(model, examples, tokenizer, seq_len, squad, lowercase,
-                                 precision=args.precision)
-    write_predictions(predictions, out, nbest if nbest_file else None, nbest_file)
-    print(f"{len(predictions)} predictions: {out}" + (f" (n-best: {nbest_file})" if nbest_file else ""))
+    result = predict(model, examples, tokenizer, seq_len, squad, lowercase, precision=args.precision)
+    write_predictions(result.predictions, out, result.nbest if nbest_file else None, nbest_file,
+                      result.null_odds, null_file)
+    print(f"{len(result.predictions)} predictions: {out}" + (f" (n-best: {nbest_file})" if nbest_file else "")
+          + (f" (null odds: {null_file})" if null_file else ""))
     return 0
 
 
 def cmd_evaluate(args: argparse.Namespace, extra: list[str]) -> int:
-    from .data import load_json
-    from .metric import check_predictions, evaluate
+    from .data import SquadError, load_json
+    from .metric import check_predictions, evaluate, evaluate_v2
 
     predictions = check_predictions(load_json(args.predictions), str(args.predictions))
-    print(json.dumps(evaluate(args.dataset, predictions, predictions_source=str(args.predictions))))
+    if not _is_v2(args):
+        if getattr(args, "na_prob_file", None) or getattr(args, "null_threshold", None) is not None:
+            raise SquadError("--na-prob-file and --null-threshold need SQuAD v2.0 (--version 2)")
+        print(json.dumps(evaluate(args.dataset, predictions, predictions_source=str(args.predictions))))
+        return 0
+    # The official evaluate-v2.0.py: --na-prob-file, and its --na-prob-thresh (default 1.0).
+    na_probs = load_json(args.na_prob_file) if args.na_prob_file else None
+    threshold = 1.0 if args.null_threshold is None else args.null_threshold
+    print(json.dumps(evaluate_v2(args.dataset, predictions, na_probs, threshold,
+                                 predictions_source=str(args.predictions),
+                                 na_probs_source=str(args.na_prob_file))))
     return 0
 
 
@@ -209,11 +236,14 @@ def cmd_ask(args: argparse.Namespace, extra: list[str]) -> int:
     start, end = predict_logits(model, features, squad.predict_batch_size,
                                 trim_padding=squad.trim_padding)
     predictions, nbest = postprocess(examples, features, start, end, squad.n_best_size,
-                                     squad.max_answer_length, do_lower_case=lowercase)
+                                     squad.max_answer_length, do_lower_case=lowercase,
+                                     version_2_with_negative=squad.version_2_with_negative,
+                                     null_score_diff_threshold=squad.null_score_diff_threshold)
     for example in examples:
         best = nbest[example.qas_id][0]
         print(f"question: {example.question}")
-        print(f"answer:   {predictions[example.qas_id]}  (score {best['start_logit'] + best['end_logit']:.4f}, "
+        answer = predictions[example.qas_id] or "(no answer)"  # "": SQuAD v2.0's no answer
+        print(f"answer:   {answer}  (score {best['start_logit'] + best['end_logit']:.4f}, "
               f"probability {best['probability']:.4f})")
     if args.compare_hf:
         hf_start, hf_end = hf_logits(model, args.model, features)
@@ -226,7 +256,7 @@ def cmd_ask(args: argparse.Namespace, extra: list[str]) -> int:
 
 def add_squad_commands(sub: Any) -> None:
     """Add ``squad`` with its subcommands to an argparse subparsers object."""
-    squad = sub.add_parser("squad", help="SQuAD v1.1 fine-tuning, prediction and evaluation")
+    squad = sub.add_parser("squad", help="SQuAD v1.1 and v2.0 fine-tuning, prediction and evaluation")
     commands = squad.add_subparsers(dest="squad_command", required=True)
 
     p = commands.add_parser("train", help="fine-tune a checkpoint or Hugging Face BERT on SQuAD",
@@ -249,6 +279,8 @@ def add_squad_commands(sub: Any) -> None:
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--profile", metavar="START:END", help="torch.profiler over steps START..END-1 (from 0), "
                    "into OUT/profile/ (log.profile)")
+    _add_version(p, "--squad.version_2_with_negative true: unanswerable questions (default 1.1; with "
+                    "--resume: the run's)")
     p.set_defaults(func=cmd_train, takes_overrides=True)
 
     for name, helptext in (("predict", "write predictions.json (and the n-best lists with --nbest-out)"),
@@ -263,6 +295,13 @@ def add_squad_commands(sub: Any) -> None:
             p.add_argument("--out", required=True, help="predictions.json to write")
             p.add_argument("--nbest-out", help="also write the n-best lists to this file "
                                                "(nbest_predictions.json); nothing else is written")
+            _add_version(p, "SQuAD v2.0: also predict no answer, and write the null odds "
+                            "(default: the model's saved setting)")
+            p.add_argument("--null-threshold", type=float, default=None,
+                           help="v2.0: no answer when null score − best span score > this "
+                                "(squad.null_score_diff_threshold; default: the saved one, else 0.0)")
+            p.add_argument("--null-odds-out", help="v2.0: where to write the null odds "
+                                                   "(default: null_odds.json beside --out)")
             # Prediction runs on the CPU, where fp16 autocast is not supported.
             p.add_argument("--precision", default="fp32",
                            choices=[x for x in typing.get_args(Precision) if x != "fp16"])
@@ -275,7 +314,21 @@ def add_squad_commands(sub: Any) -> None:
                            help="also run transformers.BertForQuestionAnswering; print the largest logit difference")
             p.set_defaults(func=cmd_ask, takes_overrides=True)
 
-    p = commands.add_parser("evaluate", help="the official v1.1 EM/F1 of a predictions file")
-    p.add_argument("dataset", help="SQuAD v1.1 JSON with the answers")
+    p = commands.add_parser("evaluate", help="the official v1.1 EM/F1 (or v2.0 scores) of a predictions file")
+    p.add_argument("dataset", help="SQuAD v1.1 (or v2.0) JSON with the answers")
     p.add_argument("predictions", help="predictions.json")
+    _add_version(p, "the official v2.0 scores: exact, f1, HasAns_*, NoAns_* (and best_* with --na-prob-file)")
+    p.add_argument("--na-prob-file", help="v2.0: null_odds.json of the prediction (the official script's "
+                                          "--na-prob-file)")
+    p.add_argument("--null-threshold", "--na-prob-thresh", type=float, default=None,
+                   help="v2.0: a question whose null odds are above this counts as unanswered "
+                        "(the official --na-prob-thresh, default 1.0)")
     p.set_defaults(func=cmd_evaluate)
+
+
+def _add_version(p: argparse.ArgumentParser, helptext: str) -> None:
+    p.add_argument("--version", choices=["1.1", "2", "2.0"], default=None, help=f"SQuAD version; 2: {helptext}")
+
+
+def _is_v2(args: argparse.Namespace) -> bool:
+    return getattr(args, "version", None) in ("2", "2.0")

@@ -1,4 +1,4 @@
-"""SQuAD v1.1 questions → examples → fixed-length BERT features.
+"""SQuAD v1.1 and v2.0 questions → examples → fixed-length BERT features.
 
 This reproduces google-research/bert's ``run_squad.py`` (``read_squad_examples``
 and ``convert_examples_to_features``) exactly — the same windows, ids, masks,
@@ -26,6 +26,17 @@ Tokenization
     What still differs is about 750 rare code points whose Unicode properties
     differ between Python's ``unicodedata`` (which the reference uses) and the
     ``tokenizers`` crate; none occurs in the SQuAD v1.1 files.
+
+SQuAD v2.0 (``version_2_with_negative``, run_squad's flag of that name)
+    For training every question needs a boolean ``is_impossible``; an
+    impossible one becomes an example with answer ``""`` at word -1 (the
+    reference's values) whose windows all point at [CLS] (start = end = 0),
+    and its ``answers`` (a list, usually empty) are not read. A possible
+    question is read as in v1.1. Without the flag ``is_impossible`` is not
+    read, as in the reference: a SQuAD 2.0 training file then fails on its
+    first unanswerable question (it has no answer), with a hint to pass the
+    flag. Not for training, ``is_impossible`` is only checked (a boolean when
+    present); the reference does not read it there either.
 
 Bad input
     Missing or mistyped fields, an empty context, duplicate question ids, a
@@ -71,7 +82,8 @@ class SquadExample:
 
     ``doc_tokens`` are the context's whitespace-separated words; examples of
     the same paragraph share one list. ``answer_text``, ``start_word`` and
-    ``end_word`` are set for training only.
+    ``end_word`` are set for training only; a SQuAD v2.0 training question
+    with ``is_impossible`` has ``""``, -1, -1, as in the reference.
     """
 
     qas_id: str
@@ -80,6 +92,7 @@ class SquadExample:
     answer_text: str | None = None
     start_word: int | None = None
     end_word: int | None = None
+    is_impossible: bool = False
 
 
 @dataclass(frozen=True)
@@ -136,7 +149,7 @@ def split_context(context: str) -> tuple[list[str], list[int]]:
 
 
 _KINDS: dict[type, str] = {dict: "an object", list: "a list", str: "a string", int: "an integer",
-                           float: "a number"}
+                           float: "a number", bool: "a boolean"}
 
 
 def json_kind(value: Any) -> str:
@@ -191,7 +204,10 @@ def _training_answer(qa: dict, context: str, words: list[str], starts: list[int]
     texts = answer_texts(qa, source, path, qas_id, need_offsets=True)
     where = location(source, path, qas_id)
     if len(texts) != 1:
-        raise SquadError(f"{where}: a training question needs exactly 1 answer, has {len(texts)}")
+        # run_squad without version_2_with_negative refuses these too; say why when it is one.
+        hint = (" (it is marked is_impossible: SQuAD v2.0 training needs --version 2)"
+                if qa.get("is_impossible") is True else "")
+        raise SquadError(f"{where}: a training question needs exactly 1 answer, has {len(texts)}{hint}")
     text = texts[0]
     offset = qa["answers"][0]["answer_start"]  # checked by answer_texts
     if not text.strip():
@@ -214,9 +230,10 @@ def _training_answer(qa: dict, context: str, words: list[str], starts: list[int]
     return text, start_word, end_word
 
 
-def parse_examples(dataset: Any, is_training: bool = False,
-                   source: str = "<squad>") -> tuple[list[SquadExample], list[SkippedAnswer]]:
-    """Examples from a parsed SQuAD v1.1 JSON object (``{"data": [...]}``).
+def parse_examples(dataset: Any, is_training: bool = False, source: str = "<squad>",
+                   version_2_with_negative: bool = False) -> tuple[list[SquadExample], list[SkippedAnswer]]:
+    """Examples from a parsed SQuAD v1.1 (or, with ``version_2_with_negative``, v2.0)
+    JSON object (``{"data": [...]}``).
 
     Returns the examples in file order and the training answers that were
     skipped (always empty when not training). Answers that are present are
@@ -244,6 +261,15 @@ def parse_examples(dataset: Any, is_training: bool = False,
                     raise SquadError(f"{location(source, path_q, qas_id)}: the question id is used twice")
                 seen.add(qas_id)
                 example = SquadExample(qas_id, question, words)
+                if version_2_with_negative and (is_training or "is_impossible" in qa):
+                    # Training needs it (run_squad reads qa["is_impossible"]); elsewhere only checked.
+                    impossible = get_field(qa, "is_impossible", bool, source, path_q, qas_id)
+                    if is_training and impossible:
+                        get_field(qa, "answers", list, source, path_q, qas_id)  # the reference takes its len()
+                        example.answer_text, example.start_word, example.end_word = "", -1, -1
+                        example.is_impossible = True
+                        examples.append(example)
+                        continue
                 if is_training:
                     answer = _training_answer(qa, context, words, starts, source, path_q, qas_id)
                     if isinstance(answer, str):
@@ -278,10 +304,11 @@ def load_json(path: str | Path) -> Any:
         raise SquadError(f"{path}: cannot be read ({err.strerror or err})") from None
 
 
-def read_examples(path: str | Path,
-                  is_training: bool = False) -> tuple[list[SquadExample], list[SkippedAnswer]]:
-    """Examples from a SQuAD v1.1 JSON file; see :func:`parse_examples`."""
-    return parse_examples(load_json(path), is_training, source=str(path))
+def read_examples(path: str | Path, is_training: bool = False, version_2_with_negative: bool = False
+                  ) -> tuple[list[SquadExample], list[SkippedAnswer]]:
+    """Examples from a SQuAD v1.1 (or v2.0) JSON file; see :func:`parse_examples`."""
+    return parse_examples(load_json(path), is_training, source=str(path),
+                          version_2_with_negative=version_2_with_negative)
 
 
 def example_from_text(question: str, context: str, qas_id: str = "q0") -> SquadExample:
@@ -376,7 +403,9 @@ def convert_examples_to_features(examples: Sequence[SquadExample], tokenizer: To
     ``tokenizer`` is :func:`bertforge.data.tokenizer.load_tokenizer`'s; whether
     it lowercases is read from it. With ``is_training`` the examples need
     answers (from ``read_examples(..., is_training=True)``) and start/end
-    positions are filled in (0, 0 for a window that does not hold the answer).
+    positions are filled in (0, 0 for a window that does not hold the answer,
+    and for every window of a SQuAD v2.0 ``is_impossible`` example: both as
+    in the reference, in v1.1 and v2.0 alike).
     """
     if max_query_length < 0 or doc_stride < 1:
         raise SquadError(f"max_query_length={max_query_length} and doc_stride={doc_stride} "
@@ -414,6 +443,7 @@ def convert_examples_to_features(examples: Sequence[SquadExample], tokenizer: To
             raise SquadError(f"question {missing[0]}: training needs an answer "
                              "(read the file with is_training=True)")
         answers = encode([prepare(cast(str, x.answer_text)) for x in examples])  # none is missing: checked above
+        # (an impossible example's "" encodes to nothing; it is not used)
 
     docs = []
     for encoding, words in zip(doc_encodings, contexts, strict=True):
@@ -435,7 +465,7 @@ def convert_examples_to_features(examples: Sequence[SquadExample], tokenizer: To
             query = query[:max_query_length]
             truncated += 1
         answer = None
-        if is_training:
+        if is_training and not example.is_impossible:  # an impossible one points at [CLS] everywhere
             assert example.start_word is not None and example.end_word is not None  # checked above
             start = int(orig_to_tok[example.start_word])
             end = int(orig_to_tok[example.end_word + 1]) - 1

@@ -11,7 +11,18 @@ mapped back to the original text (:func:`get_final_text`), and the first
 probabilities. The prediction is the n-best's first text; an example with no
 valid span gets the reference's placeholder ``"empty"``.
 
-This is SQuAD v1.1 post-processing: every question has an answer.
+SQuAD v2.0 (``version_2_with_negative``, as run_squad with that flag): the
+null answer's score is the lowest ``start_logit[0] + end_logit[0]`` ([CLS])
+over the example's windows (the first window among equals). It joins the
+candidates as the span (0, 0) with text ``""``, ranked among them (after
+spans of equal score), and is appended to the n-best when it did not make it
+there. ``score_diff`` = null score − the start and end logits of the best
+non-empty entry; the prediction is ``""`` when ``score_diff >
+null_score_diff_threshold``, else that entry's text, and ``score_diff`` is
+the question's entry in ``null_odds.json``. When no span is valid the
+reference fails (its best non-null entry is None); here, as in transformers'
+port (``compute_predictions_logits``), an ``"empty"`` entry with logits 0 is
+put first, so that ``score_diff`` is the null score.
 """
 
 from __future__ import annotations
@@ -115,11 +126,39 @@ def _check_logits(name: str, logits: Any, shape: tuple[int, ...]) -> np.ndarray:
     return array
 
 
+class SquadPredictions(tuple[dict[str, str], dict[str, list[dict[str, Any]]]]):
+    """``(predictions, nbest)``, which unpacks as v1.1 callers expect, plus ``null_odds``:
+    ``{qas_id: score_diff}`` with SQuAD v2.0 (the reference's ``null_odds.json``), else None."""
+
+    null_odds: dict[str, float] | None
+
+    def __new__(cls, predictions: dict[str, str], nbest: dict[str, list[dict[str, Any]]],
+                null_odds: dict[str, float] | None = None) -> SquadPredictions:
+        self = super().__new__(cls, (predictions, nbest))
+        self.null_odds = null_odds
+        return self
+
+    @property
+    def predictions(self) -> dict[str, str]:
+        return self[0]
+
+    @property
+    def nbest(self) -> dict[str, list[dict[str, Any]]]:
+        return self[1]
+
+
+# run_squad's starting point for the lowest null score: an int, as are the null
+# logits of an example that no window beats it for.
+_NO_NULL_SCORE = 1000000
+
+
 def postprocess(examples: Sequence[SquadExample], features: SquadFeatures, start_logits: Any,
                 end_logits: Any, n_best_size: int = N_BEST_SIZE,
                 max_answer_length: int = MAX_ANSWER_LENGTH, do_lower_case: bool = True,
-                ) -> tuple[dict[str, str], dict[str, list[dict[str, Any]]]]:
-    """Predictions ``{qas_id: answer text}`` and n-best lists ``{qas_id: [entry, …]}``.
+                version_2_with_negative: bool = False, null_score_diff_threshold: float = 0.0,
+                ) -> SquadPredictions:
+    """Predictions ``{qas_id: answer text}`` and n-best lists ``{qas_id: [entry, …]}``
+    (and with ``version_2_with_negative`` the null odds; see the module docstring).
 
     ``start_logits`` and ``end_logits`` are (len(features), max_seq_length)
     arrays (numpy or anything ``np.asarray`` takes), row ``i`` for feature
@@ -153,8 +192,20 @@ def postprocess(examples: Sequence[SquadExample], features: SquadFeatures, start
     bounds = np.searchsorted(features.example_index, np.arange(len(examples) + 1))
     predictions: dict[str, str] = {}
     all_nbest: dict[str, list[dict[str, Any]]] = {}
+    null_odds: dict[str, float] = {}
     for index, example in enumerate(examples):
         first, last = int(bounds[index]), int(bounds[index + 1])
+        null_row = -1  # the window with the lowest null score (-1: none below _NO_NULL_SCORE)
+        score_null: float = _NO_NULL_SCORE
+        null_start: float = 0
+        null_end: float = 0
+        if version_2_with_negative and last > first:
+            null_scores = start_logits[first:last, 0] + end_logits[first:last, 0]
+            lowest = int(np.argmin(null_scores))  # the first among equals, as the reference's strict <
+            if null_scores[lowest] < _NO_NULL_SCORE:
+                null_row = first + lowest
+                score_null = float(null_scores[lowest])
+                null_start, null_end = float(start_logits[null_row, 0]), float(end_logits[null_row, 0])
         # np.nonzero walks (window, start rank, end rank) in the reference's order;
         # a stable sort by score keeps that order among equal scores.
         window, start_rank, end_rank = np.nonzero(valid[first:last])
@@ -163,6 +214,11 @@ def postprocess(examples: Sequence[SquadExample], features: SquadFeatures, start
         ends = top_end[rows, end_rank]
         start_scores = start_logits[rows, starts]
         end_scores = end_logits[rows, ends]
+        if version_2_with_negative:  # the null span (0, 0) joins last, so it ranks after equal scores
+            rows = np.append(rows, null_row)
+            starts, ends = np.append(starts, 0), np.append(ends, 0)
+            start_scores = np.append(start_scores, null_start)
+            end_scores = np.append(end_scores, null_end)
         order = np.argsort(-(start_scores + end_scores), kind="stable")
         candidates = zip(rows[order].tolist(), starts[order].tolist(), ends[order].tolist(),
                          start_scores[order].tolist(), end_scores[order].tolist(), strict=True)
@@ -171,6 +227,10 @@ def postprocess(examples: Sequence[SquadExample], features: SquadFeatures, start
         for row, start, end, start_logit, end_logit in candidates:
             if len(nbest) >= n_best_size:
                 break
+            if start == 0:  # the null answer: only context tokens (never [CLS]) start a span
+                seen.add("")
+                nbest.append(("", null_start, null_end))
+                continue
             # WordPieces rejoined: "##" continuations glued back to their word.
             pieces = " ".join([vocab[i] for i in features.input_ids[row, start:end + 1].tolist()])
             tok_text = " ".join(pieces.replace(" ##", "").replace("##", "").split())
@@ -181,24 +241,38 @@ def postprocess(examples: Sequence[SquadExample], features: SquadFeatures, start
             if text not in seen:
                 seen.add(text)
                 nbest.append((text, start_logit, end_logit))
+        if version_2_with_negative:
+            if "" not in seen:  # the null answer is always among the n-best
+                nbest.append(("", null_start, null_end))
+            if len(nbest) == 1:  # no valid span: where the reference fails, transformers' placeholder
+                nbest.insert(0, ("empty", 0.0, 0.0))
         if not nbest:  # no valid span at all: the reference's placeholder
             nbest.append(("empty", 0.0, 0.0))
         probabilities = _softmax([s + e for _, s, e in nbest])
         all_nbest[example.qas_id] = [
             {"text": text, "probability": p, "start_logit": s, "end_logit": e}
             for (text, s, e), p in zip(nbest, probabilities, strict=True)]
-        predictions[example.qas_id] = nbest[0][0]
-    return predictions, all_nbest
+        if version_2_with_negative:
+            text, start_logit, end_logit = next(entry for entry in nbest if entry[0])
+            # In the reference's order of operations, so that the floats are the same.
+            score_diff = score_null - start_logit - end_logit
+            null_odds[example.qas_id] = score_diff
+            predictions[example.qas_id] = "" if score_diff > null_score_diff_threshold else text
+        else:
+            predictions[example.qas_id] = nbest[0][0]
+    return SquadPredictions(predictions, all_nbest, null_odds if version_2_with_negative else None)
 
 
 def write_predictions(predictions: dict[str, str], prediction_file: str | Path,
                       nbest: dict[str, list[dict[str, Any]]] | None = None,
-                      nbest_file: str | Path | None = None) -> None:
-    """Write ``predictions.json`` (and ``nbest_predictions.json``) as the reference does.
+                      nbest_file: str | Path | None = None, null_odds: dict[str, float] | None = None,
+                      null_odds_file: str | Path | None = None) -> None:
+    """Write ``predictions.json`` (and ``nbest_predictions.json``, and for SQuAD v2.0
+    ``null_odds.json``) as the reference does.
 
     Each file appears whole or not at all.
     """
-    for obj, path in ((predictions, prediction_file), (nbest, nbest_file)):
+    for obj, path in ((predictions, prediction_file), (nbest, nbest_file), (null_odds, null_odds_file)):
         if obj is None or path is None:
             continue
         with atomic_file(Path(path)) as tmp:

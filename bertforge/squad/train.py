@@ -1,4 +1,4 @@
-"""SQuAD v1.1 fine-tuning and inference, as google-research/bert's ``run_squad.py`` does it.
+"""SQuAD v1.1 and v2.0 fine-tuning and inference, as google-research/bert's ``run_squad.py`` does it.
 
     cfg, squad_cfg = load_squad_config("squad_base", [("train.lr", "5e-5")])
     summary = finetune(cfg, squad_cfg, init="minilm/", train_file="train-v1.1.json",
@@ -27,6 +27,18 @@ reads), ``squad.yaml`` and ``vocab.txt`` from the start, ``metrics.jsonl``,
 ``transformers.BertForQuestionAnswering.from_pretrained(dir)`` loads it as it
 is) and, with a predict file, ``predictions.json`` and ``nbest_predictions.json``.
 
+SQuAD v2.0 (``squad.version_2_with_negative``, ``--version 2``): unanswerable
+training questions point at [CLS]; prediction adds the null answer, writes
+``null_odds.json`` too, and predicts no answer where the null score beats the
+best span by more than ``squad.null_score_diff_threshold``
+(:mod:`bertforge.squad.postprocess`). The dev set is then scored by the
+official v2.0 script's rules (:func:`bertforge.squad.metric.evaluate_v2`)
+with the null odds as its ``--na-prob-file`` and its default
+``--na-prob-thresh`` 1.0 (the threshold itself when that is higher, so that
+the scores are always those of ``predictions.json``): ``exact``, ``f1``,
+``HasAns_*``, ``NoAns_*`` and ``best_*``; v1.1 runs log ``exact_match``
+and ``f1``.
+
 Prediction sorts the windows by length and cuts each batch to its longest
 real sequence (``squad.trim_padding``, on by default): the logits at real
 positions are those of the padded batch, since padding is masked out of
@@ -45,6 +57,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import shutil
 import time
 import typing
@@ -101,7 +114,14 @@ from .data import (
     convert_examples_to_features,
     read_examples,
 )
-from .postprocess import MAX_ANSWER_LENGTH, N_BEST_SIZE, postprocess, write_predictions
+from .metric import format_scores
+from .postprocess import (
+    MAX_ANSWER_LENGTH,
+    N_BEST_SIZE,
+    SquadPredictions,
+    postprocess,
+    write_predictions,
+)
 
 DEFAULT_CONFIG = "squad_base"
 # Logit of a padding position that was not computed: below any computed logit.
@@ -121,6 +141,14 @@ class SquadConfig:
     trim_padding: bool = True  # predict only real positions (see the module docstring)
     train_file: str = ""  # the training JSON (saved, so that --resume needs no other argument)
     predict_file: str = ""  # the JSON to predict and score after training (and every train.eval_every steps)
+    version_2_with_negative: bool = False  # SQuAD v2.0: unanswerable questions (run_squad's flag)
+    null_score_diff_threshold: float = 0.0  # v2.0: predict no answer when null − best span > this
+
+
+# What changes the training itself (resume refuses a change of these); the
+# others only change prediction and are allowed. The training file is checked
+# by its fingerprint.
+_TRAINING_KEYS = ("doc_stride", "max_query_length", "max_questions", "version_2_with_negative")
 
 
 def _set_squad(squad: SquadConfig, key: str, value: Any, source: str = "") -> None:
@@ -138,6 +166,9 @@ def validate_squad(squad: SquadConfig, seq_len: int) -> None:
             raise ConfigError(f"squad.{key}={getattr(squad, key)} must be at least 1")
     if squad.max_query_length < 0 or squad.max_questions < 0:
         raise ConfigError("squad.max_query_length and squad.max_questions must not be negative")
+    if not math.isfinite(squad.null_score_diff_threshold):
+        raise ConfigError(f"squad.null_score_diff_threshold={squad.null_score_diff_threshold} "
+                          "must be a finite number")
     if seq_len < squad.max_query_length + 4:
         raise ConfigError(f"data.seq_len={seq_len} leaves no room for the context after "
                           f"squad.max_query_length={squad.max_query_length}")
@@ -337,14 +368,27 @@ def predict_logits(model: nn.Module, features: SquadFeatures, batch_size: int = 
 
 def predict(model: nn.Module, examples: list[SquadExample], tokenizer: Any, seq_len: int,
             squad: SquadConfig, lowercase: bool = True, device: torch.device | str = "cpu",
-            precision: str = "fp32") -> tuple[dict[str, str], dict[str, list[dict[str, Any]]]]:
-    """Predictions and n-best lists for ``examples``: features, logits, post-processing."""
+            precision: str = "fp32") -> SquadPredictions:
+    """Predictions and n-best lists for ``examples`` (and with SQuAD v2.0 the null odds, as
+    ``.null_odds``): features, logits, post-processing."""
     features = convert_examples_to_features(examples, tokenizer, seq_len, squad.doc_stride,
                                             squad.max_query_length)
     start, end = predict_logits(model, features, squad.predict_batch_size, device, precision,
                                 squad.trim_padding)
     return postprocess(examples, features, start, end, squad.n_best_size, squad.max_answer_length,
-                       do_lower_case=lowercase)
+                       do_lower_case=lowercase, version_2_with_negative=squad.version_2_with_negative,
+                       null_score_diff_threshold=squad.null_score_diff_threshold)
+
+
+def score_predictions(dev_set: Any, result: SquadPredictions, squad: SquadConfig) -> dict[str, float]:
+    """The dev-set scores of a prediction: v1.1 ``exact_match``/``f1``, v2.0 the official
+    v2.0 scores with the null odds (see the module docstring)."""
+    from .metric import evaluate, evaluate_v2
+
+    if not squad.version_2_with_negative:
+        return evaluate(dev_set, result.predictions)
+    return evaluate_v2(dev_set, result.predictions, result.null_odds,
+                       max(1.0, squad.null_score_diff_threshold))
 
 
 # ------------------------------------------------------------------ fine-tuning
@@ -353,7 +397,8 @@ def predict(model: nn.Module, examples: list[SquadExample], tokenizer: Any, seq_
 def training_features(cfg: Config, squad: SquadConfig, train_file: str | Path, tokenizer: Any
                       ) -> tuple[SquadFeatures, int, int]:
     """(features, questions used, answers skipped) of the training file."""
-    examples, skipped = read_examples(train_file, is_training=True)
+    examples, skipped = read_examples(train_file, is_training=True,
+                                      version_2_with_negative=squad.version_2_with_negative)
     if squad.max_questions > 0:
         examples = examples[:squad.max_questions]
     if not examples:
@@ -483,6 +528,7 @@ def _finetune(cfg: Config, squad: SquadConfig, dist: DistContext, out_dir: Path,
         saved_cfg, saved_data = weights.read_config(resume_from), saved.get("data_fingerprint")
         from_main(dist, lambda: runs.check_resume(resume_from, saved_cfg, cfg, saved_data, data_fingerprint,
                                                   f"the training file {train_file}"))
+        from_main(dist, lambda: check_squad_resume(out_dir, squad, cfg.checkpoint.resume_with_changes))
     stream = BatchStream(FeatureBatches(features), t.micro_batch_size, t.seed, **(saved["data"] if saved else {}),
                          rank=dist.rank, world_size=dist.world_size)
     wrapped = prepare_model(model.train(), cfg.execution, dist)
@@ -501,21 +547,20 @@ def _finetune(cfg: Config, squad: SquadConfig, dist: DistContext, out_dir: Path,
         from .data import load_json, parse_examples
 
         dev_set = load_json(predict_file)
-        examples, _ = parse_examples(dev_set, source=str(predict_file))
+        examples, _ = parse_examples(dev_set, source=str(predict_file),
+                                     version_2_with_negative=squad.version_2_with_negative)
 
     ranks = f" × {dist.world_size} ranks ({cfg.execution.parallel})" if dist.world_size > 1 else ""
     log(f"fine-tuning {init or resume_from} on {questions} questions ({len(features)} features, "
         f"{skipped} answers skipped) for {total} steps of {t.global_batch_size} = {t.micro_batch_size} × "
         f"{accumulation}{ranks} on {dist.device}; run directory {out_dir}")
 
-    def score(model_for_eval: nn.Module | None) -> tuple[dict[str, float], dict[str, str], dict[str, Any]]:
-        """Rank 0's predictions of the dev set and their EM / F1."""
-        from .metric import evaluate
-
+    def score(model_for_eval: nn.Module | None) -> tuple[dict[str, float], SquadPredictions]:
+        """Rank 0's predictions of the dev set and their scores (v1.1 EM / F1, or v2.0's)."""
         assert model_for_eval is not None and examples is not None and dev_set is not None  # rank 0, predicting
-        predictions, nbest = predict(model_for_eval, examples, tokenizer, cfg.data.seq_len, squad,
-                                     cfg.data.lowercase, dist.device, cfg.execution.precision)
-        return evaluate(dev_set, predictions), predictions, nbest
+        result = predict(model_for_eval, examples, tokenizer, cfg.data.seq_len, squad,
+                         cfg.data.lowercase, dist.device, cfg.execution.precision)
+        return score_predictions(dev_set, result, squad), result
 
     losses: list[torch.Tensor] = []
     with contextlib.ExitStack() as stack:
@@ -534,7 +579,7 @@ def _finetune(cfg: Config, squad: SquadConfig, dist: DistContext, out_dir: Path,
             with monitor.phase("eval"):
                 result = from_main(dist, lambda: score(whole)[0])
             logger.log({"step": step, "split": "eval", **result})
-            bar.print(f"step {step}: exact_match {result['exact_match']:.2f} f1 {result['f1']:.2f}")
+            bar.print(f"step {step}: {format_scores(result)}")
             return result
 
         throughput = Throughput()
@@ -578,18 +623,46 @@ def _finetune(cfg: Config, squad: SquadConfig, dist: DistContext, out_dir: Path,
             save_model(whole, out_dir)
         if examples is not None:
             def final_scores() -> dict[str, float]:
-                scores, predictions, nbest = score(whole)
-                write_predictions(predictions, out_dir / "predictions.json", nbest,
-                                  out_dir / "nbest_predictions.json")
+                scores, result = score(whole)
+                write_predictions(result.predictions, out_dir / "predictions.json", result.nbest,
+                                  out_dir / "nbest_predictions.json", result.null_odds,
+                                  out_dir / "null_odds.json" if result.null_odds is not None else None)
                 return scores
 
             with monitor.phase("eval"):
                 scores = from_main(dist, final_scores)
             logger.log({"step": step, "split": "eval", **scores})
             summary["predictions"] = str(out_dir / "predictions.json")
+            summary["scores"] = scores
             summary.update(scores)
     summary["minutes"] = (time.perf_counter() - started) / 60
     return summary
+
+
+def check_squad_resume(run_dir: Path, squad: SquadConfig, with_changes: bool) -> None:
+    """Refuse resuming with SQuAD settings that change the training (``_TRAINING_KEYS``:
+    e.g. a v1.1 run resumed as v2.0) unless ``with_changes``; log every change.
+
+    ``runs.check_resume`` compares the run config, which holds no SQuAD settings:
+    they are in the run's ``squad.yaml``.
+    """
+    import logging
+
+    path = run_dir / "squad.yaml"
+    if not path.is_file():
+        return
+    saved = SquadConfig()
+    for key, value in (load_yaml(path) or {}).items():
+        _set_squad(saved, key, value, str(path))
+    changes = [(key, getattr(saved, key), getattr(squad, key)) for key in
+               (f.name for f in dataclasses.fields(SquadConfig)) if key not in ("train_file", "predict_file")
+               and getattr(saved, key) != getattr(squad, key)]
+    breaking = [f"squad.{key}: {old!r} → {new!r}" for key, old, new in changes if key in _TRAINING_KEYS]
+    if breaking and not with_changes:
+        raise ConfigError(f"resuming {run_dir} with changes that break continuing it exactly: "
+                          f"{'; '.join(breaking)}; pass --resume-with-changes to go on with them")
+    for key, old, new in changes:
+        logging.getLogger(__name__).warning("resuming with a change: squad.%s: %r → %r", key, old, new)
 
 
 def full_model(model: nn.Module, cfg: Config, dist: DistContext) -> BertForQuestionAnswering | None:

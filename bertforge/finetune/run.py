@@ -1,0 +1,439 @@
+"""What every fine-tuning job shares: its config, its run directory and its training loop.
+
+A job (SQuAD, GLUE, NER) is a :class:`Job`: the model with its weights
+loaded, the training rows, the loss, and what to evaluate and write at the
+end. :func:`launch` starts one under torchrun or alone (one run per run
+directory, resumed with ``--resume``), and :func:`train` runs its steps
+through the training engine (:mod:`bertforge.engine`), as pre-training does:
+one optimizer step consumes ``train.global_batch_size`` rows in
+micro-batches, split over the ranks, from a seeded permutation per epoch (the
+last partial micro-batch dropped), with dropout seeded per micro-batch so that
+any world size gives the same losses. ``train.epochs`` epochs make
+``epochs × (rows // global_batch_size)`` steps.
+
+The task's own settings are a section of the YAML config (``squad:``,
+``finetune:``), a dataclass read by :func:`load_config` and saved beside
+``config.yaml`` in the run directory (``squad.yaml``, ``finetune.yaml``); that
+file also marks the directory as a fine-tuning run of that kind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import shutil
+import time
+import typing
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from torch import nn
+
+from .. import checkpoint as ckpt
+from .. import runs, tf1, weights
+from ..config import (
+    Config,
+    ConfigError,
+    _coerce,
+    accumulation_steps,
+    apply_dict,
+    load_yaml,
+    resolve_config_path,
+    set_value,
+    validate,
+)
+from ..data.checksum import fingerprint
+from ..dist import (
+    DistContext,
+    barrier,
+    check_execution,
+    destroy_distributed,
+    from_main,
+    init_distributed,
+    is_sharded,
+    prepare_model,
+    unwrap,
+    write_error,
+)
+from ..engine import Batches, BatchStream, Engine, LossFn, Preemption, set_threads
+from ..fileio import atomic_file
+from ..log import MetricsLogger, ProgressBar, Throughput
+from ..optim import build_optimizer, build_scheduler
+from ..profile import RunMonitor
+from . import FinetuneError
+
+# ------------------------------------------------------------------ config
+
+
+def set_section(section: Any, prefix: str, key: str, value: Any, source: str = "") -> None:
+    """``section.key = value``, coerced to the field's type; an unknown key is named with the known ones."""
+    cls = type(section)
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    where = f" in {source}" if source else ""
+    if key not in names:
+        raise ConfigError(f"unknown config key '{prefix}.{key}'{where} (keys of {prefix}: {', '.join(names)})")
+    setattr(section, key, _coerce(f"{prefix}.{key}", value, hints[key]))
+
+
+def load_config(section: Any, prefix: str, default: str, name: str | None = None,
+                overrides: Sequence[tuple[str, Any]] = (), resume: str | Path | None = None) -> Config:
+    """Defaults, then a YAML config, then dotted overrides; ``prefix.*`` keys go to ``section``.
+
+    The YAML is ``name``, else (with ``resume``) the resumed run's own
+    ``config.yaml`` and ``{prefix}.yaml``, else ``default``. ``section`` (a
+    dataclass) is filled in place; the Config is returned, not yet validated
+    against the section (the caller checks what depends on both).
+    """
+    cfg = Config()
+    path: Path | None
+    if name is None and resume and resume != runs.AUTO:  # auto: the launch command's config
+        checkpoint = runs.find_checkpoint(resume)
+        path = checkpoint / "config.yaml"
+        data = dict(load_yaml(path) or {})
+        section_file = checkpoint.parent.parent / f"{prefix}.yaml"
+        if section_file.is_file():
+            data[prefix] = load_yaml(section_file)
+    else:
+        path = resolve_config_path(name or default)
+        if path is None:
+            raise ConfigError(f"config {name!r} is a model preset; a fine-tuning run takes its model from --init")
+        data = load_yaml(path)
+    if not isinstance(data, dict):
+        raise ConfigError(f"config in {path}: expected a mapping of sections, got {data!r}")
+    data = dict(data)
+    body = data.pop(prefix, None) or {}
+    if not isinstance(body, dict):
+        raise ConfigError(f"{prefix} in {path}: expected a mapping, got {body!r}")
+    apply_dict(cfg, data, source=str(path))
+    for key, value in body.items():
+        set_section(section, prefix, key, value, str(path))
+    for key, value in overrides:
+        if key.startswith(prefix + "."):
+            set_section(section, prefix, key[len(prefix) + 1:], value)
+        else:
+            set_value(cfg, key, value)
+    validate(cfg)
+    return cfg
+
+
+def read_section(section: Any, prefix: str, run_dir: Path) -> Any:
+    """``section`` updated from a fine-tuned model's ``{prefix}.yaml``, when it has one."""
+    path = Path(run_dir) / f"{prefix}.yaml"
+    if path.is_file():
+        body = load_yaml(path) or {}
+        if not isinstance(body, dict):
+            raise ConfigError(f"{path}: expected a mapping, got {body!r}")
+        for key, value in body.items():
+            set_section(section, prefix, key, value, str(path))
+    return section
+
+
+def saved_data_settings(model_path: str | Path) -> tuple[bool, int | None]:
+    """(lowercase, seq_len) saved with a fine-tuned model in its ``config.yaml``; (True, None) otherwise."""
+    path = Path(model_path) / "config.yaml"
+    lowercase, seq_len = True, None
+    if path.is_file():
+        data = load_yaml(path) or {}
+        section = data.get("data") if isinstance(data, dict) else None
+        if isinstance(section, dict):
+            lowercase = bool(section.get("lowercase", True))
+            seq_len = section.get("seq_len")
+    return lowercase, seq_len if isinstance(seq_len, int) else None
+
+
+def write_run_files(out_dir: Path, cfg: Config, section: Any, prefix: str, vocab: Path) -> None:
+    """The settings of a fine-tuning run, written when it starts: config.yaml, {prefix}.yaml, vocab.txt."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with atomic_file(out_dir / "config.yaml") as tmp:
+        tmp.write_text(cfg.to_yaml(), encoding="utf-8")
+    with atomic_file(out_dir / f"{prefix}.yaml") as tmp:
+        tmp.write_text(yaml.safe_dump(dataclasses.asdict(section), sort_keys=False), encoding="utf-8")
+    if Path(vocab).resolve() != (out_dir / "vocab.txt").resolve():
+        with atomic_file(out_dir / "vocab.txt") as tmp:
+            shutil.copyfile(vocab, tmp)
+
+
+def find_vocab(model_path: str | Path, vocab: str | Path | None = None) -> Path:
+    """``vocab`` if given, else ``vocab.txt`` beside the weights; an error naming both when neither exists."""
+    if vocab:
+        vocab = Path(vocab)
+        if not vocab.is_file():
+            raise FinetuneError(f"vocab not found: {vocab}")
+        return vocab
+    path = Path(model_path)
+    candidates = [path / "vocab.txt"]
+    prefix = tf1.find_prefix(path)
+    if prefix is not None:  # a TF1 checkpoint: its vocab sits beside it, or one directory up (MLPerf's layout)
+        candidates = [prefix.parent / "vocab.txt", prefix.parent.parent / "vocab.txt"]
+    elif not (path / "config.json").is_file() and not (path / "model.safetensors").is_file():
+        try:
+            candidates.insert(0, runs.find_checkpoint(path) / "vocab.txt")
+        except ValueError:
+            pass
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    raise FinetuneError(f"{path}: no vocab.txt beside the model; pass --vocab")
+
+
+# ------------------------------------------------------------------ run directories
+
+
+def prepare_out_dir(cfg: Config, out_dir: str | Path | None, overwrite: bool = False,
+                    inputs: Sequence[str | Path | None] = (), kind: str = "finetune") -> Path:
+    """The directory of a new run: a new (or empty) one, never someone's files.
+
+    A new one that a run refused for bad input leaves empty is removed again
+    (:func:`new_run_dir`). With ``overwrite`` (``--out DIR --overwrite``: the
+    user named the directory) the files of a non-empty one are removed first,
+    unless it holds one of ``inputs`` (the ``--init`` weights, the data files,
+    the vocab) or the current directory.
+    """
+    path = Path(out_dir) if out_dir else (
+        Path(cfg.log.run_dir) / (cfg.log.name or datetime.now().strftime(f"{kind}-%Y%m%d-%H%M%S")))
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{path} exists and is not a directory: choose another --out")
+    if not path.exists() or all(p.name == runs.LOCK for p in path.iterdir()):  # a lock left by a killed run
+        return path
+    if not overwrite:
+        raise ConfigError(f"{path} already exists and is not empty: pass --resume {path} to continue "
+                          f"its run, --overwrite to replace it, or choose another --out")
+    root = path.resolve()
+    for kept in [Path.cwd(), *(Path(x) for x in inputs if x)]:
+        kept = kept.resolve()
+        if kept == root or root in kept.parents:
+            raise ConfigError(f"--overwrite would delete {kept}, which is in {path}: choose another --out")
+    for entry in sorted(path.iterdir()):
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:  # a file, or a link (removed, not what it points to)
+            entry.unlink()
+    return path
+
+
+def locate_run(cfg: Config, out_dir: str | Path | None, held: contextlib.ExitStack, marker: str,
+               kind: str = "finetune") -> tuple[Path | None, Path]:
+    """(the checkpoint to resume, verified, or None; the run directory), on rank 0.
+
+    ``checkpoint.resume: auto`` resumes the newest sound checkpoint of ``--out``
+    when it is a fine-tuning run directory of this kind (it has ``marker``, its
+    settings file), skipping damaged ones with a warning, and starts fresh
+    there otherwise. The run directory's lock is taken into ``held`` first
+    (another live run there is an error naming it); then the temporaries of
+    interrupted saves are removed.
+    """
+    resume = cfg.checkpoint.resume
+    if resume == runs.AUTO:
+        run_dir = Path(out_dir) if out_dir else runs.auto_run_dir(cfg.log.run_dir, cfg.log.name, "--out")
+        if (run_dir / marker).is_file():  # ours: never take a pre-training run's checkpoints
+            held.enter_context(runs.RunLock(run_dir))
+            # None: it started before and failed before its first checkpoint; start again there.
+            return runs.checkpoint_to_resume(resume, run_dir), run_dir
+        return None, new_run_dir(prepare_out_dir(cfg, run_dir, kind=kind), held)
+    if resume:
+        run_dir = runs.find_checkpoint(resume).parent.parent
+        held.enter_context(runs.RunLock(run_dir))
+        resume_from = runs.checkpoint_to_resume(resume)
+        assert resume_from is not None  # a named checkpoint, or an error
+        return resume_from, run_dir
+    return None, new_run_dir(prepare_out_dir(cfg, out_dir, kind=kind), held)
+
+
+def new_run_dir(run_dir: Path, held: contextlib.ExitStack) -> Path:
+    """Make ``run_dir`` and take its lock into ``held``. One made here goes again, when ``held``
+    closes, if the run wrote nothing into it (refused for bad input, say)."""
+    created = not run_dir.exists()
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"cannot create the run directory {run_dir}: {err.strerror} (--out)") from None
+    if created:
+        held.callback(_remove_if_unused, run_dir)  # after the lock is released (an ExitStack unwinds backwards)
+    held.enter_context(runs.RunLock(run_dir))
+    return run_dir
+
+
+def _remove_if_unused(run_dir: Path) -> None:
+    """Remove a run directory that holds nothing but its lock: a run refused for bad input leaves nothing."""
+    if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {runs.LOCK}:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def launch(cfg: Config, out_dir: str | Path | None, marker: str, kind: str,
+           body: Callable[[DistContext, Path, Path | None, float], dict[str, Any]]) -> dict[str, Any]:
+    """Run ``body(dist, run_dir, resume_from, started)`` on every rank, alone or under torchrun.
+
+    Rank 0 finds the run directory (:func:`locate_run`) and holds its lock
+    until the run ends; a failing rank writes its traceback into the run
+    directory when there are several.
+    """
+    started = time.perf_counter()
+    set_threads(cfg.execution.threads)
+    dist = init_distributed(cfg.execution.device, cfg.execution.dist_timeout)
+    try:
+        check_execution(cfg.execution, dist.world_size)
+        with contextlib.ExitStack() as held:  # rank 0 holds the run directory's lock until the run ends
+            resume_from, run_dir = from_main(dist, lambda: locate_run(cfg, out_dir, held, marker, kind))
+            try:
+                summary = body(dist, run_dir, resume_from, started)
+                barrier(dist)
+                return summary
+            except Exception:
+                if dist.world_size > 1:  # one process has its traceback on the console
+                    write_error(run_dir, dist)
+                raise
+    finally:
+        destroy_distributed()
+
+
+# ------------------------------------------------------------------ the training loop
+
+
+@dataclass
+class Job:
+    """One fine-tuning task as :func:`train` sees it."""
+
+    kind: str                                    # "squad", "glue", "ner": the progress bar's label
+    model: nn.Module                             # its weights loaded (from --init or the checkpoint), on the CPU
+    rows: Batches                                # the training rows
+    loss_fn: LossFn
+    data_files: list[Path]                       # what the resume fingerprint covers
+    description: str                             # what it trains on, for the first console line
+    rebuild: Callable[[], nn.Module]             # an untrained model of the same shape (to gather FSDP shards)
+    write_settings: Callable[[Path], None]       # rank 0, when a run starts: config and settings files
+    save: Callable[[nn.Module, Path], None]      # rank 0, at the end: the fine-tuned model's files
+    evaluate: Callable[[nn.Module], dict[str, float]] | None = None  # rank 0, whole model: dev scores
+    finish: Callable[[nn.Module, Path], dict[str, Any]] | None = None  # rank 0 at the end: predictions written
+    describe: Callable[[dict[str, float]], str] = lambda scores: " ".join(
+        f"{k} {v:.4f}" for k, v in scores.items() if isinstance(v, float))
+
+
+def full_model(model: nn.Module, job: Job, dist: DistContext) -> nn.Module | None:
+    """The whole model for prediction and saving on rank 0; None on the others under FSDP.
+
+    Under FSDP every rank must take part in gathering the shards, so every
+    rank calls this; otherwise it is the model itself, unwrapped.
+    """
+    inner = unwrap(model)
+    if not is_sharded(inner):
+        return inner
+    state = weights.full_state_dict(inner)
+    if not dist.is_main:
+        return None
+    whole = job.rebuild()
+    whole.load_state_dict(state)
+    return whole.to(dist.device)
+
+
+def train(cfg: Config, job: Job, dist: DistContext, out_dir: Path, resume_from: Path | None,
+          source: str | Path | None, log: Callable[[str], None], started: float) -> dict[str, Any]:
+    """Fine-tune ``job`` on one rank: its steps, checkpoints, evaluations and final files.
+
+    Returns a summary: out_dir, checkpoint, steps, losses (one per optimizer
+    step of this process), rank, world_size, preempted, minutes, and what
+    ``job.finish`` returned (scores, prediction files).
+    """
+    t = cfg.train
+    accumulation = accumulation_steps(t, world_size=dist.world_size)
+    steps_per_epoch = len(job.rows) // t.global_batch_size
+    if steps_per_epoch == 0:
+        raise ConfigError(f"{', '.join(map(str, job.data_files))} gives {len(job.rows)} training rows, fewer "
+                          f"than train.global_batch_size={t.global_batch_size}")
+    total = t.epochs * steps_per_epoch if t.epochs > 0 else t.steps
+    saved = ckpt.read_trainer_state(resume_from) if resume_from else None
+    data_fingerprint = fingerprint(job.data_files)
+    if resume_from is not None:
+        assert saved is not None  # read above
+        saved_cfg, saved_data = weights.read_config(resume_from), saved.get("data_fingerprint")
+        what = f"the training data {', '.join(map(str, job.data_files))}"
+        from_main(dist, lambda: runs.check_resume(resume_from, saved_cfg, cfg, saved_data, data_fingerprint, what))
+    stream = BatchStream(job.rows, t.micro_batch_size, t.seed, **(saved["data"] if saved else {}),
+                         rank=dist.rank, world_size=dist.world_size)
+    wrapped = prepare_model(job.model.train(), cfg.execution, dist)
+    optimizer = build_optimizer(unwrap(wrapped), t)
+    engine = Engine(wrapped, optimizer, build_scheduler(optimizer, t, total), job.loss_fn,
+                    cfg.execution.precision, t.grad_clip, dist, seed=t.seed)
+    step = ckpt.resume(resume_from, engine, verified=True)["step"] if resume_from is not None else 0
+
+    def state() -> dict[str, Any]:  # what a checkpoint adds to the engine's: the data position and fingerprint
+        return {"data": stream.state(), "data_fingerprint": data_fingerprint}
+
+    if dist.is_main and resume_from is None:
+        job.write_settings(out_dir)
+    ranks = f" × {dist.world_size} ranks ({cfg.execution.parallel})" if dist.world_size > 1 else ""
+    log(f"fine-tuning {source or resume_from} on {job.description} for {total} steps of "
+        f"{t.global_batch_size} = {t.micro_batch_size} × {accumulation}{ranks} on {dist.device}; "
+        f"run directory {out_dir}")
+
+    losses: list[torch.Tensor] = []
+    with contextlib.ExitStack() as stack:
+        logger = stack.enter_context(MetricsLogger(out_dir, cfg, enabled=dist.is_main, start_step=step))
+        engine.preemption = preemption = stack.enter_context(Preemption())
+        bar = stack.enter_context(ProgressBar(total, step, enabled=cfg.log.progress, main=dist.is_main,
+                                              label=job.kind))
+        monitor = stack.enter_context(RunMonitor(cfg, out_dir, dist, logger, bar.print, start_step=step,
+                                                 total_steps=total, started=started))
+
+        def run_eval() -> None:
+            """Dev scores by rank 0 alone with the whole model; the others wait."""
+            evaluate = job.evaluate
+            if evaluate is None:
+                return
+            whole = full_model(engine.model, job, dist)
+            with monitor.phase("eval"):
+                result = from_main(dist, lambda: evaluate(whole) if whole is not None else {})
+            logger.log({"step": step, "split": "eval", **result})
+            bar.print(f"step {step}: {job.describe(result)}")
+
+        throughput = Throughput()
+        preempted: Path | None = None  # the checkpoint written when a signal stopped the run
+        while step < total:
+            lr = engine.lr
+            with monitor.step(step):  # memory, step times and the --profile window
+                out = engine.step((stream.next() for _ in range(accumulation)), accumulation, step)
+            step += 1
+            losses.append(out["loss"])
+            throughput.add(t.global_batch_size)
+            if step % cfg.log.every == 0 or step == total or step == 1:
+                values = {k: v.item() for k, v in out.items()}
+                seq_per_s = throughput.rate()
+                logger.log({"step": step, **values, "lr": lr, "seq_per_s": seq_per_s, "epoch": stream.epoch,
+                            **monitor.row()})
+                bar.update(step, f"loss {values['loss']:.4f} lr {lr:.3g} {seq_per_s:.1f} seq/s")
+                if bar.progress is None:  # no bar: a line per logged step
+                    log(f"step {step}/{total} epoch {stream.epoch + 1} loss {values['loss']:.4f} lr {lr:.3g}")
+            else:
+                bar.update(step)
+            if t.eval_every and step % t.eval_every == 0 and step < total:
+                run_eval()
+            if engine.stop_requested and step < total:  # every rank stops after this same step
+                preempted = ckpt.save(out_dir, step, engine, cfg, state())
+                bar.print(preemption.message(step, preempted, out_dir))
+                break
+            if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < total:
+                ckpt.save(out_dir, step, engine, cfg, state())
+        final_checkpoint = preempted or ckpt.save(out_dir, step, engine, cfg, state())
+        summary: dict[str, Any] = {"out_dir": str(out_dir), "checkpoint": str(final_checkpoint), "steps": step,
+                                   "losses": torch.stack(losses).tolist() if losses else [],
+                                   "rank": dist.rank, "world_size": dist.world_size,
+                                   "preempted": preempted is not None}
+        if preempted is None:  # the model and predictions wait for the run to finish
+            whole = full_model(engine.model, job, dist)
+            if whole is not None and dist.is_main:
+                job.save(whole, out_dir)
+            finish = job.finish
+            if finish is not None:
+                with monitor.phase("eval"):
+                    result = from_main(dist, lambda: finish(whole, out_dir) if whole is not None else {})
+                scores = {k: v for k, v in result.items() if isinstance(v, float)}
+                if scores:
+                    logger.log({"step": step, "split": "eval", **scores})
+                summary.update(result)
+    summary["minutes"] = (time.perf_counter() - started) / 60
+    return summary

@@ -1,0 +1,133 @@
+"""The GLUE and NER heads: Hugging Face's BertFor{Sequence,Token}Classification in and out, equal logits."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+
+import pytest
+import torch
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # never reach the network; set before transformers is imported
+transformers = pytest.importorskip("transformers")
+
+from bertforge.config import ModelConfig  # noqa: E402
+from bertforge.model import BertForPreTraining, BertForSequenceClassification, BertForTokenClassification  # noqa: E402
+from bertforge.runs import CheckpointError  # noqa: E402
+from bertforge.weights import (  # noqa: E402
+    ConversionError,
+    NewlyInitializedWarning,
+    export_hf,
+    export_tf1,
+    hf_labels,
+    load_hf,
+    load_model,
+    save_weights,
+)
+
+SMALL = dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+             intermediate_size=128, max_position_embeddings=64)
+HEADS = {"classification": (BertForSequenceClassification, "BertForSequenceClassification"),
+         "token_classification": (BertForTokenClassification, "BertForTokenClassification")}
+
+
+def randomize_(model: torch.nn.Module, seed: int) -> None:
+    """Perturb every parameter, so that zero biases and unit LayerNorms are tested too."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+
+
+def batch(seed: int = 0, B: int = 3, T: int = 16):
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, SMALL["vocab_size"], (B, T), generator=gen)
+    types = torch.zeros(B, T, dtype=torch.long)
+    mask = torch.ones(B, T, dtype=torch.long)
+    for b, length in enumerate((T, T - 5, T - 9)[:B]):
+        types[b, length // 2:length] = 1
+        mask[b, length:] = 0
+        ids[b, length:] = 0
+    return ids, types, mask
+
+
+@pytest.mark.parametrize("head", sorted(HEADS))
+@pytest.mark.parametrize("num_labels", [1, 3])
+def test_export_gives_transformers_equal_logits_and_label_names(tmp_path, head, num_labels):
+    ours_class, hf_name = HEADS[head]
+    torch.manual_seed(0)
+    ours = ours_class(ModelConfig(**SMALL), num_labels).eval()
+    randomize_(ours, seed=1)
+    labels = [f"tag{i}" for i in range(num_labels)]
+    export_hf(ours, tmp_path / "hf", labels=labels)
+    hf = getattr(transformers, hf_name).from_pretrained(tmp_path / "hf").eval()
+    ids, types, mask = batch()
+    with torch.no_grad():
+        mine = ours(ids, types, mask)
+        theirs = hf(input_ids=ids, token_type_ids=types, attention_mask=mask).logits
+    torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=0)
+    assert hf.config.id2label == dict(enumerate(labels)) and hf_labels(tmp_path / "hf") == labels
+    if head == "classification":  # transformers takes an MSE loss for one output
+        assert hf.config.problem_type == ("regression" if num_labels == 1 else "single_label_classification")
+
+
+@pytest.mark.parametrize("head", sorted(HEADS))
+def test_a_transformers_fine_tune_loads_for_prediction(tmp_path, head):
+    _, hf_name = HEADS[head]
+    torch.manual_seed(2)
+    config = transformers.BertConfig(**SMALL, num_labels=5)
+    hf = getattr(transformers, hf_name)(config).eval()
+    randomize_(hf, seed=3)
+    hf.save_pretrained(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NewlyInitializedWarning)  # nothing may be left fresh
+        ours = load_hf(tmp_path, head=head)
+        again = load_model(tmp_path, head=head, num_labels=5)
+    assert ours.num_labels == 5
+    ids, types, mask = batch(seed=4)
+    with torch.no_grad():
+        theirs = hf(input_ids=ids, token_type_ids=types, attention_mask=mask).logits
+        torch.testing.assert_close(ours(ids, types, mask), theirs, atol=1e-5, rtol=0)
+        assert torch.equal(again(ids, types, mask), ours(ids, types, mask))
+    with pytest.raises(ConversionError, match="classifier has 5 labels, not the 3 asked for"):
+        load_model(tmp_path, head=head, num_labels=3)
+
+
+def test_a_new_head_on_a_pretrained_encoder(tmp_path):
+    """From a pre-training checkpoint: the encoder and pooler come along, the classifier is new."""
+    torch.manual_seed(5)
+    pretrained = BertForPreTraining(ModelConfig(**SMALL))
+    export_hf(pretrained, tmp_path / "hf")
+    with pytest.warns(NewlyInitializedWarning, match="classifier.weight"):
+        model = load_model(tmp_path / "hf", head="classification", num_labels=2)
+    assert torch.equal(model.bert.pooler.dense.weight, pretrained.bert.pooler.dense.weight)
+    assert torch.equal(model.bert.encoder.layer[1].output.dense.weight,
+                       pretrained.bert.encoder.layer[1].output.dense.weight)
+    with pytest.raises(ConversionError, match="has no classifier; give num_labels"):
+        load_model(tmp_path / "hf", head="token_classification")
+
+
+def test_ours_round_trip_and_what_is_refused(tmp_path):
+    from bertforge.config import Config
+
+    torch.manual_seed(6)
+    model = BertForTokenClassification(ModelConfig(**SMALL), 4).eval()
+    out = tmp_path / "ours"
+    out.mkdir()
+    save_weights(model, out / "model.safetensors")
+    config = Config(model=ModelConfig(**SMALL))
+    config.data.seq_len = 64
+    (out / "config.yaml").write_text(config.to_yaml(), encoding="utf-8")
+    back = load_model(out, head="token_classification")
+    ids, types, mask = batch()
+    with torch.no_grad():
+        assert torch.equal(back(ids, types, mask), model(ids, types, mask))
+    with pytest.raises(CheckpointError, match="classifier has 4 labels, not the 2"):
+        load_model(out, head="token_classification", num_labels=2)
+    with pytest.raises(ConversionError, match="cannot export BertForTokenClassification as a TF1"):
+        export_tf1(model, tmp_path / "tf1")
+    with pytest.raises(ConversionError, match="2 label names for a classifier of 4 outputs"):
+        export_hf(model, tmp_path / "hf", labels=["O", "B-X"])
+    assert not (tmp_path / "hf").exists()
+    assert json.loads((export_hf(model, tmp_path / "hf2") / "config.json").read_text())["id2label"]["3"] == "LABEL_3"
