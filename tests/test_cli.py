@@ -18,7 +18,8 @@ SUBCOMMANDS = [["pretrain"], ["bench"], ["bench", "pretrain"], ["bench", "squad"
                ["data", "preprocess"], ["data", "vocab"], ["data", "create"], ["data", "pick-eval"],
                ["data", "index"], ["data", "inspect"], ["squad"], ["squad", "train"], ["squad", "predict"],
                ["squad", "evaluate"], ["squad", "ask"], ["eval"], ["report"], ["data", "checksum"], ["data", "pack"],
-               ["import"], ["import", "tf1"]]
+               ["import"], ["import", "tf1"], ["finetune"], ["finetune", "glue"], ["finetune", "ner"],
+               ["finetune", "predict"], ["finetune", "download-glue"]]
 
 
 def all_commands(parser, prefix=()):
@@ -160,14 +161,15 @@ def test_flag_choices_are_the_config_literals():
     assert tuple(find_action(parser, ["bench", "pretrain"], "precision").choices) == ("fp32", "bf16", "fp16")
     assert tuple(find_action(parser, ["bench", "squad"], "precision").choices) == ("fp32", "bf16", "fp16")
     assert tuple(find_action(parser, ["squad", "predict"], "precision").choices) == ("fp32", "bf16")
-    assert typing.get_args(Head) == ("pretraining", "qa", "encoder")
-    assert tuple(find_action(parser, ["export"], "head").choices) == ("pretraining", "qa", "encoder")
+    heads = ("pretraining", "qa", "classification", "token_classification", "encoder")
+    assert typing.get_args(Head) == heads
+    assert tuple(find_action(parser, ["export"], "head").choices) == heads
 
 
 def test_checkpoint_heads_are_the_config_literal():
     from bertforge.weights import HEADS
 
-    assert HEADS == ("pretraining", "qa", "encoder")
+    assert HEADS == ("pretraining", "qa", "classification", "token_classification", "encoder")
 
 
 # ------------------------------------------------------------ logging, configured in main
@@ -187,7 +189,7 @@ def test_library_info_lines_are_shown_by_default(downloaded, capsys, monkeypatch
     assert main(argv) == 0
     out, err = capsys.readouterr()
     assert out == f"{path}\n"
-    assert err == f"INFO bertforge.data.wikipedia: {path} is already here\n"
+    assert err == f"INFO bertforge.download: {path} is already here\n"
 
 
 @pytest.mark.parametrize("level, shown", [("DEBUG", True), ("debug", True), ("INFO", True),
@@ -195,7 +197,7 @@ def test_library_info_lines_are_shown_by_default(downloaded, capsys, monkeypatch
 def test_log_level_flag(level, shown, downloaded, capsys):
     argv, path = downloaded
     assert main(["--log-level", level, *argv]) == 0
-    expected = f"INFO bertforge.data.wikipedia: {path} is already here\n" if shown else ""
+    expected = f"INFO bertforge.download: {path} is already here\n" if shown else ""
     assert capsys.readouterr().err == expected
 
 
@@ -205,7 +207,7 @@ def test_log_level_from_the_environment_and_the_flag_wins(downloaded, capsys, mo
     assert main(argv) == 0
     assert capsys.readouterr().err == ""
     assert main(["--log-level", "INFO", *argv]) == 0
-    assert capsys.readouterr().err == f"INFO bertforge.data.wikipedia: {path} is already here\n"
+    assert capsys.readouterr().err == f"INFO bertforge.download: {path} is already here\n"
 
 
 def test_a_bad_log_level_is_a_usage_error(capsys, monkeypatch):
