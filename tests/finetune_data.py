@@ -5,7 +5,8 @@ out, from plain English words (all in the BERT vocab, so a real pretrained
 model can be fine-tuned on them too) chosen by a seeded generator:
 
 * SST-2: a sentence is positive (1) when its adjective is a positive one;
-* STS-B: two sentences, scored 0-5 by how many of their 5 words they share;
+* STS-B: two sentences, scored 0-5 by how many of their 5 words they share (the shared
+  ones are adjectives, the others not);
 * MNLI: the hypothesis is the premise (entailment), its negation (contradiction) or
   another sentence (neutral); dev and test come matched and mismatched;
 * NER: people (B-PER I-PER), cities (B-LOC) and companies (B-ORG) among other words.
@@ -66,9 +67,12 @@ def write_stsb(root: Path, train: int = 128, dev: int = 64, test: int = 20, seed
     header = ["index", "genre", "filename", "year", "old_index", "source1", "source2", "sentence1", "sentence2"]
 
     def pair(i: int) -> list[str]:
-        a = rng.sample(FILLER, 5)
+        # The shared words are adjectives, so a small model can score a pair by counting them.
         shared = rng.randint(0, 5)
-        b = a[:shared] + rng.sample([w for w in FILLER if w not in a], 5 - shared)
+        adjectives = rng.sample(POSITIVE + NEGATIVE, shared)
+        a = adjectives + rng.sample(FILLER, 5 - shared)
+        b = adjectives + rng.sample([w for w in FILLER if w not in a], 5 - shared)
+        rng.shuffle(a)
         rng.shuffle(b)
         return [str(i), "main-captions", "MSRvid", "2012test", f"{i:04d}", "none", "none", " ".join(a), " ".join(b),
                 f"{float(shared):.3f}"]

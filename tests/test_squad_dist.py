@@ -18,6 +18,7 @@ import pytest
 import torch
 from conftest import shared_data
 from test_dist import run_here, torchrun
+from test_squad_v2 import to_v2
 
 from bertforge.config import ModelConfig
 from bertforge.model import BertForPreTraining
@@ -48,17 +49,23 @@ def setup(tmp_path_factory) -> dict[str, Path]:
     cfg = ModelConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                       max_position_embeddings=64)
     export_hf(BertForPreTraining(cfg), root / "init", vocab_path=vocab)
-    return {"root": root, "train": root / "train.json", "dev": root / "dev.json", "init": root / "init"}
+    # SQuAD v2.0: the same questions, every third unanswerable.
+    (root / "train-v2.json").write_text(json.dumps(to_v2(train)), encoding="utf-8")
+    (root / "dev-v2.json").write_text(json.dumps(to_v2(dev)), encoding="utf-8")
+    return {"root": root, "train": root / "train.json", "dev": root / "dev.json", "init": root / "init",
+            "train-v2": root / "train-v2.json", "dev-v2": root / "dev-v2.json"}
 
 
-def squad_args(setup: dict[str, Path], out: Path, parallel: str = "none", *extra: str) -> list[str]:
-    return ["squad", "train", "--init", str(setup["init"]), "--train-file", str(setup["train"]),
+def squad_args(setup: dict[str, Path], out: Path, parallel: str = "none", *extra: str, v2: bool = False) -> list[str]:
+    files = ["--train-file", str(setup["train-v2"]), "--predict-file", str(setup["dev-v2"]), "--version", "2"] if v2 \
+        else ["--train-file", str(setup["train"]), "--predict-file", str(setup["dev"])]
+    return ["squad", "train", "--init", str(setup["init"]), *files,
             "--out", str(out), "--no-progress", "--data.seq_len", "64", "--squad.doc_stride", "32",
             "--squad.max_query_length", "16", "--train.steps", str(STEPS), "--train.epochs", "0", "--train.lr", "1e-3",
             "--train.micro_batch_size", "2", "--train.global_batch_size", "8", "--train.warmup_steps", "1",
             "--log.every", "1", "--log.tensorboard", "false", "--execution.threads", "1",
             "--execution.parallel", parallel, "--checkpoint.every", "2", "--checkpoint.keep", "0",
-            "--predict-file", str(setup["dev"]), "--train.eval_every", "4", *extra]
+            "--train.eval_every", "4", *extra]
 
 
 def rows(out: Path) -> list[dict]:
@@ -125,3 +132,35 @@ def test_an_existing_run_directory_is_not_overwritten(setup, single, capsys):
     assert err == (f"error: {single} already exists and is not empty: pass --resume {single} to continue "
                    f"its run, --overwrite to replace it, or choose another --out\n")
     assert sorted(p.name for p in single.iterdir()) == before
+
+
+def test_version_2_two_ranks_equal_one_process_and_resume_exactly(setup):
+    """SQuAD v2.0 (null answers, null odds) through the same engine: torchrun with 2 ddp ranks gives
+    the single process's losses, scores and files; a cut copy of the single run resumes bit-identically."""
+    single, two = setup["root"] / "v2-single", setup["root"] / "v2-ddp"
+    run_here(squad_args(setup, single, v2=True))
+    result = torchrun(squad_args(setup, two, "ddp", v2=True))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len(losses(single)) == STEPS
+    for a, b in zip(losses(single), losses(two), strict=True):
+        assert abs(a - b) < 1e-5
+    eval_rows = [[r for r in rows(out) if r.get("split") == "eval"] for out in (single, two)]
+    assert [r["step"] for r in eval_rows[0]] == [4, STEPS] and "best_f1_thresh" in eval_rows[0][-1]
+    for a, b in zip(*eval_rows, strict=True):
+        assert a.keys() == b.keys() and all(abs(a[k] - b[k]) < 1e-6 for k in a if k != "split"), (a, b)
+    for name in ("predictions.json", "null_odds.json"):
+        ours, theirs = json.loads((single / name).read_text()), json.loads((two / name).read_text())
+        assert ours.keys() == theirs.keys()
+        assert all(ours[k] == theirs[k] if isinstance(ours[k], str) else abs(ours[k] - theirs[k]) < 1e-4
+                   for k in ours)
+
+    cut = setup["root"] / "v2-cut"
+    (cut / "checkpoints").mkdir(parents=True)
+    for name in ("config.yaml", "squad.yaml", "vocab.txt"):
+        shutil.copyfile(single / name, cut / name)
+    shutil.copytree(single / "checkpoints" / "step_00000002", cut / "checkpoints" / "step_00000002")
+    run_here(["squad", "train", "--resume", str(cut), "--no-progress", "--execution.threads", "1"])
+    assert losses(cut) == losses(single)[2:]
+    assert [r for r in rows(cut) if r.get("split") == "eval"] == eval_rows[0]
+    for name in ("predictions.json", "null_odds.json"):
+        assert (cut / name).read_text() == (single / name).read_text()

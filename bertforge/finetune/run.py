@@ -169,6 +169,8 @@ def find_vocab(model_path: str | Path, vocab: str | Path | None = None) -> Path:
     path = Path(model_path)
     candidates = [path / "vocab.txt"]
     prefix = tf1.find_prefix(path)
+    if prefix is None and not path.exists():
+        raise FinetuneError(f"model not found: {path}")
     if prefix is not None:  # a TF1 checkpoint: its vocab sits beside it, or one directory up (MLPerf's layout)
         candidates = [prefix.parent / "vocab.txt", prefix.parent.parent / "vocab.txt"]
     elif not (path / "config.json").is_file() and not (path / "model.safetensors").is_file():
@@ -394,7 +396,7 @@ def train(cfg: Config, job: Job, dist: DistContext, out_dir: Path, resume_from: 
         throughput = Throughput()
         preempted: Path | None = None  # the checkpoint written when a signal stopped the run
         while step < total:
-            lr = engine.lr
+            lr, epoch = engine.lr, stream.epoch  # the epoch this step reads (the stream moves on after it)
             with monitor.step(step):  # memory, step times and the --profile window
                 out = engine.step((stream.next() for _ in range(accumulation)), accumulation, step)
             step += 1
@@ -403,11 +405,11 @@ def train(cfg: Config, job: Job, dist: DistContext, out_dir: Path, resume_from: 
             if step % cfg.log.every == 0 or step == total or step == 1:
                 values = {k: v.item() for k, v in out.items()}
                 seq_per_s = throughput.rate()
-                logger.log({"step": step, **values, "lr": lr, "seq_per_s": seq_per_s, "epoch": stream.epoch,
+                logger.log({"step": step, **values, "lr": lr, "seq_per_s": seq_per_s, "epoch": epoch,
                             **monitor.row()})
                 bar.update(step, f"loss {values['loss']:.4f} lr {lr:.3g} {seq_per_s:.1f} seq/s")
                 if bar.progress is None:  # no bar: a line per logged step
-                    log(f"step {step}/{total} epoch {stream.epoch + 1} loss {values['loss']:.4f} lr {lr:.3g}")
+                    log(f"step {step}/{total} epoch {epoch + 1} loss {values['loss']:.4f} lr {lr:.3g}")
             else:
                 bar.update(step)
             if t.eval_every and step % t.eval_every == 0 and step < total:
