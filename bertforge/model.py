@@ -374,7 +374,32 @@ class BertForQuestionAnswering(nn.Module):
 
 
 
-class BertForSequenceClassification(nn.Module):
+class _Classifier(nn.Module):
+    """Dropout and a linear layer (``classifier``, (num_labels, H)) on the pooled [CLS] or on every token."""
+
+    pooled = True
+
+    def __init__(self, cfg: ModelConfig, num_labels: int):
+        super().__init__()
+        if num_labels < 1:
+            raise ValueError(f"num_labels must be at least 1, got {num_labels}")
+        self.config = cfg
+        self.num_labels = num_labels
+        self.bert = BertModel(cfg, add_pooler=self.pooled)
+        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+        self.classifier = nn.Linear(cfg.hidden_size, num_labels)
+        init_weights(self.classifier, cfg.initializer_range)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        tokens, pooled = self.bert(input_ids, token_type_ids, attention_mask)
+        if self.pooled:
+            assert pooled is not None  # built with a pooler
+            return self.classifier(self.dropout(pooled))  # (B, num_labels)
+        return self.classifier(self.dropout(tokens))  # (B, T, num_labels)
+
+
+class BertForSequenceClassification(_Classifier):
     """GLUE head: dropout and a linear layer on the pooled [CLS]; ``num_labels=1`` is regression (STS-B).
 
     The same layers and names as Hugging Face's ``BertForSequenceClassification``
@@ -382,42 +407,13 @@ class BertForSequenceClassification(nn.Module):
     run_classifier.py (dropout 0.1 on the pooled output before ``output_weights``).
     """
 
-    def __init__(self, cfg: ModelConfig, num_labels: int):
-        super().__init__()
-        if num_labels < 1:
-            raise ValueError(f"num_labels must be at least 1, got {num_labels}")
-        self.config = cfg
-        self.num_labels = num_labels
-        self.bert = BertModel(cfg)
-        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
-        self.classifier = nn.Linear(cfg.hidden_size, num_labels)
-        init_weights(self.classifier, cfg.initializer_range)
-
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        _, pooled = self.bert(input_ids, token_type_ids, attention_mask)
-        assert pooled is not None  # built with a pooler
-        return self.classifier(self.dropout(pooled))  # (B, num_labels)
+    pooled = True
 
 
-class BertForTokenClassification(nn.Module):
+class BertForTokenClassification(_Classifier):
     """NER head: dropout and a linear layer on every token (Hugging Face's ``BertForTokenClassification``)."""
 
-    def __init__(self, cfg: ModelConfig, num_labels: int):
-        super().__init__()
-        if num_labels < 1:
-            raise ValueError(f"num_labels must be at least 1, got {num_labels}")
-        self.config = cfg
-        self.num_labels = num_labels
-        self.bert = BertModel(cfg, add_pooler=False)
-        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
-        self.classifier = nn.Linear(cfg.hidden_size, num_labels)
-        init_weights(self.classifier, cfg.initializer_range)
-
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        x, _ = self.bert(input_ids, token_type_ids, attention_mask)
-        return self.classifier(self.dropout(x))  # (B, T, num_labels)
+    pooled = False
 
 
 def pretraining_loss(mlm_logits: torch.Tensor, nsp_logits: torch.Tensor,

@@ -39,6 +39,7 @@ on a 2-core CPU:
   proportion to the instances.
 - `data pick-eval`: 100 records instead of 10,000 (at sequence 512 the evaluation
   of 10,000 takes minutes here).
+- `finetune glue|ner`: the first 64 training examples (of the generated tasks' 128 to 192).
 - `bench pretrain`: 2 timed steps after 1 untimed; `bench squad`: one step of one
   sequence of 128.
 - `bench --spec … --quick`: only `pretrain_tiny_128` (--quick still runs every
@@ -63,6 +64,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import finetune_data
 import pytest
 from conftest import shared_data
 
@@ -244,6 +246,7 @@ SHORTER: list[tuple[Callable[[list[str]], bool], Callable[[list[str]], list[str]
                 "--model.preset", "tiny", "--data.dupe_factor", "1"]),
     (lambda a: a[:2] == ["squad", "train"],
      lambda a: ["--train.micro_batch_size", "2", "--train.global_batch_size", "2"]),
+    (lambda a: a[:2] in (["finetune", "glue"], ["finetune", "ner"]), lambda a: ["--finetune.max_examples", "64"]),
     (lambda a: a[:2] == ["data", "preprocess"], lambda a: ["--shards", "8"]),
     (lambda a: a[:2] == ["data", "create"], lambda a: ["--dupe-factor", "1"]),
     (lambda a: a[:2] == ["data", "pick-eval"], lambda a: ["--num", "100"]),
@@ -599,6 +602,10 @@ def finetuning(workspace, readme) -> PageRun:
     folder = page_folder(workspace, "docs/finetuning.md")
     link(folder, "runs/NAME", readme.folder / "runs" / "base")
     with_squad(workspace, folder)
+    # GLUE and CoNLL cannot be downloaded here: tasks generated in their official formats.
+    finetune_data.write_sst2(folder / "glue" / "SST-2")
+    finetune_data.write_mnli(folder / "glue" / "MNLI")
+    finetune_data.write_conll(folder / "conll")
     return run_page("docs/finetuning.md", folder)
 
 
@@ -708,9 +715,21 @@ def test_finetuning_page(finetuning):
         assert (out / name).exists(), name
     # squad predict writes only the files it is given
     assert sorted(p.name for p in finetuning.folder.iterdir() if not p.name.startswith(".")) == [
-        "dev-v1.1.json", "nbest_predictions.json", "predictions.json", "runs", "squad-out", "train-v1.1.json"]
+        "conll", "dev-v1.1.json", "glue", "mnli-sweep", "nbest_predictions.json", "ner-out", "ner-test",
+        "predictions.json", "runs", "squad-out", "sst2-hf", "sst2-out", "train-v1.1.json"]
     scores = json_lines(finetuning.result("squad evaluate").output)
     assert set(scores[-1]) == {"exact_match", "f1"}
+    sst2 = finetuning.folder / "sst2-out"
+    assert (sst2 / "submission" / "SST-2.tsv").read_text().startswith("index\tprediction\n0\t")
+    dev = json.loads((sst2 / "scores.json").read_text())
+    assert json_lines(finetuning.result("finetune predict --model sst2-out/").output)[-1] == dev
+    sweep = json.loads((finetuning.folder / "mnli-sweep" / "sweep.json").read_text())
+    assert [(r["lr"], r["seed"]) for r in sweep["runs"]] == [(3e-5, 1), (3e-5, 2), (5e-5, 1), (5e-5, 2)]
+    assert json.loads((finetuning.folder / "sst2-hf" / "config.json").read_text())["architectures"] == [
+        "BertForSequenceClassification"]
+    assert set(json.loads((finetuning.folder / "ner-out" / "scores.json").read_text())) == {
+        "precision", "recall", "f1", "accuracy"}
+    assert (finetuning.folder / "ner-test" / "predictions" / "test.txt").is_file()
     answer = finetuning.result("squad ask").output
     assert "answer:" in answer and "transformers.BertForQuestionAnswering" in answer
 

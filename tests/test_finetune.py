@@ -150,6 +150,23 @@ def test_predict_scores_dev_and_writes_test_as_training_did(root, learned, name,
     assert (tmp_path / written).read_text() == (out / written).read_text()
 
 
+def test_an_mnli_model_predicts_the_diagnostic_set_as_the_leaderboard_takes_it(root, learned, capsys, tmp_path):
+    """AX: GLUE's diagnostic pairs (``index sentence1 sentence2``, in ``diagnostic/``), predicted
+    with the MNLI model and its labels; here the dev pairs, which the learned model gets right."""
+    dev = glue.read_task(root / "data" / "mnli", "mnli", "dev_matched")
+    (tmp_path / "diagnostic").mkdir()
+    (tmp_path / "diagnostic" / "diagnostic.tsv").write_text("index\tsentence1\tsentence2\n" + "".join(
+        f"{i}\t{a}\t{b}\n" for i, (a, b) in enumerate(zip(dev.text_a, dev.text_b or [], strict=True))))
+    capsys.readouterr()
+    assert main(["finetune", "predict", "--model", str(learned["mnli"]), "--task", "ax", "--data", str(tmp_path),
+                 "--split", "test", "--out", str(tmp_path / "out")]) == 0
+    written = tmp_path / "out" / "submission" / "AX.tsv"
+    assert capsys.readouterr().out == f"predictions: {written}\n"
+    lines = written.read_text().splitlines()
+    assert lines[0] == "index\tprediction"
+    assert [line.split("\t") for line in lines[1:]] == [[str(i), label] for i, label in enumerate(dev.labels or [])]
+
+
 @pytest.mark.parametrize("name", ["sts-b", "ner"])
 def test_transformers_loads_the_model_with_equal_logits_and_its_copy_predicts(root, learned, name, capsys,
                                                                                tmp_path):

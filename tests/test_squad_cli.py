@@ -13,9 +13,9 @@ import pytest
 
 from bertforge.cli import main
 from bertforge.config import ConfigError, ModelConfig, load_config
+from bertforge.finetune.run import prepare_out_dir
 from bertforge.model import BertForQuestionAnswering
 from bertforge.squad.metric import check_predictions
-from bertforge.squad.train import _out_dir
 from bertforge.weights import export_hf
 
 CONTEXT = "Paris is the capital of France ."
@@ -122,16 +122,16 @@ def test_a_non_empty_out_dir_is_refused_and_names_overwrite(tmp_path):
     cfg = load_config()
     run = tmp_path / "run"
     run.mkdir()
-    assert _out_dir(cfg, run) == run  # empty: used as it is
+    assert prepare_out_dir(cfg, run) == run  # empty: used as it is
     (run / "model.safetensors").write_bytes(b"weights")
     with pytest.raises(ConfigError) as err:
-        _out_dir(cfg, run)
+        prepare_out_dir(cfg, run)
     assert str(err.value) == (f"{run} already exists and is not empty: pass --resume {run} to continue its run, "
                               "--overwrite to replace it, or choose another --out")
     assert files(run) == {"model.safetensors": b"weights"}
     (tmp_path / "file").write_text("x")
     with pytest.raises(ConfigError, match="exists and is not a directory"):
-        _out_dir(cfg, tmp_path / "file", overwrite=True)
+        prepare_out_dir(cfg, tmp_path / "file", overwrite=True)
 
 
 def test_overwrite_removes_the_old_run_only_inside_the_directory_named(tmp_path, monkeypatch):
@@ -144,7 +144,7 @@ def test_overwrite_removes_the_old_run_only_inside_the_directory_named(tmp_path,
     (elsewhere / "keep.txt").write_text("mine")
     (run / "link").symlink_to(elsewhere)  # a link is removed, not what it points to
     monkeypatch.chdir(tmp_path)
-    assert _out_dir(cfg, run, overwrite=True, inputs=[tmp_path / "train.json", None]) == run
+    assert prepare_out_dir(cfg, run, overwrite=True, inputs=[tmp_path / "train.json", None]) == run
     assert list(run.iterdir()) == []
     assert files(elsewhere) == {"keep.txt": b"mine"}
 
@@ -152,12 +152,12 @@ def test_overwrite_removes_the_old_run_only_inside_the_directory_named(tmp_path,
     (run / "init").mkdir()
     (run / "init" / "model.safetensors").write_bytes(b"w")
     with pytest.raises(ConfigError) as err:
-        _out_dir(cfg, run, overwrite=True, inputs=[run / "init"])
+        prepare_out_dir(cfg, run, overwrite=True, inputs=[run / "init"])
     assert str(err.value) == (f"--overwrite would delete {run / 'init'}, which is in {run}: "
                               "choose another --out")
     monkeypatch.chdir(run / "init")
     with pytest.raises(ConfigError, match="--overwrite would delete"):
-        _out_dir(cfg, run, overwrite=True)
+        prepare_out_dir(cfg, run, overwrite=True)
     assert files(run) == {"init/model.safetensors": b"w"}
 
 

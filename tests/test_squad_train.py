@@ -15,6 +15,7 @@ from conftest import shared_data
 from bertforge.cli import main
 from bertforge.config import ConfigError, ModelConfig
 from bertforge.data.tokenizer import load_tokenizer
+from bertforge.finetune.run import save_finetuned, write_run_files
 from bertforge.model import BertForQuestionAnswering
 from bertforge.runs import CheckpointError, find_checkpoint
 from bertforge.squad import (
@@ -32,8 +33,6 @@ from bertforge.squad.train import (
     predict,
     predict_logits,
     qa_loss,
-    save_model,
-    write_run_files,
 )
 from bertforge.weights import export_hf, load_model
 
@@ -124,8 +123,8 @@ def test_load_model_reads_a_finetuned_directory_in_our_format(tmp_path):
                             intermediate_size=32)
     torch.manual_seed(0)
     model = BertForQuestionAnswering(cfg.model)
-    write_run_files(tmp_path / "tuned", cfg, squad, model_dir / "vocab.txt")
-    out = save_model(model, tmp_path / "tuned")
+    write_run_files(tmp_path / "tuned", cfg, squad, "squad", model_dir / "vocab.txt")
+    out = save_finetuned(model, tmp_path / "tuned")
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "config.yaml", "model.safetensors",
                                                      "squad.yaml", "vocab.txt"]
     (out / "config.json").write_text("{not json")  # would fail if load_model read it

@@ -50,7 +50,7 @@ def _overrides(args: argparse.Namespace, extra: list[str]) -> list[tuple[str, An
 
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     from ..config import ConfigError
-    from .run import prepare_out_dir
+    from .run import overwrite_out_dir
     from .train import finetune, load_task_config
 
     overrides = _overrides(args, extra)
@@ -58,8 +58,8 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     if sweep and args.resume:
         raise ConfigError("a sweep resumes by running the same command again (without --resume)")
     cfg, task = load_task_config(args.kind, args.config, overrides, resume=args.resume)
-    if args.overwrite and int(os.environ.get("RANK", "0")) == 0:
-        prepare_out_dir(cfg, args.out, overwrite=True, inputs=[args.init, task.data, args.vocab])
+    if args.overwrite:
+        overwrite_out_dir(cfg, args.out, {"--init": args.init, "--data": task.data, "--vocab": args.vocab})
     if not sweep:
         if args.seeds:
             cfg.train.seed = args.seeds[0]

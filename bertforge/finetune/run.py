@@ -21,15 +21,19 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
+import os
 import shutil
 import time
 import typing
+import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import yaml
 from torch import nn
@@ -39,6 +43,7 @@ from .. import runs, tf1, weights
 from ..config import (
     Config,
     ConfigError,
+    ModelConfig,
     _coerce,
     accumulation_steps,
     apply_dict,
@@ -48,6 +53,7 @@ from ..config import (
     validate,
 )
 from ..data.checksum import fingerprint
+from ..data.tokenizer import vocab_size_of
 from ..dist import (
     DistContext,
     barrier,
@@ -184,6 +190,36 @@ def find_vocab(model_path: str | Path, vocab: str | Path | None = None) -> Path:
     raise FinetuneError(f"{path}: no vocab.txt beside the model; pass --vocab")
 
 
+def load_checked(path: str | Path, vocab: Path, head: str, num_labels: int | None = None) -> nn.Module:
+    """The model at ``path`` with ``head`` (new when the source has none: a warning is expected and
+    silenced), checked against the vocab; on the CPU."""
+    if not Path(path).exists() and tf1.find_prefix(path) is None:
+        raise FinetuneError(f"model not found: {path}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a new head is expected when fine-tuning an encoder
+        model = weights.load_model(path, head=head, num_labels=num_labels)
+    config = typing.cast(ModelConfig, model.config)
+    size = vocab_size_of(vocab)
+    if size != config.vocab_size:
+        raise FinetuneError(f"{vocab} has {size} tokens but the model at {path} has "
+                            f"vocab_size={config.vocab_size}: not its vocab")
+    return model
+
+
+def save_finetuned(model: nn.Module, out_dir: Path, labels: list[str] | None = None) -> Path:
+    """The fine-tuned weights beside the run files: ``config.json`` (so that ``transformers``'
+    ``BertFor….from_pretrained(dir)`` loads the directory as it is; a classifier's labels named)
+    and ``model.safetensors`` last, each atomically: a directory holds a whole model or none
+    (``load_model`` then reads its newest checkpoint)."""
+    hf = {**weights.hf_config_from_model_config(typing.cast(ModelConfig, model.config), [type(model).__name__]),
+          **weights.hf_head_config(model, labels), "dtype": "float32"}
+    with atomic_file(out_dir / "config.json") as tmp:
+        tmp.write_text(json.dumps(hf, indent=2) + "\n", encoding="utf-8")
+    with atomic_file(out_dir / "model.safetensors") as tmp:
+        weights.save_weights(model, tmp)
+    return out_dir
+
+
 # ------------------------------------------------------------------ run directories
 
 
@@ -217,6 +253,21 @@ def prepare_out_dir(cfg: Config, out_dir: str | Path | None, overwrite: bool = F
         else:  # a file, or a link (removed, not what it points to)
             entry.unlink()
     return path
+
+
+def overwrite_out_dir(cfg: Config, out_dir: str | Path, inputs: dict[str, str | Path | None]) -> None:
+    """``--overwrite``: remove the files of the old run in ``out_dir`` before training starts.
+
+    Only the directory the user named, only once (rank 0 under torchrun: the other ranks do not
+    touch it before it has chosen it), and only when every input (``{flag: path}``) exists, so
+    that a mistyped path does not cost the old run; a directory holding an input, or the current
+    directory, is refused (:func:`prepare_out_dir`).
+    """
+    for flag, value in inputs.items():
+        if value and not Path(value).exists() and not (flag == "--init" and tf1.find_prefix(value)):
+            raise FinetuneError(f"{flag} {value}: not found (nothing in {out_dir} was removed)")
+    if int(os.environ.get("RANK", "0")) == 0:
+        prepare_out_dir(cfg, out_dir, overwrite=True, inputs=list(inputs.values()))
 
 
 def locate_run(cfg: Config, out_dir: str | Path | None, held: contextlib.ExitStack, marker: str,
@@ -297,6 +348,26 @@ def launch(cfg: Config, out_dir: str | Path | None, marker: str, kind: str,
 # ------------------------------------------------------------------ the training loop
 
 
+class FeatureRows:
+    """Fixed-length features as the engine's batches: ``input_ids``, ``token_type_ids`` (the
+    features' ``segment_ids``), ``attention_mask`` (``input_mask``) and the ``targets`` columns,
+    the rows of a batch in file order."""
+
+    def __init__(self, features: Any, targets: Sequence[str] = ("labels",)):
+        self.features, self.targets = features, tuple(targets)
+
+    def __len__(self) -> int:
+        return len(self.features.input_ids)
+
+    def batch(self, indices: Any) -> dict[str, torch.Tensor]:
+        rows, f = np.sort(indices), self.features
+        return {"input_ids": torch.from_numpy(f.input_ids[rows]),
+                "token_type_ids": torch.from_numpy(f.segment_ids[rows]),
+                "attention_mask": torch.from_numpy(f.input_mask[rows]),
+                **{name: torch.from_numpy(getattr(f, name)[rows]) for name in self.targets}}
+
+
+
 @dataclass
 class Job:
     """One fine-tuning task as :func:`train` sees it."""
@@ -309,11 +380,13 @@ class Job:
     description: str                             # what it trains on, for the first console line
     rebuild: Callable[[], nn.Module]             # an untrained model of the same shape (to gather FSDP shards)
     write_settings: Callable[[Path], None]       # rank 0, when a run starts: config and settings files
-    save: Callable[[nn.Module, Path], None]      # rank 0, at the end: the fine-tuned model's files
+    save: Callable[[nn.Module, Path], Any]       # rank 0, at the end: the fine-tuned model's files
     evaluate: Callable[[nn.Module], dict[str, float]] | None = None  # rank 0, whole model: dev scores
-    finish: Callable[[nn.Module, Path], dict[str, Any]] | None = None  # rank 0 at the end: predictions written
+    # rank 0 at the end, whole model: predictions written; its "scores" are logged, all of it summarised
+    finish: Callable[[nn.Module, Path], dict[str, Any]] | None = None
     describe: Callable[[dict[str, float]], str] = lambda scores: " ".join(
         f"{k} {v:.4f}" for k, v in scores.items() if isinstance(v, float))
+    counts: dict[str, int] = field(default_factory=dict)  # of the training data, for the summary
 
 
 def full_model(model: nn.Module, job: Job, dist: DistContext) -> nn.Module | None:
@@ -424,7 +497,7 @@ def train(cfg: Config, job: Job, dist: DistContext, out_dir: Path, resume_from: 
         summary: dict[str, Any] = {"out_dir": str(out_dir), "checkpoint": str(final_checkpoint), "steps": step,
                                    "losses": torch.stack(losses).tolist() if losses else [],
                                    "rank": dist.rank, "world_size": dist.world_size,
-                                   "preempted": preempted is not None}
+                                   "preempted": preempted is not None, **job.counts}
         if preempted is None:  # the model and predictions wait for the run to finish
             whole = full_model(engine.model, job, dist)
             if whole is not None and dist.is_main:
@@ -433,9 +506,8 @@ def train(cfg: Config, job: Job, dist: DistContext, out_dir: Path, resume_from: 
             if finish is not None:
                 with monitor.phase("eval"):
                     result = from_main(dist, lambda: finish(whole, out_dir) if whole is not None else {})
-                scores = {k: v for k, v in result.items() if isinstance(v, float)}
-                if scores:
-                    logger.log({"step": step, "split": "eval", **scores})
+                if result.get("scores"):
+                    logger.log({"step": step, "split": "eval", **result["scores"]})
                 summary.update(result)
     summary["minutes"] = (time.perf_counter() - started) / 60
     return summary

@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import typing
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,14 +37,24 @@ from torch import nn
 
 from .. import weights
 from ..config import Config, ConfigError, ModelConfig, validate
-from ..data.tokenizer import load_tokenizer, vocab_size_of
+from ..data.tokenizer import load_tokenizer
 from ..dist import DistContext
 from ..engine import autocast
 from ..fileio import atomic_file
 from ..model import BertForSequenceClassification, BertForTokenClassification
 from . import FinetuneError, glue, ner
 from .metrics import glue_metrics
-from .run import Job, find_vocab, launch, load_config, read_section, write_run_files
+from .run import (
+    FeatureRows,
+    Job,
+    find_vocab,
+    launch,
+    load_checked,
+    load_config,
+    read_section,
+    save_finetuned,
+    write_run_files,
+)
 from .run import train as train_job
 
 SECTION = "finetune"  # the config section and the settings file (finetune.yaml) that marks a run
@@ -98,25 +107,7 @@ def check_task(task: TaskConfig, kind: str) -> None:
         raise ConfigError("finetune.predict_batch_size must be at least 1 and finetune.max_examples not negative")
 
 
-# ------------------------------------------------------------------ features as batches
-
-
-class FeatureRows:
-    """Features (``input_ids``, ``segment_ids``, ``input_mask``, ``labels``) as the engine's batches."""
-
-    def __init__(self, features: Any):
-        self.features = features
-
-    def __len__(self) -> int:
-        return len(self.features.input_ids)
-
-    def batch(self, indices: Any) -> dict[str, torch.Tensor]:
-        rows = np.sort(indices)
-        f = self.features
-        return {"input_ids": torch.from_numpy(f.input_ids[rows]),
-                "token_type_ids": torch.from_numpy(f.segment_ids[rows]),
-                "attention_mask": torch.from_numpy(f.input_mask[rows]),
-                "labels": torch.from_numpy(f.labels[rows])}
+# ------------------------------------------------------------------ loss and prediction
 
 
 def classifier_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -317,27 +308,7 @@ def split_scores(task: Task, model: nn.Module, device: torch.device | str, preci
 
 def load_classifier(path: str | Path, task: Task, vocab: Path) -> nn.Module:
     """The model at ``path`` with ``task``'s head (new when the source has none), checked against the vocab."""
-    if not Path(path).exists() and weights.tf1.find_prefix(path) is None:
-        raise FinetuneError(f"model not found: {path}")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a new head is expected when fine-tuning an encoder
-        model = weights.load_model(path, head=task.config.head, num_labels=len(task.config.labels))
-    config = typing.cast(ModelConfig, model.config)
-    size = vocab_size_of(vocab)
-    if size != config.vocab_size:
-        raise FinetuneError(f"{vocab} has {size} tokens but the model at {path} has "
-                            f"vocab_size={config.vocab_size}: not its vocab")
-    return model
-
-
-def save_model(model: nn.Module, out_dir: Path, labels: list[str]) -> None:
-    """The fine-tuned weights beside the run files; ``model.safetensors`` last, each file atomically."""
-    hf = {**weights.hf_config_from_model_config(typing.cast(ModelConfig, model.config), [type(model).__name__]),
-          **weights.hf_head_config(model, labels), "dtype": "float32"}
-    with atomic_file(out_dir / "config.json") as tmp:
-        tmp.write_text(json.dumps(hf, indent=2) + "\n", encoding="utf-8")
-    with atomic_file(out_dir / "model.safetensors") as tmp:
-        weights.save_weights(model, tmp)
+    return load_checked(path, vocab, task.config.head, len(task.config.labels))
 
 
 # ------------------------------------------------------------------ fine-tuning
@@ -394,7 +365,7 @@ def _finetune(cfg: Config, task_cfg: TaskConfig, dist: DistContext, out_dir: Pat
               data_files=files, description=description,
               rebuild=lambda: task.model_class(cfg.model, num_labels),
               write_settings=lambda run_dir: write_run_files(run_dir, cfg, task_cfg, SECTION, Path(vocab_path)),
-              save=lambda whole, run_dir: save_model(whole, run_dir, task_cfg.labels),
+              save=lambda whole, run_dir: save_finetuned(whole, run_dir, task_cfg.labels),
               evaluate=(lambda whole: split_scores(task, whole, device, precision)) if task.dev_splits() else None,
               finish=finish)
     return train_job(cfg, job, dist, out_dir, resume_from, init, log, started)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import tempfile
 import typing
 from pathlib import Path
@@ -52,7 +51,10 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
         raise ConfigError("--overwrite needs --out DIR, the directory to replace")
     cfg, squad = load_squad_config(args.config, overrides, resume=args.resume)
     if args.overwrite:
-        _clear_out_dir(args, cfg)
+        from ..finetune.run import overwrite_out_dir
+
+        overwrite_out_dir(cfg, args.out, {"--init": args.init, "--train-file": args.train_file,
+                                          "--predict-file": args.predict_file, "--vocab": args.vocab})
     summary = finetune(cfg, squad, args.init, args.train_file, args.out, args.predict_file, args.vocab)
     if summary["rank"] != 0:  # under torchrun, rank 0 speaks for the run
         return 0
@@ -67,35 +69,13 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
-def _clear_out_dir(args: argparse.Namespace, cfg: Any) -> None:
-    """``--overwrite``: remove the files of the old run in ``--out`` before training starts.
-
-    ``cmd_train`` has checked that ``--out`` is given and ``--resume`` is not. Only the
-    directory the user named, only once (rank 0 under torchrun: the other ranks do not
-    touch the directory before it has chosen it), and only when the inputs exist, so that
-    a mistyped path does not cost the old run; a directory holding an input, or the
-    current directory, is refused.
-    """
-    from .. import tf1
-    from .data import SquadError
-    from .train import _out_dir
-
-    inputs = [args.init, args.train_file, args.predict_file, args.vocab]
-    for flag, value in zip(("--init", "--train-file", "--predict-file", "--vocab"), inputs):
-        if value and not Path(value).exists() and not (flag == "--init" and tf1.find_prefix(value)):
-            raise SquadError(f"{flag} {value}: not found (nothing in {args.out} was removed)")
-    if int(os.environ.get("RANK", "0")) == 0:
-        _out_dir(cfg, args.out, overwrite=True, inputs=inputs)
-
-
 def _predict_settings(args: argparse.Namespace, extra: list[str]) -> tuple[Any, ...]:
     """(model, tokenizer, seq_len, SquadConfig, lowercase) for a fine-tuned model directory."""
     from ..config import ConfigError, parse_overrides
     from ..data.tokenizer import load_tokenizer
+    from ..finetune.run import find_vocab, set_section
     from ..squad.data import MAX_SEQ_LENGTH
     from .train import (
-        _set_squad,
-        find_vocab,
         load_qa_model,
         saved_settings,
         validate_squad,
@@ -109,7 +89,7 @@ def _predict_settings(args: argparse.Namespace, extra: list[str]) -> tuple[Any, 
         if key == "data.seq_len":
             seq_len = int(value)
         elif key.startswith("squad."):
-            _set_squad(squad, key[len("squad."):], value)
+            set_section(squad, "squad", key[len("squad."):], value)
         else:
             raise ConfigError(f"{key}: only data.seq_len and squad.* can be set here")
     if getattr(args, "batch_size", None):

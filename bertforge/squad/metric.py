@@ -18,7 +18,7 @@ import math
 import re
 import string
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +70,30 @@ def check_predictions(predictions: Any, source: str = "predictions") -> dict[str
     return predictions
 
 
+def _read_dataset(dataset: Any) -> tuple[str, dict]:
+    """(its source for messages, the dataset object) of a SQuAD JSON object, its ``"data"`` list
+    or a file path."""
+    source = "<dataset>"
+    if isinstance(dataset, (str, Path)):
+        source, dataset = str(dataset), load_json(dataset)
+    if isinstance(dataset, list):  # the "data" list alone
+        dataset = {"data": dataset}
+    if not isinstance(dataset, dict) or not isinstance(dataset.get("data"), list):
+        raise SquadError(f"{source}: expected a SQuAD dataset with a 'data' list")
+    return source, dataset
+
+
+def _questions(dataset: dict, source: str) -> Iterator[tuple[str, str, dict]]:
+    """(field path, id, question object) of every question of a dataset, in file order."""
+    for a, article in enumerate(dataset["data"]):
+        paragraphs = get_field(article, "paragraphs", list, source, f"data[{a}]")
+        for p, paragraph in enumerate(paragraphs):
+            qas = get_field(paragraph, "qas", list, source, f"data[{a}].paragraphs[{p}]")
+            for q, qa in enumerate(qas):
+                path = f"data[{a}].paragraphs[{p}].qas[{q}]"
+                yield path, get_field(qa, "id", str, source, path), qa
+
+
 def evaluate(dataset: Any, predictions: dict[str, str], predictions_source: str = "predictions"
              ) -> dict[str, float]:
     """``{"exact_match": …, "f1": …}`` of ``predictions`` (question id → text) on ``dataset``.
@@ -79,34 +103,22 @@ def evaluate(dataset: Any, predictions: dict[str, str], predictions_source: str 
     object is a :class:`SquadError` naming the file (``predictions_source`` for
     the predictions), the field's path and the question id.
     """
-    source = "<dataset>"
-    if isinstance(dataset, (str, Path)):
-        source, dataset = str(dataset), load_json(dataset)
-    if isinstance(dataset, list):  # the "data" list alone
-        dataset = {"data": dataset}
-    if not isinstance(dataset, dict) or not isinstance(dataset.get("data"), list):
-        raise SquadError(f"{source}: expected a SQuAD dataset with a 'data' list")
+    source, dataset = _read_dataset(dataset)
     check_predictions(predictions, predictions_source)
 
     exact_match = f1 = 0.0
     total = unanswered = 0
-    for a, article in enumerate(dataset["data"]):
-        paragraphs = get_field(article, "paragraphs", list, source, f"data[{a}]")
-        for p, paragraph in enumerate(paragraphs):
-            qas = get_field(paragraph, "qas", list, source, f"data[{a}].paragraphs[{p}]")
-            for q, qa in enumerate(qas):
-                path = f"data[{a}].paragraphs[{p}].qas[{q}]"
-                qas_id = get_field(qa, "id", str, source, path)
-                truths = answer_texts(qa, source, path, qas_id)
-                if not truths:
-                    raise SquadError(f"{location(source, path, qas_id)}: no ground-truth answers")
-                total += 1
-                if qas_id not in predictions:
-                    unanswered += 1
-                    continue
-                prediction = predictions[qas_id]
-                exact_match += _best(exact_match_score, prediction, truths)
-                f1 += _best(f1_score, prediction, truths)
+    for path, qas_id, qa in _questions(dataset, source):
+        truths = answer_texts(qa, source, path, qas_id)
+        if not truths:
+            raise SquadError(f"{location(source, path, qas_id)}: no ground-truth answers")
+        total += 1
+        if qas_id not in predictions:
+            unanswered += 1
+            continue
+        prediction = predictions[qas_id]
+        exact_match += _best(exact_match_score, prediction, truths)
+        f1 += _best(f1_score, prediction, truths)
     if total == 0:
         raise SquadError(f"{source}: the dataset has no questions")
     if unanswered:
@@ -209,13 +221,7 @@ def evaluate_v2(dataset: Any, predictions: dict[str, str], na_probs: dict[str, f
     a :class:`SquadError` naming the first such question. Other problems are
     :class:`SquadError` as for :func:`evaluate`.
     """
-    source = "<dataset>"
-    if isinstance(dataset, (str, Path)):
-        source, dataset = str(dataset), load_json(dataset)
-    if isinstance(dataset, list):  # the "data" list alone
-        dataset = {"data": dataset}
-    if not isinstance(dataset, dict) or not isinstance(dataset.get("data"), list):
-        raise SquadError(f"{source}: expected a SQuAD dataset with a 'data' list")
+    source, dataset = _read_dataset(dataset)
     check_predictions(predictions, predictions_source)
     if na_probs is not None:
         _check_na_probs(na_probs, na_probs_source)
@@ -227,21 +233,15 @@ def evaluate_v2(dataset: Any, predictions: dict[str, str], na_probs: dict[str, f
     has_answer: dict[str, bool] = {}
     exact_raw: dict[str, float] = {}
     f1_raw: dict[str, float] = {}
-    for a, article in enumerate(dataset["data"]):
-        paragraphs = get_field(article, "paragraphs", list, source, f"data[{a}]")
-        for p, paragraph in enumerate(paragraphs):
-            qas = get_field(paragraph, "qas", list, source, f"data[{a}].paragraphs[{p}]")
-            for q, qa in enumerate(qas):
-                path = f"data[{a}].paragraphs[{p}].qas[{q}]"
-                qas_id = get_field(qa, "id", str, source, path)
-                texts = answer_texts(qa, source, path, qas_id)
-                has_answer[qas_id] = bool(texts)
-                if qas_id not in predictions:
-                    raise SquadError(f"{location(source, path, qas_id)}: no prediction in {predictions_source} "
-                                     "(SQuAD v2.0 scores every question)")
-                gold = [text for text in texts if normalize_answer(text)] or [""]
-                exact_raw[qas_id] = max(exact_v2(g, predictions[qas_id]) for g in gold)
-                f1_raw[qas_id] = max(f1_v2(g, predictions[qas_id]) for g in gold)
+    for path, qas_id, qa in _questions(dataset, source):
+        texts = answer_texts(qa, source, path, qas_id)
+        has_answer[qas_id] = bool(texts)
+        if qas_id not in predictions:
+            raise SquadError(f"{location(source, path, qas_id)}: no prediction in {predictions_source} "
+                             "(SQuAD v2.0 scores every question)")
+        gold = [text for text in texts if normalize_answer(text)] or [""]
+        exact_raw[qas_id] = max(exact_v2(g, predictions[qas_id]) for g in gold)
+        f1_raw[qas_id] = max(f1_v2(g, predictions[qas_id]) for g in gold)
     if not exact_raw:
         raise SquadError(f"{source}: the dataset has no questions")
 
