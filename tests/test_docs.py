@@ -76,6 +76,8 @@ SHELL_LANGUAGES = {"sh", "shell", "console", "zsh", "shell-session"}
 # Each marked block, by its page and a piece of its text: (marker, why it is not run here).
 MARKED = {
     ("README.md", "pytest -q"): ("ci", "the test suite itself; compared with .ci/run instead"),
+    ("README.md", "python benchmarks/finetune.py"):
+        ("long-running", "36 MiniLM fine-tuning runs (and 9 more), about 40 minutes of CPU"),
     ("docs/data.md", "bertforge data wikipedia download"): ("gpu-only", "downloads the Wikipedia dump (network)"),
     ("docs/scale.md", "torchrun --nproc_per_node 8"): ("gpu-only", "8 GPUs, and 4 machines"),
     ("docs/finetuning.md", "torchrun --nproc_per_node 8"): ("gpu-only", "BERT-large on 8 GPUs, then its resume"),
@@ -83,7 +85,7 @@ MARKED = {
     ("docs/mlperf.md", "--config mlperf_bert"): ("gpu-only", "BERT-large to 0.720, then the checker on its log"),
     ("docs/benchmarks.md", "bench pretrain --config large"): ("gpu-only", "BERT-large at batch 256 × 4"),
     ("docs/benchmarks.md", "python benchmarks/vs_transformers.py"):
-        ("long-running", "7 scripts: BERT-base steps in fresh processes, many minutes"),
+        ("long-running", "8 scripts: BERT-base steps in fresh processes, MiniLM fine-tuning, many minutes"),
     ("docs/benchmarks.md", "--benchmark pretrain_base_128"): ("long-running", "BERT-base benchmarks, minutes"),
     ("docs/gpu.md", "-m cuda"): ("gpu-only", "CUDA tests and H100 throughput"),
 }

@@ -11,6 +11,7 @@ in micro-batches of 8, lr 3e-3.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import statistics
@@ -336,3 +337,16 @@ def test_bad_input_is_one_line_naming_it(root, tmp_path, capsys):
         err = capsys.readouterr().err
         assert err == expected
         assert not (tmp_path / "out").exists()  # a refused run leaves no directory behind
+
+
+def test_a_sweep_ranks_a_nan_score_below_every_number():
+    """A constant prediction has no correlation (NaN, as scipy and GLUE's scorer give): it is the
+    lowest of a sweep's seeds, and a learning rate whose median is NaN is never the best."""
+    from bertforge.finetune.cli import _median, _rank
+
+    nan = float("nan")
+    assert _median([nan, 0.5, 0.7]) == 0.5
+    assert _median([0.2, 0.9, 0.4, nan]) == pytest.approx(0.3)
+    assert math.isnan(_median([nan, nan, 0.2]))
+    medians = {2e-5: nan, 3e-5: -0.1}
+    assert max(medians, key=lambda lr: _rank(medians[lr])) == 3e-5

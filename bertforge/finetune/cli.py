@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 from pathlib import Path
@@ -117,8 +118,8 @@ def _sweep(args: argparse.Namespace, overrides: list[tuple[str, Any]]) -> int:
     by_lr: dict[float, list[float]] = {}
     for r in results:
         by_lr.setdefault(r["lr"], []).append(r["main"])
-    medians = {lr: statistics.median(values) for lr, values in by_lr.items()}
-    best = max(medians, key=lambda lr: medians[lr])
+    medians = {lr: _median(values) for lr, values in by_lr.items()}
+    best = max(medians, key=lambda lr: _rank(medians[lr]))
     report = {"task": task.task, "runs": results,
               "median_by_lr": {f"{lr:g}": m for lr, m in medians.items()}, "best_lr": best,
               "best_median": medians[best]}
@@ -130,6 +131,20 @@ def _sweep(args: argparse.Namespace, overrides: list[tuple[str, Any]]) -> int:
             print(f"lr {lr:g}: median {m:.4f} over {len(by_lr[lr])} seeds ({seeds})")
         print(f"best lr {best:g}: median {medians[best]:.4f}; {out / 'sweep.json'}")
     return 0
+
+
+def _rank(score: float) -> float:
+    """A score's place in an order: NaN (a correlation of constant predictions) below every number."""
+    return -math.inf if math.isnan(score) else score
+
+
+def _median(values: list[float]) -> float:
+    """The median with NaN ranked lowest (``statistics.median`` leaves NaN's place undefined)."""
+    ordered = sorted(values, key=_rank)
+    middle = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[middle]
+    return statistics.mean(ordered[middle - 1:middle + 1])
 
 
 def _main_score(task: Any, scores: dict[str, float]) -> float:
