@@ -101,6 +101,7 @@ class DataConfig:
     seed: int = 12345
     shuffle_buffer: int = 10000  # records: each window of this many records is shuffled; 0 or 1 = none
     dynamic_masking: bool = False  # records: mask anew every epoch instead of the stored masks
+    whole_word_mask: bool = False  # mask all WordPieces of a word or none (text input; dynamic_masking)
     prefetch: int = 4  # records: batches read ahead (and pinned, on CUDA) in a background thread; 0 = none
 
 

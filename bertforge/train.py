@@ -264,9 +264,12 @@ def load_data(cfg: Config, run_dir: Path, rank: int = 0, world_size: int = 1, *,
     if d.vocab:
         cfg.model.vocab_size = vocab_size_of(d.vocab)
         if d.dynamic_masking:
-            masking = masking_spec(d.vocab, d.masked_lm_prob)
+            masking = masking_spec(d.vocab, d.masked_lm_prob, d.whole_word_mask)
     elif d.dynamic_masking:
         raise ConfigError("data.dynamic_masking needs data.vocab (for the [CLS], [SEP] and [MASK] ids)")
+    if d.whole_word_mask and not d.dynamic_masking:
+        raise ConfigError("data.whole_word_mask on records needs data.dynamic_masking (records keep the "
+                          "masks they were made with: `data create --whole-word-mask` makes whole-word ones)")
     if header_vocab is not None and header_vocab != cfg.model.vocab_size:  # (TFRecords declare none)
         have = (f"data.vocab {d.vocab} has {cfg.model.vocab_size} tokens" if d.vocab
                 else f"model.vocab_size={cfg.model.vocab_size}")

@@ -46,6 +46,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 import shutil
 import typing
 import warnings
@@ -233,13 +234,39 @@ def check_model_config(saved: ModelConfig, wanted: ModelConfig, source: Path) ->
                                   f"but the config asks for model.{name}={want}")
 
 
+# A Hugging Face model id: "bert-base-uncased" or "google/bert_uncased_L-4_H-256_A-4".
+HF_MODEL_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+# What a BERT needs from a Hub snapshot (not its TF, Flax or ONNX copies).
+HF_MODEL_FILES = ["config.json", "vocab.txt", "model.safetensors", "tokenizer_config.json"]
+
+
+def resolve_model(path: str | Path) -> Path:
+    """``path`` when it exists (or is a TF1 checkpoint prefix); else, when it reads as a Hugging
+    Face model id and the local Hugging Face cache (``HF_HOME``, ``HF_HUB_CACHE``) holds that
+    model, its snapshot directory. Nothing is downloaded (``hf download ID`` fetches a model into
+    the cache); anything else is returned as it is, for the caller's "not found"."""
+    local = Path(path)
+    if local.exists() or tf1.find_prefix(local) is not None or not HF_MODEL_ID.match(str(path)):
+        return local
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
+    except ImportError:  # (tokenizers brings it; without it an id is just a missing path)
+        return local
+    try:
+        return Path(snapshot_download(str(path), allow_patterns=HF_MODEL_FILES, local_files_only=True))
+    except (LocalEntryNotFoundError, ValueError):  # not cached; or not a valid id after all
+        return local
+
+
 def read_weights(path: str | Path, bert_config: str | Path | None = None,
                  ) -> tuple[ModelConfig, dict[str, torch.Tensor], Path]:
     """(model shape, weights in our BertForPreTraining names, the directory or prefix read) of
     our checkpoint (run, step or model directory), a Hugging Face BERT directory, or a
     TensorFlow 1 checkpoint (a prefix such as ``ckpt/model.ckpt-28252``, or a directory with a
-    ``checkpoint`` file; ``bert_config`` defaults to the ``bert_config.json`` beside it)."""
-    path = Path(path)
+    ``checkpoint`` file; ``bert_config`` defaults to the ``bert_config.json`` beside it); or a
+    Hugging Face model id (:func:`resolve_model`)."""
+    path = resolve_model(path)
     prefix = tf1.find_prefix(path)
     if prefix is not None:  # every head it has comes along: the caller takes what its model needs
         cfg, state, _ = read_tf1(prefix, bert_config, head="encoder")
@@ -290,7 +317,7 @@ def load_model(path: str | Path, head: str = "pretraining", allow_pickle: bool =
     """
     if head not in HEADS:
         raise ValueError(f"head must be one of {', '.join(HEADS)}, got {head!r}")
-    path = Path(path)
+    path = resolve_model(path)
     prefix = tf1.find_prefix(path)
     checkpoint: Path
     if prefix is not None:

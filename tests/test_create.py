@@ -11,6 +11,7 @@ same text, so its quality does not matter.
 from __future__ import annotations
 
 import bz2
+import dataclasses
 import json
 import random
 import sys
@@ -35,6 +36,7 @@ from bertforge.data.wordpiece import FastWordPiece
 
 VOCAB = "vocab/bert-base-uncased-vocab.txt"
 SAMPLE = "text/sample_text.txt"
+FIXTURES = Path(__file__).parent / "fixtures"
 DUMP = "wiki/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 CLS, SEP, MASK = 101, 102, 103  # in the uncased vocab
 
@@ -774,3 +776,126 @@ def test_a_read_only_output_directory_is_one_line(tmp_path, capsys, make_read_on
     assert err.startswith(f"error: cannot write {out / 'train-00000-of-00008.tfrecord'} … "
                           f"train-00007-of-00008.tfrecord (8 files): {out} is not writable (")
     assert err.count("\n") == 1 and list(out.iterdir()) == []
+
+
+# ---------------------------------------------------------------- whole-word masking
+
+def split_words(arrays: PretrainingArrays, subword: np.ndarray) -> list[list[list[int]]]:
+    """Per row, its predictable positions grouped into words as the reference groups them: a ##
+    piece joins the group before it (across the middle [SEP] too)."""
+    rows = []
+    for ids, mask, segments in zip(arrays.input_ids, arrays.input_mask, arrays.segment_ids, strict=True):
+        length, a_len = int(mask.sum()), int((segments[:int(mask.sum())] == 0).sum()) - 2
+        groups: list[list[int]] = []
+        for i in range(1, length - 1):
+            if i == a_len + 1:
+                continue
+            if groups and subword[ids[i]]:
+                groups[-1].append(i)
+            else:
+                groups.append([i])
+        rows.append(groups)
+    return rows
+
+
+def assert_whole_words(arrays: PretrainingArrays, original_ids: np.ndarray, subword: np.ndarray,
+                       masked_lm_prob: float = 0.15) -> float:
+    """Every row predicts whole words only, at least one position and no more than the reference's
+    count, with the original ids as labels; returns the share of predictions that are ## pieces."""
+    unmasked = dataclasses.replace(arrays, input_ids=original_ids)
+    pieces = chosen = 0
+    for r, groups in enumerate(split_words(unmasked, subword)):
+        used = arrays.masked_lm_weights[r] > 0
+        positions = set(arrays.masked_lm_positions[r][used].tolist())
+        for group in groups:
+            assert set(group) <= positions or not set(group) & positions, (r, group, positions)
+        length = int(arrays.input_mask[r].sum())
+        assert 1 <= len(positions) <= min(arrays.masked_lm_positions.shape[1], max(1, round(length * masked_lm_prob)))
+        assert np.array_equal(arrays.masked_lm_ids[r][used], original_ids[r][sorted(positions)])
+        pieces += int(subword[original_ids[r][sorted(positions)]].sum())
+        chosen += len(positions)
+    return pieces / chosen
+
+
+def originals(arrays: PretrainingArrays) -> np.ndarray:
+    ids = arrays.input_ids.copy()
+    for r in range(len(ids)):
+        used = arrays.masked_lm_weights[r] > 0
+        ids[r, arrays.masked_lm_positions[r][used]] = arrays.masked_lm_ids[r][used]
+    return ids
+
+
+def test_reference_mode_whole_word_masking_equals_the_reference(tmp_path, vocab):
+    """--whole-word-mask in reference mode: the records of google-research/bert's
+    create_pretraining_data.py --do_whole_word_mask (its GitHub version: the PyPI one predates the
+    flag), written by tests/fixtures/wwm/make_wwm_records.py with the same flags."""
+    expected = np.load(FIXTURES / "wwm" / "sample_text_wwm.npz")
+    from bertforge.cli import main
+
+    assert main(["data", "create", "--input", str(shared_data(SAMPLE)), "--vocab", str(vocab), "--output",
+                 str(tmp_path / "wwm.tfrecord"), "--dupe-factor", "10", "--whole-word-mask"]) == 0
+    arrays = read_records(tmp_path / "wwm.tfrecord")
+    assert len(arrays) == len(expected["input_ids"]) == 122
+    for name in expected.files:
+        have, want = (a.reshape(len(arrays), -1) for a in (getattr(arrays, name), expected[name]))
+        assert np.array_equal(have, want), name
+    # Some words of several pieces were masked whole: the fixture tests the grouping, not only the draw.
+    from bertforge.data.tokenizer import read_vocab, subword_flags
+
+    subword = subword_flags(read_vocab(vocab))
+    assert assert_whole_words(arrays, originals(arrays), subword) > 0.02
+
+
+def test_fast_mode_masks_whole_words(tmp_path, vocab, regrouped):
+    """Fast mode with --whole-word-mask: every row's predictions are whole words (a word's ## pieces
+    with it), as many as fit the reference's count; without it, pieces are chosen alone."""
+    from bertforge.data.tokenizer import read_vocab, subword_flags
+
+    subword = subword_flags(read_vocab(vocab))
+    share = {}
+    for whole_word in (True, False):
+        stats = create([regrouped], vocab, tmp_path / f"wwm{whole_word}.native", seq_len=128, max_predictions=20,
+                       dupe_factor=1, mode="fast", fmt="native", whole_word_mask=whole_word)
+        arrays = read_records(stats.files[0])
+        assert len(arrays) > 1000
+        if whole_word:
+            share[whole_word] = assert_whole_words(arrays, originals(arrays), subword)
+        else:
+            with pytest.raises(AssertionError):
+                assert_whole_words(arrays, originals(arrays), subword)
+    assert share[True] > 0.05  # words of several pieces are chosen, whole
+
+
+def test_dynamic_masking_masks_whole_words(tmp_path, vocab, regrouped):
+    from bertforge.data.loader import masking_spec, remask
+
+    stats = create([regrouped], vocab, tmp_path / "static.native", seq_len=128, max_predictions=20, dupe_factor=1,
+                   mode="fast", fmt="native")
+    arrays = read_records(stats.files[0]).take(slice(0, 500))
+    spec = masking_spec(vocab, 0.15, whole_word=True)
+    assert spec.subword is not None
+    again = remask(arrays, spec, np.random.default_rng(0))
+    assert np.array_equal(originals(again), originals(arrays))
+    assert assert_whole_words(again, originals(again), spec.subword) > 0.05
+    assert not np.array_equal(again.masked_lm_positions, arrays.masked_lm_positions)
+
+
+def test_pretraining_on_text_masks_whole_words_and_records_need_dynamic_masking(tmp_path, vocab, capsys):
+    """data.whole_word_mask: text input is masked by whole words when its instances are made; records
+    keep their masks, so there it needs data.dynamic_masking (else one line naming both keys)."""
+    from bertforge.cli import main
+    from bertforge.config import DataConfig
+    from bertforge.data.dataset import build_datasets
+    from bertforge.data.tokenizer import read_vocab, subword_flags
+
+    data = DataConfig(input=str(shared_data(SAMPLE)), vocab=str(vocab), whole_word_mask=True, dupe_factor=2)
+    train, _, _ = build_datasets(data, tmp_path)
+    assert assert_whole_words(train.arrays, originals(train.arrays), subword_flags(read_vocab(vocab))) > 0.02
+
+    records = shared_data("tfrecord/graphcore_sample_text.tfrecord")
+    capsys.readouterr()
+    assert main(["pretrain", "--config", "tiny", "--data.input", str(records), "--data.vocab", str(vocab),
+                 "--data.whole_word_mask", "true", "--steps", "1", "--run-dir", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (
+        "error: data.whole_word_mask on records needs data.dynamic_masking (records keep the masks they were "
+        "made with: `data create --whole-word-mask` makes whole-word ones)\n")

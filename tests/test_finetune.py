@@ -350,3 +350,31 @@ def test_a_sweep_ranks_a_nan_score_below_every_number():
     assert math.isnan(_median([nan, nan, 0.2]))
     medians = {2e-5: nan, 3e-5: -0.1}
     assert max(medians, key=lambda lr: _rank(medians[lr])) == 3e-5
+
+
+def test_init_takes_a_hugging_face_model_id_from_the_local_cache(root, tmp_path, monkeypatch, capsys):
+    """``--init org/name`` is read from the Hugging Face cache (a snapshot as the hub lays it out,
+    written here): weights and vocab, with nothing downloaded; an id the cache lacks is "not found"."""
+    import huggingface_hub.constants
+
+    cache = tmp_path / "hub"
+    snapshot = cache / "models--bertforge--tiny-test" / "snapshots" / ("0" * 40)
+    shutil.copytree(root / "init", snapshot)
+    (cache / "models--bertforge--tiny-test" / "refs").mkdir()
+    (cache / "models--bertforge--tiny-test" / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+    from_id, from_dir = load_model("bertforge/tiny-test").state_dict(), load_model(root / "init").state_dict()
+    assert from_id.keys() == from_dir.keys() and all(torch.equal(from_id[k], v) for k, v in from_dir.items())
+    out = tmp_path / "run"
+    argv = ft_args(root, "sst-2", out, epochs=1)
+    argv[argv.index("--init") + 1] = "bertforge/tiny-test"
+    assert main(argv) == 0
+    assert (out / "vocab.txt").read_text() == (snapshot / "vocab.txt").read_text()
+    assert yaml.safe_load((out / "config.yaml").read_text())["checkpoint"]["init"] == str(snapshot)
+    argv[argv.index("--init") + 1] = "bertforge/not-cached"
+    argv[argv.index("--out") + 1] = str(tmp_path / "run2")
+    capsys.readouterr()
+    assert main(argv) == 2
+    assert capsys.readouterr().err == "error: model not found: bertforge/not-cached\n"

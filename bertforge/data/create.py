@@ -79,7 +79,7 @@ from .record_schema import FORMATS
 from .record_writer import EncodedRecords, RecordEncoder, RecordWriter
 from .rows import PretrainingArrays
 from .text import Chunk, expand_inputs, input_chunks, input_documents, read_chunk
-from .tokenizer import read_vocab
+from .tokenizer import read_vocab, subword_flags
 from .wordpiece import FastWordPiece
 
 MODES = ("reference", "fast")
@@ -100,6 +100,7 @@ class CreateOptions:
     dupe_factor: int = 5
     seed: int = 12345
     lowercase: bool = True
+    whole_word_mask: bool = False  # the reference's --do_whole_word_mask
 
     def check(self) -> None:
         """A DataError naming the first option out of range."""
@@ -190,6 +191,7 @@ class _ChunkMaker:
         self.encoder = encoder
         self.key = _maker_key(options, encoder)
         self.tokenizer = FastWordPiece(vocab, options.lowercase)
+        self.subword = subword_flags(self.tokenizer.vocab) if options.whole_word_mask else None
 
     def __call__(self, index: int, ranges: Chunk) -> ChunkResult:
         o = self.options
@@ -199,7 +201,8 @@ class _ChunkMaker:
             chunk.tokens, chunk.sentence_offsets, chunk.document_offsets, seq_len=o.seq_len,
             max_predictions=o.max_predictions, masked_lm_prob=o.masked_lm_prob,
             short_seq_prob=o.short_seq_prob, dupe_factor=o.dupe_factor,
-            vocab_size=self.tokenizer.vocab_size, specials=self.tokenizer.specials, rng=rng)
+            vocab_size=self.tokenizer.vocab_size, specials=self.tokenizer.specials, rng=rng,
+            subword=self.subword)
         records = None
         if self.encoder is not None:  # the writer then only appends bytes
             records = self.encoder.encode(arrays, where=f"chunk {index}")
@@ -436,7 +439,8 @@ def create(inputs: Sequence[str | Path], vocab: str | Path, output: str | Path, 
            short_seq_prob: float = 0.1, dupe_factor: int = 5, seed: int = 12345,
            lowercase: bool = True, mode: str = "reference", workers: int = 1,
            fmt: str = "tfrecord", num_output_files: int = 1, chunk_chars: int = CHUNK_CHARS,
-           start_method: str | None = None, text_column: str = "text") -> CreateStats:
+           start_method: str | None = None, text_column: str = "text",
+           whole_word_mask: bool = False) -> CreateStats:
     """Write pre-training records made from text files; see the module docstring.
 
     ``inputs`` are files, globs or directories, read in the order given, or
@@ -447,7 +451,7 @@ def create(inputs: Sequence[str | Path], vocab: str | Path, output: str | Path, 
     """
     start = time.perf_counter()
     options = CreateOptions(seq_len, max_predictions, masked_lm_prob, short_seq_prob,
-                            dupe_factor, seed, lowercase)
+                            dupe_factor, seed, lowercase, whole_word_mask)
     if mode not in MODES:
         raise DataError(f"mode={mode!r} must be one of {', '.join(MODES)}")
     if fmt not in FORMATS:
@@ -499,13 +503,13 @@ def generate(inputs: Sequence[str | Path], vocab: str | Path, *, seq_len: int = 
              short_seq_prob: float = 0.1, dupe_factor: int = 5, seed: int = 12345,
              lowercase: bool = True, workers: int = 1, chunk_chars: int = CHUNK_CHARS,
              start_method: str | None = None, stats: CreateStats | None = None,
-             text_column: str = "text") -> Iterator[PretrainingArrays]:
+             text_column: str = "text", whole_word_mask: bool = False) -> Iterator[PretrainingArrays]:
     """Fast mode without files: each chunk's instances, in order, as :func:`create` writes them.
 
     ``stats``, when given, is updated as chunks come.
     """
     options = CreateOptions(seq_len, max_predictions, masked_lm_prob, short_seq_prob,
-                            dupe_factor, seed, lowercase)
+                            dupe_factor, seed, lowercase, whole_word_mask)
     _check(options, "fast", workers, chunk_chars)
     read_vocab(vocab)  # a missing or empty vocab fails here, before any work
     stats = stats if stats is not None else CreateStats(mode="fast", files=[])
@@ -574,7 +578,8 @@ def _create_reference(files: list[Path], vocab: Path, options: CreateOptions, ou
         chunk.as_lists(), seq_len=options.seq_len, max_predictions=options.max_predictions,
         masked_lm_prob=options.masked_lm_prob, short_seq_prob=options.short_seq_prob,
         dupe_factor=options.dupe_factor, vocab_size=tokenizer.vocab_size,
-        specials=tokenizer.specials, rng=random.Random(options.seed))
+        specials=tokenizer.specials, rng=random.Random(options.seed),
+        subword=subword_flags(tokenizer.vocab).tolist() if options.whole_word_mask else None)
     del chunk
     for first in range(0, len(instances), REFERENCE_WRITE_BATCH):
         batch = instances[first:first + REFERENCE_WRITE_BATCH]
@@ -603,6 +608,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dupe-factor", type=int, default=5)
     parser.add_argument("--seed", type=int, default=12345)
     parser.add_argument("--cased", action="store_true", help="do not lower-case (cased vocabs)")
+    parser.add_argument("--whole-word-mask", action="store_true",
+                        help="mask all WordPieces of a word or none (the reference's --do_whole_word_mask)")
     parser.add_argument("--mode", choices=MODES, default="reference",
                         help="reference: google-research/bert's records exactly; "
                              "fast: same distributions, streaming, parallel")
@@ -631,7 +638,8 @@ def run(args: argparse.Namespace) -> int:
                        short_seq_prob=args.short_seq_prob, dupe_factor=args.dupe_factor,
                        seed=args.seed, lowercase=not args.cased, mode=args.mode,
                        workers=args.workers, fmt=args.fmt, num_output_files=args.num_output_files,
-                       chunk_chars=args.chunk_chars, text_column=args.text_column)
+                       chunk_chars=args.chunk_chars, text_column=args.text_column,
+                       whole_word_mask=args.whole_word_mask)
     stats.files = final
     print(stats.summary())
     if packed is not None:

@@ -25,7 +25,15 @@ from .corpus import builtin_corpus, read_text_corpus
 from .errors import DataError, warn_one_document
 from .instances import create_instances, to_arrays
 from .rows import PretrainingArrays, Rows
-from .tokenizer import load_tokenizer, read_vocab, special_ids, tokenize_documents, train_wordpiece, vocab_size_of
+from .tokenizer import (
+    load_tokenizer,
+    read_vocab,
+    special_ids,
+    subword_flags,
+    tokenize_documents,
+    train_wordpiece,
+    vocab_size_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +145,8 @@ def build_datasets(data: DataConfig, work_dir: Path) -> tuple[PretrainingDataset
     tokenizer = load_tokenizer(vocab_path, lowercase=data.lowercase)
     options: dict[str, Any] = dict(seq_len=data.seq_len, max_predictions=data.max_predictions,
                    masked_lm_prob=data.masked_lm_prob, short_seq_prob=data.short_seq_prob,
-                   vocab_size=vocab_size_of(vocab_path), specials=special_ids(tokenizer))
+                   vocab_size=vocab_size_of(vocab_path), specials=special_ids(tokenizer),
+                   subword=subword_flags(read_vocab(vocab_path)).tolist() if data.whole_word_mask else None)
 
     datasets = []
     for docs, dupe_factor, seed in ((train_docs, data.dupe_factor, data.seed),

@@ -4,8 +4,9 @@ This follows google-research/bert's ``create_pretraining_data.py``: the same
 sequence packing, next-sentence sampling, truncation and 80/10/10 masking, and
 the same order of draws from one ``random.Random``, so the same documents and
 seed give the very same instances (tests/test_data.py checks this against the
-reference). It works on token ids instead of strings. Whole-word masking is
-not implemented.
+reference). It works on token ids instead of strings. Whole-word masking
+(``subword``: which ids are ``##`` continuations) is the reference's
+``--do_whole_word_mask``: a word's pieces are predicted together or not at all.
 
 :func:`create_arrays_fast` is the same algorithm with the same distributions
 drawn differently: with numpy, for many documents at once, straight into
@@ -19,6 +20,7 @@ same document or, half of the time, a span of another document
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -57,10 +59,12 @@ class Instance:
 
 def create_instances(documents: list[TokenDocument], *, seq_len: int, max_predictions: int,
                      masked_lm_prob: float, short_seq_prob: float, dupe_factor: int,
-                     vocab_size: int, specials: SpecialIds, rng: random.Random) -> list[Instance]:
+                     vocab_size: int, specials: SpecialIds, rng: random.Random,
+                     subword: Sequence[bool] | None = None) -> list[Instance]:
     """All instances of ``dupe_factor`` passes over the documents, shuffled.
 
-    Each pass packs and masks every document anew, so the passes differ.
+    Each pass packs and masks every document anew, so the passes differ. With
+    ``subword`` (indexed by token id) whole words are masked.
     """
     documents = [d for d in documents if d]
     rng.shuffle(documents)
@@ -69,15 +73,15 @@ def create_instances(documents: list[TokenDocument], *, seq_len: int, max_predic
         for index in range(len(documents)):
             instances.extend(_document_instances(
                 documents, index, seq_len, short_seq_prob, masked_lm_prob, max_predictions,
-                vocab_size, specials, rng))
+                vocab_size, specials, rng, subword))
     rng.shuffle(instances)
     return instances
 
 
 def _document_instances(documents: list[TokenDocument], index: int, seq_len: int,
                         short_seq_prob: float, masked_lm_prob: float, max_predictions: int,
-                        vocab_size: int, specials: SpecialIds,
-                        rng: random.Random) -> list[Instance]:
+                        vocab_size: int, specials: SpecialIds, rng: random.Random,
+                        subword: Sequence[bool] | None = None) -> list[Instance]:
     document = documents[index]
     max_num_tokens = seq_len - 3  # room for [CLS], [SEP], [SEP]
     # Mostly fill the sequence (padding is wasted compute), but sometimes aim
@@ -108,7 +112,7 @@ def _document_instances(documents: list[TokenDocument], index: int, seq_len: int
             _truncate_pair(tokens_a, tokens_b, max_num_tokens, rng)
             tokens = [specials.cls, *tokens_a, specials.sep, *tokens_b, specials.sep]
             positions, replacements = _mask(tokens, len(tokens_a), masked_lm_prob,
-                                            max_predictions, vocab_size, specials.mask, rng)
+                                            max_predictions, vocab_size, specials.mask, rng, subword)
             instances.append(Instance(tokens, len(tokens_a), is_random_next,
                                       positions, replacements))
             chunk = []
@@ -146,23 +150,41 @@ def _truncate_pair(tokens_a: list[int], tokens_b: list[int], max_num_tokens: int
 
 
 def _mask(tokens: list[int], num_a: int, masked_lm_prob: float, max_predictions: int,
-          vocab_size: int, mask_id: int, rng: random.Random) -> tuple[list[int], list[int]]:
+          vocab_size: int, mask_id: int, rng: random.Random,
+          subword: Sequence[bool] | None = None) -> tuple[list[int], list[int]]:
     """Positions to predict (sorted) and what the input shows there.
 
-    80% [MASK], 10% the original token, 10% a random token of the vocab.
+    The reference's draws in its order: the candidates ([CLS] and [SEP] are
+    not) in groups, shuffled; groups are taken whole while they fit the
+    number to predict; each taken position shows [MASK] 80%, its own token
+    10%, a random token of the vocab 10%. A group is one position, or with
+    ``subword`` a word: a ``##`` piece joins the group before it (the group
+    before the middle [SEP] too, as in the reference).
     """
     special = {0, num_a + 1, len(tokens) - 1}  # [CLS], [SEP], [SEP]
-    candidates = [i for i in range(len(tokens)) if i not in special]
-    rng.shuffle(candidates)
+    groups: list[list[int]] = []
+    for i in range(len(tokens)):
+        if i in special:
+            continue
+        if subword is not None and groups and subword[tokens[i]]:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    rng.shuffle(groups)
     num_to_predict = min(max_predictions, max(1, round(len(tokens) * masked_lm_prob)))
     chosen: dict[int, int] = {}
-    for position in candidates[:num_to_predict]:
-        if rng.random() < 0.8:
-            chosen[position] = mask_id
-        elif rng.random() < 0.5:
-            chosen[position] = tokens[position]
-        else:
-            chosen[position] = rng.randint(0, vocab_size - 1)
+    for group in groups:
+        if len(chosen) >= num_to_predict:
+            break
+        if len(chosen) + len(group) > num_to_predict:
+            continue
+        for position in group:
+            if rng.random() < 0.8:
+                chosen[position] = mask_id
+            elif rng.random() < 0.5:
+                chosen[position] = tokens[position]
+            else:
+                chosen[position] = rng.randint(0, vocab_size - 1)
     positions = sorted(chosen)
     return positions, [chosen[p] for p in positions]
 
@@ -200,8 +222,8 @@ def to_arrays(instances: list[Instance], seq_len: int, max_predictions: int) -> 
 def create_arrays_fast(tokens: np.ndarray, sentence_offsets: np.ndarray,
                        document_offsets: np.ndarray, *, seq_len: int, max_predictions: int,
                        masked_lm_prob: float, short_seq_prob: float, dupe_factor: int,
-                       vocab_size: int, specials: SpecialIds,
-                       rng: np.random.Generator) -> PretrainingArrays:
+                       vocab_size: int, specials: SpecialIds, rng: np.random.Generator,
+                       subword: np.ndarray | None = None) -> PretrainingArrays:
     """BERT's instances for a block of documents, drawn with numpy, already padded and shuffled.
 
     The documents are given flat: ``tokens`` holds every token id; sentence s is
@@ -220,7 +242,8 @@ def create_arrays_fast(tokens: np.ndarray, sentence_offsets: np.ndarray,
       lengths this ends at are computed in closed form and the number trimmed
       from the front is Binomial(trimmed, 1/2), which is the same law;
     * ``min(max_predictions, max(1, round(len * masked_lm_prob)))`` distinct
-      positions (never [CLS] or [SEP]), uniform; 80% [MASK], 10% kept, 10% a
+      positions (never [CLS] or [SEP]), uniform (with ``subword``, whole words
+      as :func:`whole_word_positions` draws them); 80% [MASK], 10% kept, 10% a
       uniform random id of the vocab.
 
     The one difference: a random B comes from another document of this block,
@@ -241,7 +264,7 @@ def create_arrays_fast(tokens: np.ndarray, sentence_offsets: np.ndarray,
     order = rng.permutation(len(a_start))
     arrays = _pack(np.asarray(tokens), a_start[order], a_keep[order], b_start[order],
                    b_keep[order], random_next[order], seq_len, max_predictions, specials)
-    _mask_arrays(arrays, a_keep[order], masked_lm_prob, vocab_size, specials.mask, rng)
+    _mask_arrays(arrays, a_keep[order], masked_lm_prob, vocab_size, specials.mask, rng, subword)
     return arrays
 
 
@@ -356,8 +379,40 @@ def _pack(tokens: np.ndarray, a_start: np.ndarray, a_len: np.ndarray, b_start: n
     )
 
 
+def whole_word_positions(ids: np.ndarray, candidate: np.ndarray, subword: np.ndarray, count: np.ndarray,
+                         max_predictions: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Whole-word choices of every row: ((N, P) positions sorted, 0 where unused; (N, P) used).
+
+    Row r's candidate positions (``candidate[r]``) in groups as :func:`_mask`
+    makes them (a ``##`` piece, ``subword[id]``, joins the group before it),
+    in a uniformly random order; groups are taken whole while they fit
+    ``count[r]``. One row at a time: slower than the one-position draw.
+    """
+    n = len(ids)
+    positions = np.zeros((n, max_predictions), np.int64)
+    used = np.zeros((n, max_predictions), bool)
+    for r in range(n):
+        where = np.flatnonzero(candidate[r])
+        if not len(where):
+            continue
+        starts = ~subword[ids[r, where]]
+        starts[0] = True
+        group = np.cumsum(starts) - 1
+        sizes = np.bincount(group)
+        taken, total = np.zeros(len(sizes), bool), 0
+        for g in rng.permutation(len(sizes)):
+            if total >= count[r]:
+                break
+            if total + sizes[g] <= count[r]:
+                taken[g], total = True, total + sizes[g]
+        picked = where[taken[group]]
+        positions[r, :total], used[r, :total] = picked, True
+    return positions, used
+
+
 def _mask_arrays(arrays: PretrainingArrays, a_len: np.ndarray, masked_lm_prob: float,
-                 vocab_size: int, mask_id: int, rng: np.random.Generator) -> None:
+                 vocab_size: int, mask_id: int, rng: np.random.Generator,
+                 subword: np.ndarray | None = None) -> None:
     """Choose and apply the masked-LM predictions of every row, in place."""
     n, _ = arrays.input_ids.shape
     max_predictions = arrays.masked_lm_positions.shape[1]
@@ -368,6 +423,11 @@ def _mask_arrays(arrays: PretrainingArrays, a_len: np.ndarray, masked_lm_prob: f
     # np.round rounds half to even, like Python's round() in the reference.
     count = np.minimum(max_predictions, np.maximum(1, np.round(length * masked_lm_prob)))
     count = np.minimum(count, candidates).astype(np.int64)
+    if subword is not None:
+        positions, used = whole_word_positions(
+            arrays.input_ids, _candidates(arrays.input_mask, a_len), subword, count, max_predictions, rng)
+        _apply_masks(arrays, positions, used, vocab_size, mask_id, rng)
+        return
     # A uniform random count-subset of 0..candidates-1 per row, by Floyd's algorithm,
     # all rows at once: for j = c-k .. c-1, draw t in 0..j and take t, or j if t is taken.
     # (Kept as predictions × rows, so that each step compares contiguous rows.)
@@ -384,6 +444,22 @@ def _mask_arrays(arrays: PretrainingArrays, a_len: np.ndarray, masked_lm_prob: f
     used = np.arange(max_predictions) < count[:, None]
     # Candidate v is column v + 1 in A, v + 2 in B (past the middle [SEP]).
     positions = np.where(used, chosen + 1 + (chosen >= a_len[:, None]), 0).astype(np.int32)
+    _apply_masks(arrays, positions, used, vocab_size, mask_id, rng)
+
+
+def _candidates(input_mask: np.ndarray, a_len: np.ndarray) -> np.ndarray:
+    """(N, T): the positions that may be predicted, all real ones but [CLS] and the two [SEP]s."""
+    n, t = input_mask.shape
+    length = input_mask.sum(axis=1, dtype=np.int64)
+    column = np.arange(t)[None, :]
+    return (column > 0) & (column < length[:, None] - 1) & (column != a_len[:, None] + 1)
+
+
+def _apply_masks(arrays: PretrainingArrays, positions: np.ndarray, used: np.ndarray, vocab_size: int,
+                 mask_id: int, rng: np.random.Generator) -> None:
+    """Write the chosen predictions into ``arrays``: 80% [MASK], 10% kept, 10% a random id."""
+    max_predictions = positions.shape[1]
+    n = len(positions)
     original = np.take_along_axis(arrays.input_ids, positions, axis=1)
     draw = rng.random((n, max_predictions))
     random_ids = rng.integers(0, vocab_size, (n, max_predictions))

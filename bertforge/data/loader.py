@@ -37,11 +37,12 @@ import torch
 
 from ..feed import pinned
 from .errors import DataError
+from .instances import whole_word_positions
 from .record_reader import RecordFile, open_records
 from .record_schema import detect_format
 from .rows import PretrainingArrays, Rows, concat_rows
 from .text import expand_inputs
-from .tokenizer import read_vocab
+from .tokenizer import read_vocab, subword_flags
 
 
 @dataclass(frozen=True)
@@ -53,14 +54,16 @@ class MaskingSpec:
     sep_id: int
     mask_id: int
     masked_lm_prob: float = 0.15
+    subword: np.ndarray | None = None  # per id, a ## piece: whole words are masked (data.whole_word_mask)
 
 
 def remask(a: PretrainingArrays, spec: MaskingSpec, rng: np.random.Generator) -> PretrainingArrays:
     """Undo the records' masks and mask every sequence anew, as the reference would.
 
     Per sequence: n = min(P, max(1, round(len(tokens) × prob))) positions drawn
-    uniformly among the non-special tokens; of those 80% become [MASK], 10% a
-    random token, 10% stay.
+    uniformly among the non-special tokens (with ``spec.subword``, whole words
+    while they fit n, as the reference's whole-word masking); of those 80%
+    become [MASK], 10% a random token, 10% stay.
     """
     ids = a.input_ids.astype(np.int64)  # a copy
     N, T = ids.shape
@@ -76,14 +79,17 @@ def remask(a: PretrainingArrays, spec: MaskingSpec, rng: np.random.Generator) ->
     # Python's round() (half to even), as in the reference; np.round matches it.
     n_predict = np.minimum(P, np.maximum(1, np.round(n_tokens * spec.masked_lm_prob).astype(np.int64)))
     n_predict = np.minimum(n_predict, candidate.sum(1))
-    # A random key per candidate; the n smallest keys of each row are its picks.
-    keys = np.where(candidate, rng.random((N, T)), np.inf)
-    order = np.argsort(keys, axis=1)[:, :P]  # (N, P) candidate positions in random order
-    keep = np.arange(P)[None, :] < n_predict[:, None]  # (N, P)
-    positions = np.where(keep, order, T)  # T sorts after every real position
-    positions.sort(axis=1)
-    keep = positions < T
-    positions = np.where(keep, positions, 0)
+    if spec.subword is not None:
+        positions, keep = whole_word_positions(ids, candidate, spec.subword, n_predict, P, rng)
+    else:
+        # A random key per candidate; the n smallest keys of each row are its picks.
+        keys = np.where(candidate, rng.random((N, T)), np.inf)
+        order = np.argsort(keys, axis=1)[:, :P]  # (N, P) candidate positions in random order
+        keep = np.arange(P)[None, :] < n_predict[:, None]  # (N, P)
+        positions = np.where(keep, order, T)  # T sorts after every real position
+        positions.sort(axis=1)
+        keep = positions < T
+        positions = np.where(keep, positions, 0)
     originals = np.where(keep, ids[rows, positions], 0)
 
     draw = rng.random((N, P))
@@ -282,13 +288,14 @@ def is_records(pattern: str) -> bool:
     return bool(records)
 
 
-def masking_spec(vocab_path: str | Path, masked_lm_prob: float) -> MaskingSpec:
+def masking_spec(vocab_path: str | Path, masked_lm_prob: float, whole_word: bool = False) -> MaskingSpec:
     vocab = read_vocab(vocab_path)
     index = {token: i for i, token in enumerate(vocab)}
     missing = [t for t in ("[CLS]", "[SEP]", "[MASK]") if t not in index]
     if missing:
         raise DataError(f"{vocab_path}: no {', '.join(missing)} token")
-    return MaskingSpec(len(vocab), index["[CLS]"], index["[SEP]"], index["[MASK]"], masked_lm_prob)
+    return MaskingSpec(len(vocab), index["[CLS]"], index["[SEP]"], index["[MASK]"], masked_lm_prob,
+                       subword_flags(vocab) if whole_word else None)
 
 
 def check_vocab_fits(records: RecordFile, vocab_path: str | Path) -> None:

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from .errors import DataError
@@ -126,6 +127,16 @@ def train_wordpiece(documents: Iterable[list[str]], vocab_size: int, out_path: s
     tmp.write_text("".join(f"{t}\n" for t in tokens), encoding="utf-8")
     os.replace(tmp, out_path)
     return out_path
+
+
+def subword_flags(vocab: Iterable[str] | dict[str, int]) -> np.ndarray:
+    """Per token id: is it a ``##`` continuation piece (what whole-word masking joins to the word
+    before it). ``vocab``: the tokens in id order, or a token → id mapping."""
+    ids = vocab if isinstance(vocab, dict) else {t: i for i, t in enumerate(vocab)}
+    flags = np.zeros(max(ids.values(), default=-1) + 1, bool)
+    for token, i in ids.items():
+        flags[i] = token.startswith("##")
+    return flags
 
 
 def read_vocab(vocab_path: str | Path) -> list[str]:

@@ -172,7 +172,7 @@ def find_vocab(model_path: str | Path, vocab: str | Path | None = None) -> Path:
         if not vocab.is_file():
             raise FinetuneError(f"vocab not found: {vocab}")
         return vocab
-    path = Path(model_path)
+    path = weights.resolve_model(model_path)
     candidates = [path / "vocab.txt"]
     prefix = tf1.find_prefix(path)
     if prefix is None and not path.exists():
@@ -193,7 +193,8 @@ def find_vocab(model_path: str | Path, vocab: str | Path | None = None) -> Path:
 def load_checked(path: str | Path, vocab: Path, head: str, num_labels: int | None = None) -> nn.Module:
     """The model at ``path`` with ``head`` (new when the source has none: a warning is expected and
     silenced), checked against the vocab; on the CPU."""
-    if not Path(path).exists() and tf1.find_prefix(path) is None:
+    path = weights.resolve_model(path)
+    if not path.exists() and tf1.find_prefix(path) is None:
         raise FinetuneError(f"model not found: {path}")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a new head is expected when fine-tuning an encoder

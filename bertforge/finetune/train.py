@@ -335,7 +335,7 @@ def _finetune(cfg: Config, task_cfg: TaskConfig, dist: DistContext, out_dir: Pat
         if not init:
             raise ConfigError("fine-tuning needs --init (or --resume RUN)")
         vocab_path = find_vocab(init, vocab)
-        cfg.checkpoint.init = str(Path(init).resolve())
+        cfg.checkpoint.init = str(weights.resolve_model(init).resolve())
     else:
         vocab_path = find_vocab(out_dir, vocab)
     task_cfg.data = str(Path(task_cfg.data).resolve())
@@ -391,7 +391,7 @@ def predict(model_path: str | Path, data: str | Path | None = None, task_name: s
     """
     from .run import saved_data_settings
 
-    model_path = Path(model_path)
+    model_path = weights.resolve_model(model_path)  # a directory, or a Hugging Face id in the cache
     task_cfg = saved_task(model_path)
     if task_name:
         task_cfg.task = task_name

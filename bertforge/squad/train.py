@@ -314,7 +314,7 @@ def _finetune(cfg: Config, squad: SquadConfig, dist: DistContext, out_dir: Path,
             raise ConfigError("squad train needs --init (or --resume RUN)")
         vocab_path = find_vocab(init, vocab)
         model = load_qa_model(init, vocab_path)
-        cfg.checkpoint.init = str(Path(init).resolve())
+        cfg.checkpoint.init = str(weights.resolve_model(init).resolve())
     else:  # the weights come from the checkpoint
         vocab_path = find_vocab(out_dir, vocab)
         model = BertForQuestionAnswering(weights.read_config(resume_from).model)
