@@ -15,6 +15,7 @@ resolved config is saved as ``config.yaml`` in every run and checkpoint.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import types
 import typing
@@ -33,7 +34,7 @@ Precision = Literal["fp32", "bf16", "fp16"]  # fp16 only on GPU
 Parallel = Literal["none", "ddp", "fsdp"]
 Recompute = Literal["none", "layer", "attention"]
 FsdpGradSync = Literal["auto", "step", "micro_batch"]  # when FSDP2 reduce-scatters accumulated gradients
-Optimizer = Literal["lamb", "adamw"]
+Optimizer = Literal["lamb", "adamw", "sgd"]
 LambVariant = Literal["bertforge", "mlperf", "nvidia", "paper"]  # see bertforge/optim.py
 Schedule = Literal["poly", "poly_tf", "exp", "exp_staircase", "table", "constant"]
 HiddenAct = Literal["gelu", "relu", "gelu_new"]
@@ -118,6 +119,8 @@ class TrainConfig:
     eps: float = 1e-6
     bias_correction: bool = True
     max_trust_ratio: float = 10.0  # LAMB trust-ratio clamp (lamb: bertforge only); 0 = no clamp
+    momentum: float = 0.0  # sgd: torch.optim.SGD's momentum (0: plain SGD)
+    nesterov: bool = False  # sgd: Nesterov momentum (needs momentum > 0)
     micro_batch_size: int = 32
     global_batch_size: int = 32
     steps: int = 1000
@@ -371,9 +374,9 @@ def _short(value: Any, limit: int = 80) -> str:
 
 
 def resolve_config_path(name: str) -> Path | None:
-    """A YAML path, or the name of a shipped config; None for a bare model preset."""
+    """A YAML (or JSON) path, or the name of a shipped config; None for a bare model preset."""
     path = Path(name)
-    if path.suffix in (".yaml", ".yml") or path.exists():
+    if path.suffix in (".yaml", ".yml", ".json") or path.exists():
         if not path.is_file():
             raise ConfigError(f"config file not found: {name}")
         return path
@@ -383,7 +386,7 @@ def resolve_config_path(name: str) -> Path | None:
     if name in MODEL_PRESETS:
         return None
     known = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")) + list(MODEL_PRESETS)
-    raise ConfigError(f"unknown config {name!r} (a YAML path, or one of: {', '.join(known)})")
+    raise ConfigError(f"unknown config {name!r} (a YAML or JSON path, or one of: {', '.join(known)})")
 
 
 def _yaml_problem(err: yaml.YAMLError) -> str:
@@ -396,8 +399,12 @@ def _yaml_problem(err: yaml.YAMLError) -> str:
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
+    """A config file's mapping: YAML, or JSON when its name ends in .json (read as JSON, strictly)."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{path}: not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML ({_yaml_problem(err)})") from None
     except UnicodeDecodeError as err:
@@ -511,6 +518,7 @@ _FLOAT_RANGES: dict[str, tuple[float, float, bool]] = {
     "train.beta1": (0.0, 1.0, False),
     "train.beta2": (0.0, 1.0, False),
     "train.max_trust_ratio": (0.0, float("inf"), False),
+    "train.momentum": (0.0, 1.0, False),
     "train.warmup_proportion": (0.0, 1.0, True),
     "train.decay_power": (0.0, float("inf"), False),
     "train.end_lr": (0.0, float("inf"), False),

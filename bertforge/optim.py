@@ -395,7 +395,12 @@ def build_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.Optimiz
                                      **({"fused": True} if on_cuda else {"foreach": True}))
         return AdamWNoBiasCorrection(groups, lr=train.lr, betas=betas, eps=train.eps,
                                      weight_decay=train.weight_decay)
-    raise ConfigError(f"train.optimizer: {train.optimizer!r} is not one of lamb, adamw")
+    if train.optimizer == "sgd":
+        if train.nesterov and train.momentum <= 0:
+            raise ConfigError("train.nesterov=true needs train.momentum > 0")
+        return torch.optim.SGD(groups, lr=train.lr, momentum=train.momentum, nesterov=train.nesterov,
+                               weight_decay=train.weight_decay, foreach=True)
+    raise ConfigError(f"train.optimizer: {train.optimizer!r} is not one of lamb, adamw, sgd")
 
 
 # ------------------------------------------------------------ lr schedules

@@ -280,7 +280,9 @@ def plan_memory(cfg: Config, world_size: int = 1, device: str | None = None) -> 
     shard = world_size if fsdp else 1
     params = math.ceil(n_params / shard) * FP32
     grads = params
-    optimizer_state = 2 * params  # two fp32 moments, LAMB and AdamW alike
+    # Two fp32 moments for LAMB and AdamW; SGD one momentum buffer, or none without momentum.
+    states = (1 if tr.momentum > 0 else 0) if tr.optimizer == "sgd" else 2
+    optimizer_state = states * params
     # Optimizer temporaries, per bucket (the decay group is by far the largest): one
     # list of tensors, the update that optim.py builds in place, or torch AdamW's sqrt(v).
     optimizer_workspace = math.ceil(decayed_parameters(m) / shard) * FP32

@@ -85,3 +85,31 @@ def test_real_records_verify(tmp_path, capsys):
     (entry,) = parse_manifest(tmp_path / "records.md5")
     assert (entry.size, entry.md5) == (record.stat().st_size, hashlib.md5(record.read_bytes()).hexdigest())
     assert main(["data", "checksum", str(tmp_path / "records"), "--verify"]) == 0
+
+
+def test_verify_against_a_plain_md5sum_list_checks_the_files_it_names(shards, capsys):
+    """MLPerf publishes its 500 text parts' md5 as an md5sum list (bert_reference_results_text_md5.txt,
+    checked with ``md5sum --check`` in results4/): --manifest LIST verifies a directory against such a
+    list, ``MD5  NAME`` and binary-mode ``MD5 *NAME`` lines alike; a file it does not name is not a
+    difference (as with md5sum -c); a changed or missing one is."""
+    parts = sorted(p.name for p in shards.glob("part-*"))
+    lines = [f"{hashlib.md5((shards / name).read_bytes()).hexdigest()}{'  ' if i else ' *'}{name}"
+             for i, name in enumerate(parts)]
+    if shutil.which("md5sum"):  # the same lines as md5sum writes
+        made = subprocess.run(["md5sum", *parts[1:]], cwd=shards, capture_output=True, text=True, check=True)
+        assert made.stdout.splitlines() == lines[1:]
+    listing = shards.parent / "bert_reference_results_text_md5.txt"
+    listing.write_text("\n".join(lines) + "\n")
+    assert main(["data", "checksum", str(shards), "--verify", "--manifest", str(listing)]) == 0
+    assert capsys.readouterr().out == f"{shards}: all 3 files match {listing}\n"  # eval/ is not listed
+    (shards / "part-00001-of-00003").write_bytes(b"changed")
+    (shards / "part-00002-of-00003").unlink()
+    assert main(["data", "checksum", str(shards), "--verify", "--manifest", str(listing)]) == 1
+    assert capsys.readouterr().out.splitlines() == [
+        f"part-00001-of-00003: md5 {hashlib.md5(b'changed').hexdigest()}, the manifest says {lines[1][:32]}",
+        "part-00002-of-00003: missing",
+        f"{shards}: 2 difference(s) from {listing}"]
+    listing.write_text("not a checksum line\n")
+    assert main(["data", "checksum", str(shards), "--verify", "--manifest", str(listing)]) == 2
+    assert capsys.readouterr().err == (f"error: {listing}:1: not a manifest line (MD5  NAME, after # SIZE bytes "
+                                       "in ours): 'not a checksum line'\n")

@@ -1,6 +1,7 @@
 """Config: presets, shipped YAML files, dotted overrides and the errors they raise."""
 
 import argparse
+import json
 import typing
 
 import pytest
@@ -319,3 +320,20 @@ def test_a_binary_config_file_is_one_line(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_config(str(path))
     assert str(err.value) == f"{path}: not UTF-8 text (byte offset 13)"
+
+
+def test_a_json_config_is_read_as_its_yaml_twin(tmp_path):
+    """--config x.json: the same Config as the YAML it was written from; bad JSON is one line naming
+    the file, line and column."""
+    from bertforge.config import load_yaml
+
+    yaml_path = CONFIG_DIR / "pretrain_base_128.yaml"
+    json_path = tmp_path / "pretrain_base_128.json"
+    json_path.write_text(json.dumps(load_yaml(yaml_path), indent=2))
+    assert load_config(str(json_path)).to_yaml() == load_config(str(yaml_path)).to_yaml()
+    assert load_config(str(json_path), [("train.lr", "1e-4")]).train.lr == 1e-4
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"train": {"lr": 1e-4,}}')
+    with pytest.raises(ConfigError, match=r"bad\.json: not valid JSON \(Expecting property name enclosed in "
+                                          r"double quotes at line 1, column 23\)$"):
+        load_config(str(bad))

@@ -811,3 +811,55 @@ def test_lamb_mixed_dtypes_in_one_group():
     assert a.dtype == torch.float32 and b.dtype == torch.float64
     assert a.tolist() == pytest.approx([2.6464466094, 4.3535533906], rel=1e-6)
     assert b.tolist() == pytest.approx([2.6464466094, 4.3535533906], rel=1e-9)
+
+
+# ------------------------------------------------------------ SGD and momentum
+
+@pytest.mark.parametrize(("momentum", "nesterov"), [(0.0, False), (0.9, False), (0.9, True)])
+def test_sgd_equals_torch_sgd_with_no_decay_on_biases_and_layernorms(momentum, nesterov):
+    """train.optimizer sgd: torch.optim.SGD (L2 weight decay added to the gradient, as torch does),
+    over the two parameter groups every optimizer here uses: biases and LayerNorms undecayed."""
+    from bertforge.config import ModelConfig, TrainConfig
+    from bertforge.model import BertForPreTraining
+    from bertforge.optim import build_optimizer
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                      max_position_embeddings=16)
+    ours, theirs = BertForPreTraining(cfg).eval(), BertForPreTraining(cfg).eval()  # eval: no dropout draws
+    theirs.load_state_dict(ours.state_dict())
+    train = TrainConfig(optimizer="sgd", lr=0.1, weight_decay=0.01, momentum=momentum, nesterov=nesterov)
+    optimizer = build_optimizer(ours, train)
+    named = list(theirs.named_parameters())
+    undecayed = [p for n, p in named if n.endswith("bias") or "LayerNorm" in n]
+    decayed = [p for n, p in named if not (n.endswith("bias") or "LayerNorm" in n)]
+    assert undecayed and decayed
+    reference = torch.optim.SGD([{"params": decayed, "weight_decay": 0.01}, {"params": undecayed, "weight_decay": 0.0}],
+                                lr=0.1, momentum=momentum, nesterov=nesterov, foreach=False)
+    ids = torch.randint(0, 64, (2, 8))
+    for _ in range(3):
+        for model, opt in ((ours, optimizer), (theirs, reference)):
+            opt.zero_grad()
+            mlm, nsp = model(ids)
+            (mlm.square().mean() + nsp.square().mean()).backward()
+            opt.step()
+    for (name, a), b in zip(ours.state_dict().items(), theirs.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+
+
+def test_sgd_with_momentum_resumes_exactly(tmp_path):
+    """A run with SGD and momentum, resumed from its step-2 checkpoint, continues with the losses
+    and weights of an uninterrupted run: the momentum buffers are in the checkpoint."""
+    from test_preemption import losses, run_args
+
+    from bertforge.cli import main
+    from bertforge.weights import load_model
+
+    sgd = ["--train.optimizer", "sgd", "--train.momentum", "0.9", "--train.lr", "0.05", "--checkpoint.every", "2"]
+    assert main(run_args(tmp_path, "whole", 4, *sgd)) == 0
+    assert main(run_args(tmp_path, "cut", 2, *sgd)) == 0
+    assert main(["pretrain", "--resume", str(tmp_path / "cut"), "--steps", "4", "--no-progress"]) == 0
+    assert losses(tmp_path / "cut") == losses(tmp_path / "whole")
+    assert losses(tmp_path / "whole")[-1] != losses(tmp_path / "whole")[0]
+    resumed, whole = load_model(tmp_path / "cut").state_dict(), load_model(tmp_path / "whole").state_dict()
+    assert all(torch.equal(v, whole[k]) for k, v in resumed.items())

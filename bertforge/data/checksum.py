@@ -2,6 +2,7 @@
 
     bertforge data checksum records/              # writes records.md5 beside the directory
     bertforge data checksum records/ --verify     # exit status 1, naming each file, if anything changed
+    bertforge data checksum results4/ --verify --manifest bert_reference_results_text_md5.txt   # MLPerf's list
 
 The manifest holds the md5 (the digest MLPerf publishes for its 500 training
 parts and its eval set) and the size in bytes of every file under the
@@ -29,7 +30,7 @@ _CHUNK = 8 << 20  # bytes read at a time: hashlib releases the GIL on large upda
 @dataclass(frozen=True)
 class Entry:
     name: str  # the path relative to the directory, with "/"
-    size: int
+    size: int | None  # None in a plain md5sum list (MLPerf's): not compared
     md5: str
 
 
@@ -91,24 +92,27 @@ def format_manifest(entries: list[Entry]) -> str:
 
 
 def parse_manifest(path: Path) -> list[Entry]:
-    """The entries of a manifest written by :func:`write_manifest`; a malformed line is an error
-    naming the file and line."""
+    """The entries of a manifest written by :func:`write_manifest`, or of a plain ``md5sum``
+    list (``MD5  NAME`` or ``MD5 *NAME`` lines, no sizes: MLPerf publishes its text parts' so);
+    a malformed line is an error naming the file and line."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
         raise DataError(f"{path}: no manifest to verify (write one first: bertforge data checksum DIR)") from None
     except (OSError, UnicodeDecodeError) as err:
         raise DataError(f"{path}: cannot be read ({err})") from None
-    entries, size = [], None
+    entries: list[Entry] = []
+    size: int | None = None
     for number, line in enumerate(lines, 1):
         if line.startswith("# ") and line.endswith(" bytes") and line[2:-6].isdigit():
             size = int(line[2:-6])
             continue
         if not line.strip() or line.startswith("#"):
             continue
-        md5, sep, name = line.partition("  ")
-        if not sep or len(md5) != 32 or any(c not in "0123456789abcdef" for c in md5) or not name or size is None:
-            raise DataError(f"{path}:{number}: not a manifest line (# SIZE bytes, then MD5  NAME): {line[:80]!r}")
+        md5, name = line[:32].lower(), line[34:] if line[32:34] in ("  ", " *") else ""
+        if len(md5) != 32 or any(c not in "0123456789abcdef" for c in md5) or not name:
+            raise DataError(f"{path}:{number}: not a manifest line (MD5  NAME, after # SIZE bytes in ours): "
+                            f"{line[:80]!r}")
         entries.append(Entry(name, size, md5))
         size = None
     return entries
@@ -129,17 +133,22 @@ def write_manifest(directory: Path, manifest: Path, workers: int = 1, overwrite:
 
 def verify(directory: Path, manifest: Path, workers: int = 1) -> list[str]:
     """One line per difference between the directory and its manifest: a file missing, of
-    another size or md5, or not in the manifest; empty when the data is what was written."""
-    expected = {e.name: e for e in parse_manifest(manifest)}
+    another size or md5, or not in the manifest; empty when the data is what was written.
+    A plain md5sum list (no sizes) checks the files it names, as ``md5sum -c`` does: others
+    in the directory are not differences."""
+    entries = parse_manifest(manifest)
+    expected = {e.name: e for e in entries}
+    ours = all(e.size is not None for e in entries)
     present = data_files(directory, manifest)
     problems = [f"{name}: missing" for name in sorted(expected.keys() - set(present))]
-    problems += [f"{name}: not in the manifest" for name in present if name not in expected]
+    if ours:
+        problems += [f"{name}: not in the manifest" for name in present if name not in expected]
     sized = []
     for name in present:
         if name in expected:
-            size = (directory / name).stat().st_size
-            if size != expected[name].size:
-                problems.append(f"{name}: {size} bytes, the manifest says {expected[name].size}")
+            size, wanted = (directory / name).stat().st_size, expected[name].size
+            if wanted is not None and size != wanted:
+                problems.append(f"{name}: {size} bytes, the manifest says {wanted}")
             else:
                 sized.append(name)
     for entry in measure(directory, sized, workers):  # only files of the right size are read
@@ -171,5 +180,5 @@ def run(args: argparse.Namespace) -> int:
               else f"{directory}: all {count} files match {manifest}")
         return 1 if problems else 0
     entries = write_manifest(directory, manifest, args.workers, args.overwrite)
-    print(f"{manifest}: md5 and size of {len(entries)} files, {sum(e.size for e in entries):,} bytes")
+    print(f"{manifest}: md5 and size of {len(entries)} files, {sum(e.size or 0 for e in entries):,} bytes")
     return 0
