@@ -10,7 +10,8 @@ before its fence with one of
 and every marked block is listed in MARKED with its reason, so that a new marker
 fails this file until someone writes down why. A marked block is not run, but its
 `bertforge` commands are parsed by the real parser and, where they take a config,
-the config and its overrides are resolved; the other programs it names must exist.
+the config and its overrides are resolved; the other programs it names must exist (a
+script or Dockerfile it names, in the repository).
 
 How the rest run. Each page runs in its own directory of one temporary workspace,
 blocks in page order and pages in the order of the fixtures below (README first:
@@ -80,6 +81,7 @@ MARKED = {
         ("long-running", "36 MiniLM fine-tuning runs (and 9 more), about 40 minutes of CPU"),
     ("docs/data.md", "bertforge data wikipedia download"): ("gpu-only", "downloads the Wikipedia dump (network)"),
     ("docs/scale.md", "torchrun --nproc_per_node 8"): ("gpu-only", "8 GPUs, and 4 machines"),
+    ("docs/scale.md", "docker build -f launch/Dockerfile"): ("gpu-only", "a Docker daemon and a Slurm cluster"),
     ("docs/finetuning.md", "torchrun --nproc_per_node 8"): ("gpu-only", "BERT-large on 8 GPUs, then its resume"),
     ("docs/mlperf.md", "for i in $(seq"): ("long-running", "500 parts of MLPerf's downloaded text, hours of CPU"),
     ("docs/mlperf.md", "--config mlperf_bert"): ("gpu-only", "BERT-large to 0.720, then the checker on its log"),
@@ -462,6 +464,11 @@ def test_commands_that_are_not_run_parse(tmp_path):
                 assert importlib.util.find_spec(argv[2]) is not None, f"{where}: no module {argv[2]}"
             elif argv[0] == "python":
                 assert (ROOT / argv[1]).is_file(), f"{where}: no script {argv[1]}"
+            elif argv[:2] == ["docker", "build"]:
+                assert (ROOT / argv[argv.index("-f") + 1]).is_file(), f"{where}: no Dockerfile"
+            elif argv[0] == "sbatch":
+                script = next(a for a in argv[1:] if a.endswith(".sbatch"))
+                assert (ROOT / script).is_file(), f"{where}: no batch script {script}"
             else:
                 assert argv[:2] == ["pip", "install"], f"{where}: what is {argv[0]!r}?"
     assert checked >= 20
