@@ -96,3 +96,66 @@ def test_progress_bar_off_the_main_rank_shows_nothing(capsys):
         assert bar.progress is None
         bar.print("hidden")
     assert capsys.readouterr().err == ""
+
+
+# ------------------------------------------------------------ Weights & Biases, run offline
+
+def wandb_records(path) -> list:
+    """The records of a run's ``.wandb`` file, parsed with wandb's own protobuf schema. The file is
+    a LevelDB-style log (a 7-byte ``:W&B`` header, 32 KiB blocks, records of a crc32, a length and a
+    type: whole, first, middle, last); wandb 0.31 no longer ships a Python reader for it."""
+    import struct
+    import zlib
+
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    records, pending, pos, block = [], b"", 7, 32768
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7]) if left >= 7 else (0, 0, 0)
+        if left < 7 or (length, kind) == (0, 0):  # the padding at a block's end
+            pos += left
+            continue
+        payload = data[pos + 7:pos + 7 + length]
+        assert zlib.crc32(bytes([kind]) + payload) == crc
+        pos += 7 + length
+        pending = payload if kind in (1, 2) else pending + payload
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            records.append(record)
+    return records
+
+
+def test_wandb_offline_run_holds_the_metrics_config_and_summary(tmp_path, monkeypatch):
+    """--wandb with WANDB_MODE=offline: the run wandb writes under the run directory holds every
+    logged step's metrics (equal to metrics.jsonl), the resolved config, and the run's end summary."""
+    pytest.importorskip("wandb")
+    from bertforge.cli import main
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run = tmp_path / "r"
+    assert main(["pretrain", "--config", "tiny", "--data.synthetic", "--steps", "3", "--no-progress", "--run-dir",
+                 str(tmp_path), "--name", "r", "--data.seq_len", "32", "--data.max_predictions", "5",
+                 "--train.micro_batch_size", "4", "--train.global_batch_size", "4", "--log.every", "1",
+                 "--log.tensorboard", "false", "--wandb"]) == 0
+    [path] = list((run / "wandb").glob("offline-run-*/run-*.wandb"))
+    records = wandb_records(path)
+    kinds = [r.WhichOneof("record_type") for r in records]
+    assert kinds[0] == "header" and kinds[-1] == "exit"
+    [header] = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    assert (header.display_name, header.project) == ("r", "bertforge")
+    config = {item.key: json.loads(item.value_json) for item in header.config.update}
+    assert config["train"]["lr"] == 1e-3 and config["model"]["hidden_size"] == 128
+    history = [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+               for r in records if r.WhichOneof("record_type") == "history"]
+    logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [h["_step"] for h in history] == [row["step"] for row in logged] == [1, 2, 3]
+    for h, row in zip(history, logged, strict=True):
+        assert (h["train/loss"], h["train/lr"]) == (row["loss"], row["lr"])
+    summary = {i.key or "/".join(i.nested_key): json.loads(i.value_json)
+               for r in records if r.WhichOneof("record_type") == "summary" for i in r.summary.update}
+    assert (summary["run/event"], summary["run/step"]) == ("end", 3)
