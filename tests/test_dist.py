@@ -50,6 +50,7 @@ def _lamb_on_shards(rank: int, world_size: int, store_path: str, queue) -> None:
         result = [p.detach().full_tensor() for p in params]
         if rank == 0:
             queue.put([t.numpy() for t in result])
+        dist.barrier()  # neither rank tears gloo down while the other still uses it
     finally:
         dist.destroy_process_group()
 
