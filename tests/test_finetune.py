@@ -24,6 +24,7 @@ import torch
 import yaml
 from test_dist import torchrun
 from test_preemption import checkpoints, sigterm_after_first_rows
+from test_squad_dist import cut_copy
 
 from bertforge.cli import main
 from bertforge.finetune import glue, ner
@@ -224,11 +225,7 @@ def short(root) -> dict[str, Path]:
 def test_resume_from_a_cut_copy_continues_bit_identically(root, short, name):
     single = short[name]
     assert checkpoints(single) == [f"step_{s:08d}" for s in (8, 16, 24, 32)]
-    cut = root / "cut" / name  # the run as it stood after its step-8 checkpoint: the later steps never happened
-    (cut / "checkpoints").mkdir(parents=True)
-    for file in ("config.yaml", "finetune.yaml", "vocab.txt"):
-        shutil.copyfile(single / file, cut / file)
-    shutil.copytree(single / "checkpoints" / "step_00000008", cut / "checkpoints" / "step_00000008")
+    cut = cut_copy(single, root / "cut" / name, 8)
     assert main(["finetune", TASKS[name][0], "--resume", str(cut), "--no-progress", "--execution.threads", "1"]) == 0
     assert losses(cut) == losses(single)[8:]
     assert evals(cut) == evals(single)

@@ -80,6 +80,18 @@ def scores(out: Path) -> list[tuple[int, float, float]]:
     return [(r["step"], r["exact_match"], r["f1"]) for r in rows(out) if r.get("split") == "eval"]
 
 
+def cut_copy(run: Path, to: Path, step: int) -> Path:
+    """A fine-tuning run as it stood after its step-``step`` checkpoint: its settings files, vocab and
+    that checkpoint only, as if the later steps never happened."""
+    (to / "checkpoints").mkdir(parents=True)
+    for name in ("config.yaml", "squad.yaml", "finetune.yaml", "vocab.txt"):
+        if (run / name).is_file():
+            shutil.copyfile(run / name, to / name)
+    name = f"step_{step:08d}"
+    shutil.copytree(run / "checkpoints" / name, to / "checkpoints" / name)
+    return to
+
+
 @pytest.fixture(scope="module")
 def single(setup) -> Path:
     out = setup["root"] / "single"
@@ -109,12 +121,7 @@ def test_two_ranks_give_the_losses_and_weights_of_one_process(setup, single, par
 
 
 def test_resume_continues_bit_identically(setup, single):
-    # A copy of the run as it stood after its step-2 checkpoint: the later steps never happened.
-    cut = setup["root"] / "cut"
-    (cut / "checkpoints").mkdir(parents=True)
-    for name in ("config.yaml", "squad.yaml", "vocab.txt"):
-        shutil.copyfile(single / name, cut / name)
-    shutil.copytree(single / "checkpoints" / "step_00000002", cut / "checkpoints" / "step_00000002")
+    cut = cut_copy(single, setup["root"] / "cut", 2)
     run_here(["squad", "train", "--resume", str(cut), "--no-progress", "--execution.threads", "1"])
     assert losses(cut) == losses(single)[2:]
     assert scores(cut) == scores(single)
@@ -154,11 +161,7 @@ def test_version_2_two_ranks_equal_one_process_and_resume_exactly(setup):
         assert all(ours[k] == theirs[k] if isinstance(ours[k], str) else abs(ours[k] - theirs[k]) < 1e-4
                    for k in ours)
 
-    cut = setup["root"] / "v2-cut"
-    (cut / "checkpoints").mkdir(parents=True)
-    for name in ("config.yaml", "squad.yaml", "vocab.txt"):
-        shutil.copyfile(single / name, cut / name)
-    shutil.copytree(single / "checkpoints" / "step_00000002", cut / "checkpoints" / "step_00000002")
+    cut = cut_copy(single, setup["root"] / "v2-cut", 2)
     run_here(["squad", "train", "--resume", str(cut), "--no-progress", "--execution.threads", "1"])
     assert losses(cut) == losses(single)[2:]
     assert [r for r in rows(cut) if r.get("split") == "eval"] == eval_rows[0]
