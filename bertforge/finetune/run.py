@@ -265,7 +265,8 @@ def overwrite_out_dir(cfg: Config, out_dir: str | Path, inputs: dict[str, str | 
     directory, is refused (:func:`prepare_out_dir`).
     """
     for flag, value in inputs.items():
-        if value and not Path(value).exists() and not (flag == "--init" and tf1.find_prefix(value)):
+        if value and not (weights.resolve_model(value) if flag == "--init" else Path(value)).exists() \
+                and not (flag == "--init" and tf1.find_prefix(value)):
             raise FinetuneError(f"{flag} {value}: not found (nothing in {out_dir} was removed)")
     if int(os.environ.get("RANK", "0")) == 0:
         prepare_out_dir(cfg, out_dir, overwrite=True, inputs=list(inputs.values()))
@@ -366,7 +367,6 @@ class FeatureRows:
                 "token_type_ids": torch.from_numpy(f.segment_ids[rows]),
                 "attention_mask": torch.from_numpy(f.input_mask[rows]),
                 **{name: torch.from_numpy(getattr(f, name)[rows]) for name in self.targets}}
-
 
 
 @dataclass

@@ -6,7 +6,8 @@
 
 The loss is the mean of the start and end cross-entropies; the optimizer is
 AdamW (``train.bias_correction`` on or off) with warm-up then linear decay.
-Steps run through the training engine (:mod:`bertforge.engine`), as
+Steps run through the fine-tuning loop that GLUE and NER share (:mod:`bertforge.finetune.run`)
+and the training engine (:mod:`bertforge.engine`), as
 pre-training does: one optimizer step consumes ``global_batch_size``
 features in micro-batches, split over the ranks under torchrun, from a
 seeded permutation of the features per epoch (the last partial micro-batch
