@@ -80,7 +80,7 @@ def test_model_preset_then_field_override():
     ([("trian.lr", "1")], "unknown config section 'trian'"),
     ([("train.steps", "ten")], "train.steps: expected an integer, got 'ten'"),
     ([("data.synthetic", "maybe")], "data.synthetic: expected true or false"),
-    ([("train.optimizer", "sgd")], "train.optimizer: 'sgd' is not one of lamb, adamw"),
+    ([("train.optimizer", "adagrad")], "train.optimizer: 'adagrad' is not one of lamb, adamw, sgd"),
     ([("model", "huge")], "unknown preset 'huge'"),
     ([("train.global_batch_size", "100"), ("train.micro_batch_size", "32")],
      "train.global_batch_size=100 is not a multiple"),
@@ -141,7 +141,7 @@ def test_choices_are_the_literal_types_of_the_fields():
     assert typing.get_type_hints(ModelConfig)["hidden_act"] is HiddenAct
     assert literal_fields() == {
         "model.hidden_act": ("gelu", "relu", "gelu_new"),
-        "train.optimizer": ("lamb", "adamw"),
+        "train.optimizer": ("lamb", "adamw", "sgd"),
         "train.lamb": ("bertforge", "mlperf", "nvidia", "paper"),
         "train.schedule": ("poly", "poly_tf", "exp", "exp_staircase", "table", "constant"),
         "execution.precision": ("fp32", "bf16", "fp16"),

@@ -544,7 +544,7 @@ def test_adamw_is_fused_on_cuda():
 
 
 @pytest.mark.parametrize("change, key", [
-    (dict(optimizer="sgd"), "train.optimizer"),
+    (dict(optimizer="adagrad"), "train.optimizer"),
     (dict(beta1=1.0), "train.beta1"),
     (dict(beta2=-0.1), "train.beta2"),
     (dict(lr=-1.0), "train.lr"),
