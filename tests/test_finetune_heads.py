@@ -12,6 +12,8 @@ import torch
 os.environ["HF_HUB_OFFLINE"] = "1"  # never reach the network; set before transformers is imported
 transformers = pytest.importorskip("transformers")
 
+from test_convert import SMALL, batch, randomize_  # noqa: E402
+
 from bertforge.config import ModelConfig  # noqa: E402
 from bertforge.model import BertForPreTraining, BertForSequenceClassification, BertForTokenClassification  # noqa: E402
 from bertforge.runs import CheckpointError  # noqa: E402
@@ -26,30 +28,8 @@ from bertforge.weights import (  # noqa: E402
     save_weights,
 )
 
-SMALL = dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-             intermediate_size=128, max_position_embeddings=64)
 HEADS = {"classification": (BertForSequenceClassification, "BertForSequenceClassification"),
          "token_classification": (BertForTokenClassification, "BertForTokenClassification")}
-
-
-def randomize_(model: torch.nn.Module, seed: int) -> None:
-    """Perturb every parameter, so that zero biases and unit LayerNorms are tested too."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=gen))
-
-
-def batch(seed: int = 0, B: int = 3, T: int = 16):
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(5, SMALL["vocab_size"], (B, T), generator=gen)
-    types = torch.zeros(B, T, dtype=torch.long)
-    mask = torch.ones(B, T, dtype=torch.long)
-    for b, length in enumerate((T, T - 5, T - 9)[:B]):
-        types[b, length // 2:length] = 1
-        mask[b, length:] = 0
-        ids[b, length:] = 0
-    return ids, types, mask
 
 
 @pytest.mark.parametrize("head", sorted(HEADS))

@@ -8,11 +8,9 @@ The files are written here, in each task's exact format (header or not, column f
 from __future__ import annotations
 
 import hashlib
-import http.server
 import io
 import json
 import re
-import threading
 import warnings
 import zipfile
 from pathlib import Path
@@ -20,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import shared_data
+from file_server import FileServer, serving_files
 
 from bertforge.data.errors import DataError
 from bertforge.download import download_file
@@ -529,57 +528,10 @@ def test_leaderboard_files(tmp_path, glue_dir):
 # ---------------------------------------------------------------- download
 
 
-class _Server(http.server.ThreadingHTTPServer):
-    files: dict[str, bytes]
-    drops: list[int]              # for each of the next requests: send only this many body bytes
-    requests: list[tuple[str, str | None]]
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    server: _Server
-
-    def do_GET(self) -> None:
-        server = self.server
-        name = self.path.lstrip("/")
-        header = self.headers.get("Range")
-        server.requests.append((name, header))
-        if name not in server.files:
-            self._send(404, b"not found", {})
-            return
-        data = server.files[name]
-        start = int(re.fullmatch(r"bytes=(\d+)-", header).group(1)) if header else 0
-        if start >= len(data) > 0 and header:
-            self._send(416, b"", {"Content-Range": f"bytes */{len(data)}"})
-            return
-        extra = {"Content-Range": f"bytes {start}-{len(data) - 1}/{len(data)}"} if start else {}
-        body = data[start:]
-        if server.drops:
-            body = body[:server.drops.pop(0)]
-        self._send(206 if start else 200, body, extra, length=len(data) - start)
-
-    def _send(self, code: int, body: bytes, headers: dict, length: int | None = None) -> None:
-        self.send_response(code)
-        for key, value in headers.items():
-            self.send_header(key, value)
-        self.send_header("Content-Length", str(len(body) if length is None else length))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args) -> None:
-        pass
-
-
 @pytest.fixture
 def server(monkeypatch):
-    monkeypatch.setenv("no_proxy", "127.0.0.1")
-    srv = _Server(("127.0.0.1", 0), _Handler)
-    srv.files, srv.drops, srv.requests = {}, [], []
-    thread = threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
-    thread.join(10)
+    with serving_files(monkeypatch) as srv:
+        yield srv
 
 
 def _zip(members: dict[str, str]) -> bytes:
@@ -590,13 +542,13 @@ def _zip(members: dict[str, str]) -> bytes:
     return buffer.getvalue()
 
 
-def _serve(server: _Server, name: str, data: bytes) -> glue.Source:
+def _serve(server: FileServer, name: str, data: bytes) -> glue.Source:
     server.files[name] = data
-    return glue.Source(f"http://127.0.0.1:{server.server_address[1]}/{name}", len(data),
+    return glue.Source(server.url(name), len(data),
                        hashlib.sha256(data).hexdigest())
 
 
-def _local_sources(server: _Server, glue_dir: Path) -> dict[str, tuple[glue.Source, ...]]:
+def _local_sources(server: FileServer, glue_dir: Path) -> dict[str, tuple[glue.Source, ...]]:
     """CoLA and RTE as zips (with the junk real ones carry), MRPC's corpus files, AX's tsv."""
     def task_zip(task: str, archive: str) -> glue.Source:
         members = {f"{task}/{p.name}": p.read_text(encoding="utf-8") for p in sorted((glue_dir / task).iterdir())}

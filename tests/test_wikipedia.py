@@ -9,14 +9,13 @@ from __future__ import annotations
 import argparse
 import bz2
 import hashlib
-import http.server
 import json
 import re
-import threading
 from pathlib import Path
 
 import pytest
 from conftest import shared_data
+from file_server import FileServer, serving_files
 
 from bertforge.data import preprocess as prep
 from bertforge.data import wikipedia as wiki
@@ -404,67 +403,24 @@ def test_command_line_helpers(extracted, tmp_path, capsys):
 
 # ---------------------------------------------------------------- download
 
-class _DumpServer(http.server.ThreadingHTTPServer):
-    """Serves the dump and a checksum list on 127.0.0.1, with failures on demand."""
+class _DumpServer(FileServer):
+    """Serves the dump (and a checksum list, ``files["sha1sums.txt"]``); ``requests`` holds the
+    Range header of each request for the dump."""
 
-    content: bytes
-    ranges: bool = True          # honour Range requests
-    drops: list[int]             # for each of the next requests: send only this many body bytes
-    checksums: bytes = b""
-    requests: list[str | None]   # the Range header of each request for the dump
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    server: _DumpServer
-
-    def do_GET(self) -> None:
-        server = self.server
-        if self.path == "/sha1sums.txt":
-            self._send(200, server.checksums, {})
-            return
-        if self.path != f"/{DUMP_NAME}":
-            self._send(404, b"not found", {})
-            return
-        data, header = server.content, self.headers.get("Range")
-        server.requests.append(header)
-        start = int(re.fullmatch(r"bytes=(\d+)-", header).group(1)) if header and server.ranges else 0
-        if start >= len(data) > 0 and header and server.ranges:
-            self._send(416, b"", {"Content-Range": f"bytes */{len(data)}"})
-            return
-        extra = {"Content-Range": f"bytes {start}-{len(data) - 1}/{len(data)}"} if start else {}
-        body = data[start:]
-        if server.drops:  # promise the whole body, send part of it, hang up
-            body = body[:server.drops.pop(0)]
-        self._send(206 if start else 200, body, extra, length=len(data) - start)
-
-    def _send(self, code: int, body: bytes, headers: dict, length: int | None = None) -> None:
-        self.send_response(code)
-        for key, value in headers.items():
-            self.send_header(key, value)
-        self.send_header("Content-Length", str(len(body) if length is None else length))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args) -> None:
-        pass
+    def record(self, name: str, range_header: str | None) -> None:
+        if name == DUMP_NAME:
+            self.requests.append(range_header)
 
 
 @pytest.fixture
 def server(dump, monkeypatch):
-    monkeypatch.setenv("no_proxy", "127.0.0.1")
-    srv = _DumpServer(("127.0.0.1", 0), _Handler)
-    srv.content, srv.drops, srv.requests = dump.read_bytes(), [], []
-    srv.timeout = 10
-    thread = threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
-    thread.join(10)
+    with serving_files(monkeypatch, _DumpServer) as srv:
+        srv.files[DUMP_NAME] = dump.read_bytes()
+        yield srv
 
 
-def _url(server: _DumpServer, path: str = DUMP_NAME) -> str:
-    return f"http://127.0.0.1:{server.server_address[1]}/{path}"
+def _url(server: FileServer, path: str = DUMP_NAME) -> str:
+    return server.url(path)
 
 
 def test_download_resumes_an_interrupted_transfer(server, dump, tmp_path):
@@ -507,12 +463,12 @@ def test_download_from_a_server_without_range(server, dump, tmp_path):
 def test_download_checksum_from_the_published_list(server, dump, tmp_path):
     # Wikimedia's latest/ list names the dated file: "enwiki-20160820-..." for "enwiki-latest-...".
     dated = DUMP_NAME.replace("latest", "20160820")
-    server.checksums = (f"0123456789abcdef0123456789abcdef01234567  enwiki-20160820-pages-meta.xml.bz2\n"
-                        f"{DUMP_SHA1}  {dated}\n").encode()
+    server.files["sha1sums.txt"] = (f"0123456789abcdef0123456789abcdef01234567  enwiki-20160820-pages-meta.xml.bz2\n"
+                                    f"{DUMP_SHA1}  {dated}\n").encode()
     path = wiki.download(_url(server), tmp_path, checksums_url=_url(server, "sha1sums.txt"))
     assert hashlib.sha1(path.read_bytes()).hexdigest() == DUMP_SHA1
 
-    server.checksums = b"0123456789abcdef0123456789abcdef01234567  something-else.bz2\n"
+    server.files["sha1sums.txt"] = b"0123456789abcdef0123456789abcdef01234567  something-else.bz2\n"
     with pytest.raises(DataError, match=rf"sha1sums\.txt: no line for {re.escape(DUMP_NAME)}"):
         wiki.download(_url(server), tmp_path / "x", checksums_url=_url(server, "sha1sums.txt"))
     with pytest.raises(DataError, match=r"HTTP error 404"):

@@ -110,7 +110,7 @@ def _sweep(args: argparse.Namespace, overrides: list[tuple[str, Any]]) -> int:
                 if summary.get("preempted"):
                     return 0  # the sweep goes on when the command runs again
             scores = json.loads(scores_file.read_text(encoding="utf-8"))
-            main = _main_score(task, scores)
+            main = scores[task.main_metric]
             results.append({"lr": cfg.train.lr, "seed": cfg.train.seed, "run": str(run), "main": main,
                             "scores": scores})
             if rank == 0:
@@ -145,12 +145,6 @@ def _median(values: list[float]) -> float:
     if len(ordered) % 2:
         return ordered[middle]
     return statistics.mean(ordered[middle - 1:middle + 1])
-
-
-def _main_score(task: Any, scores: dict[str, float]) -> float:
-    from . import glue
-
-    return scores["f1"] if task.kind == "ner" else scores[glue.get_task(task.task).main_metric]
 
 
 def cmd_predict(args: argparse.Namespace, extra: list[str]) -> int:

@@ -27,7 +27,7 @@ import shutil
 import time
 import typing
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -66,7 +66,7 @@ from ..dist import (
     unwrap,
     write_error,
 )
-from ..engine import Batches, BatchStream, Engine, LossFn, Preemption, set_threads
+from ..engine import Batches, BatchStream, Engine, LossFn, Preemption, autocast, set_threads
 from ..fileio import atomic_file
 from ..log import MetricsLogger, ProgressBar, Throughput
 from ..optim import build_optimizer, build_scheduler
@@ -345,6 +345,35 @@ def launch(cfg: Config, out_dir: str | Path | None, marker: str, kind: str,
                 raise
     finally:
         destroy_distributed()
+
+
+def forward_in_batches(model: nn.Module, features: Any, batch_size: int, device: torch.device | str,
+                       precision: str, trim_padding: bool = True) -> Iterator[tuple[np.ndarray, int, Any]]:
+    """``(rows, width, output)`` of the model on every batch of fixed-length features, in eval mode
+    without gradients (the model's mode is restored after).
+
+    With ``trim_padding`` the features are batched longest first and each batch is cut to its
+    longest real sequence (``width``): padding is masked out of attention and comes last, so the
+    real positions' outputs are those of the padded batch, for less work. Else rows go in order
+    at full width.
+    """
+    device = torch.device(device)
+    was_training = model.training
+    model.eval()
+    count, full = features.input_ids.shape
+    lengths = features.input_mask.sum(axis=1)
+    order = np.argsort(-lengths, kind="stable") if trim_padding else np.arange(count)
+    try:
+        for first in range(0, count, batch_size):
+            rows = order[first:first + batch_size]
+            width = max(int(lengths[rows].max()), 1) if trim_padding else full
+            with torch.inference_mode(), autocast(device, precision):
+                output = model(torch.from_numpy(features.input_ids[rows, :width]).to(device),
+                               torch.from_numpy(features.segment_ids[rows, :width]).to(device),
+                               torch.from_numpy(features.input_mask[rows, :width]).to(device))
+            yield rows, width, output
+    finally:
+        model.train(was_training)
 
 
 # ------------------------------------------------------------------ the training loop

@@ -39,7 +39,6 @@ from .. import weights
 from ..config import Config, ConfigError, ModelConfig, validate
 from ..data.tokenizer import load_tokenizer
 from ..dist import DistContext
-from ..engine import autocast
 from ..fileio import atomic_file
 from ..model import BertForSequenceClassification, BertForTokenClassification
 from . import FinetuneError, glue, ner
@@ -48,11 +47,13 @@ from .run import (
     FeatureRows,
     Job,
     find_vocab,
+    forward_in_batches,
     launch,
     load_checked,
     load_config,
     read_section,
     save_finetuned,
+    saved_data_settings,
     write_run_files,
 )
 from .run import train as train_job
@@ -75,6 +76,11 @@ class TaskConfig:
     @property
     def kind(self) -> str:
         return "ner" if self.task == "ner" else "glue"
+
+    @property
+    def main_metric(self) -> str:
+        """The score a sweep ranks by: entity F1 for NER, the GLUE task's own (BERT's paper's)."""
+        return "f1" if self.kind == "ner" else glue.get_task(self.task).main_metric
 
     @property
     def head(self) -> str:  # what weights.load_model builds for it
@@ -119,38 +125,21 @@ def classifier_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[st
     return {"loss": F.cross_entropy(logits.flatten(0, -2), labels.flatten().long(), ignore_index=-100)}
 
 
-@torch.inference_mode()
 def predict_logits(model: nn.Module, features: Any, batch_size: int = 64, device: torch.device | str = "cpu",
                    precision: str = "fp32") -> np.ndarray:
-    """float32 logits of every feature, (N, labels) or per token (N, T, labels), in eval mode.
-
-    The features are batched longest first and each batch is cut to its
-    longest real sequence: padding is masked out of attention, so the real
-    positions' logits are those of the padded batch, for less work.
-    """
-    device = torch.device(device)
-    was_training = model.training
-    model.eval()
-    count, width = features.input_ids.shape
-    lengths = features.input_mask.sum(axis=1)
-    order = np.argsort(-lengths, kind="stable")
+    """float32 logits of every feature, (N, labels) or per token (N, T, labels), in eval mode;
+    batches cut to their longest real sequence (:func:`~bertforge.finetune.run.forward_in_batches`)."""
+    count, full = features.input_ids.shape
     out: np.ndarray | None = None
-    for first in range(0, count, batch_size):
-        rows = order[first:first + batch_size]
-        used = max(int(lengths[rows].max()), 1)
-        with autocast(device, precision):
-            logits = model(torch.from_numpy(features.input_ids[rows, :used]).to(device),
-                           torch.from_numpy(features.segment_ids[rows, :used]).to(device),
-                           torch.from_numpy(features.input_mask[rows, :used]).to(device))
+    for rows, width, logits in forward_in_batches(model, features, batch_size, device, precision):
         logits = logits.float().cpu().numpy()
         if out is None:
-            out = np.zeros((count, *logits.shape[1:]) if logits.ndim == 2 else (count, width, logits.shape[-1]),
-                           np.float32)
+            shape = (count, logits.shape[1]) if logits.ndim == 2 else (count, full, logits.shape[2])
+            out = np.zeros(shape, np.float32)
         if logits.ndim == 2:
             out[rows] = logits
-        else:
-            out[rows, :used] = logits
-    model.train(was_training)
+        else:  # per token: the trimmed positions stay 0 (padding, never read)
+            out[rows, :width] = logits
     assert out is not None, "no features to predict"
     return out
 
@@ -188,9 +177,6 @@ class Task:
     def write_test(self, model: nn.Module, split: str, out_dir: Path, device: torch.device | str,
                    precision: str) -> Path:
         """Predict a test split and write its file; returns the path."""
-        raise NotImplementedError
-
-    def main_score(self, scores: dict[str, float]) -> float:
         raise NotImplementedError
 
 
@@ -240,9 +226,6 @@ class GlueTask(Task):
         return glue.write_test_predictions(out_dir / "submission", self.config.task, features.ids, predictions,
                                            split=split)
 
-    def main_score(self, scores: dict[str, float]) -> float:
-        return scores[self.spec.main_metric]
-
 
 class NerTask(Task):
     model_class = BertForTokenClassification
@@ -289,9 +272,6 @@ class NerTask(Task):
         path.parent.mkdir(parents=True, exist_ok=True)
         ner.write_predictions(path, examples, predictions)
         return path
-
-    def main_score(self, scores: dict[str, float]) -> float:
-        return scores["f1"]
 
 
 def split_scores(task: Task, model: nn.Module, device: torch.device | str, precision: str) -> dict[str, float]:
@@ -359,7 +339,7 @@ def _finetune(cfg: Config, task_cfg: TaskConfig, dist: DistContext, out_dir: Pat
             tmp.write_text(json.dumps(scores, indent=2) + "\n", encoding="utf-8")
         files = [str(task.write_test(whole, split, run_dir, device, precision)) for split in task.test_splits()]
         return {**scores, "scores": scores, "prediction_files": files,
-                "main_score": task.main_score(scores) if scores else None}
+                "main_score": scores[task_cfg.main_metric] if scores else None}
 
     job = Job(kind=task_cfg.task, model=model, rows=FeatureRows(features), loss_fn=classifier_loss,
               data_files=files, description=description,
@@ -389,8 +369,6 @@ def predict(model_path: str | Path, data: str | Path | None = None, task_name: s
     file (GLUE) or a CoNLL file (NER) into ``out_dir`` (default: the model's
     directory). Returns the scores and the files written.
     """
-    from .run import saved_data_settings
-
     model_path = weights.resolve_model(model_path)  # a directory, or a Hugging Face id in the cache
     task_cfg = saved_task(model_path)
     if task_name:

@@ -71,11 +71,11 @@ from .. import weights
 from ..config import Config, ConfigError, validate
 from ..data.tokenizer import load_tokenizer
 from ..dist import DistContext, from_main
-from ..engine import autocast
 from ..finetune.run import (
     FeatureRows,
     Job,
     find_vocab,
+    forward_in_batches,
     launch,
     load_checked,
     load_config,
@@ -191,21 +191,6 @@ def qa_forward_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[st
     return {"loss": qa_loss(start, end, batch["start_positions"], batch["end_positions"])}
 
 
-def _batch(features: SquadFeatures, rows: Any, device: torch.device, width: int | None = None
-           ) -> dict[str, torch.Tensor]:
-    """Rows of the features as tensors; only the first ``width`` positions when given."""
-    columns = slice(None, width)
-    batch = {"input_ids": torch.from_numpy(features.input_ids[rows, columns]),
-             "token_type_ids": torch.from_numpy(features.segment_ids[rows, columns]),
-             "attention_mask": torch.from_numpy(features.input_mask[rows, columns])}
-    if features.start_positions is not None:
-        assert features.end_positions is not None  # training features have both
-        batch["start_positions"] = torch.from_numpy(features.start_positions[rows])
-        batch["end_positions"] = torch.from_numpy(features.end_positions[rows])
-    return {k: v.to(device) for k, v in batch.items()}
-
-
-@torch.inference_mode()
 def predict_logits(model: nn.Module, features: SquadFeatures, batch_size: int = 32,
                    device: torch.device | str = "cpu", precision: str = "fp32",
                    trim_padding: bool = True) -> tuple[np.ndarray, np.ndarray]:
@@ -215,27 +200,17 @@ def predict_logits(model: nn.Module, features: SquadFeatures, batch_size: int = 
     is cut to its longest real sequence, and padding positions hold
     :data:`PADDING_LOGIT`; rows come back in the features' order either way.
     """
-    device = torch.device(device)
-    was_training = model.training
-    model.eval()
-    count, width = features.input_ids.shape
-    start_logits = np.full((count, width), PADDING_LOGIT, np.float32)
-    end_logits = np.full((count, width), PADDING_LOGIT, np.float32)
+    count, full = features.input_ids.shape
+    start_logits = np.full((count, full), PADDING_LOGIT, np.float32)
+    end_logits = np.full((count, full), PADDING_LOGIT, np.float32)
     # Real tokens come first in every window (run_squad pads at the end).
-    lengths = features.input_mask.sum(axis=1)
-    order = np.argsort(-lengths, kind="stable") if trim_padding else np.arange(count)
-    for first in range(0, count, batch_size):
-        rows = order[first:first + batch_size]
-        used = int(lengths[rows].max()) if trim_padding else width
-        batch = _batch(features, rows, device, used)
-        with autocast(device, precision):
-            start, end = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
-        start_logits[rows, :used] = start.float().cpu().numpy()
-        end_logits[rows, :used] = end.float().cpu().numpy()
+    for rows, width, (start, end) in forward_in_batches(model, features, batch_size, device, precision,
+                                                        trim_padding):
+        start_logits[rows, :width] = start.float().cpu().numpy()
+        end_logits[rows, :width] = end.float().cpu().numpy()
     if trim_padding:  # the padding of windows shorter than their batch's longest, too
         padding = features.input_mask == 0
         start_logits[padding] = end_logits[padding] = PADDING_LOGIT
-    model.train(was_training)
     return start_logits, end_logits
 
 
