@@ -32,14 +32,15 @@ from .config import (
 from .version import __version__ as __version__  # re-exported
 
 if TYPE_CHECKING:
-    from .model import BertForPreTraining, BertForQuestionAnswering, BertModel
+    from .model import BertForMaskedLM, BertForPreTraining, BertForQuestionAnswering, BertModel
     from .train import pretrain
     from .weights import export_hf, load_model
 
 
 _LAZY = {  # name -> the module that defines it (each imports torch)
     "load_model": "weights", "export_hf": "weights", "pretrain": "train",
-    "BertForPreTraining": "model", "BertForQuestionAnswering": "model", "BertModel": "model",
+    "BertForPreTraining": "model", "BertForMaskedLM": "model", "BertForQuestionAnswering": "model",
+    "BertModel": "model",
 }
 
 
@@ -56,7 +57,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "BertForPreTraining", "BertForQuestionAnswering", "BertModel", "CheckpointConfig", "Config",
+    "BertForMaskedLM", "BertForPreTraining", "BertForQuestionAnswering", "BertModel", "CheckpointConfig", "Config",
     "DataConfig", "ExecutionConfig", "LogConfig", "ModelConfig", "TrainConfig", "export_hf",
     "load_config", "load_model", "pretrain",
 ]

@@ -58,7 +58,6 @@ from .weights import (
     full_state_dict,
     load_safetensors,
     model_shapes,
-    save_weights,
 )
 
 if TYPE_CHECKING:
@@ -118,10 +117,17 @@ def _writing(final: Path, needed: int) -> Any:
 def save_checkpoint(run_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
                     trainer_state: dict[str, Any], cfg: Config, keep: int = 0) -> Path:
     """Write ``run_dir/checkpoints/step_N`` atomically; keep only the newest ``keep`` (0 = all)."""
+    return save_full_state(run_dir, step, model.state_dict(), optimizer.state_dict(), trainer_state, cfg, keep)
+
+
+def save_full_state(run_dir: Path, step: int, model_state: dict[str, torch.Tensor], optimizer_state: dict[str, Any],
+                    trainer_state: dict[str, Any], cfg: Config, keep: int = 0) -> Path:
+    """``save_checkpoint`` from the state dicts: the whole model's weights and one process's optimizer
+    state (a pipeline's stages gather theirs into these, see pipeline_parallel.py)."""
     final = run_dir / CHECKPOINTS / f"{STEP_PREFIX}{step:08d}"
-    optimizer_state = optimizer.state_dict()
-    with _writing(final, _nbytes(model.state_dict()) + _nbytes(optimizer_state)) as tmp:
-        save_weights(model, tmp / "model.safetensors")
+    with _writing(final, _nbytes(model_state) + _nbytes(optimizer_state)) as tmp:
+        save_file({k: v.detach().cpu().contiguous() for k, v in model_state.items()}, str(tmp / "model.safetensors"),
+                  metadata={"format": "pt"})
         torch.save(optimizer_state, tmp / "optimizer.pt")
         _write_trainer_files(tmp, trainer_state, cfg)
         write_manifest(tmp)
@@ -295,11 +301,23 @@ def save(run_dir: Path, step: int, engine: Engine, cfg: Config, state: dict[str,
 
     ``state`` is what the job adds to the engine's (its data position, say).
     """
+    from .pipeline_parallel import PipelineEngine
+
     ctx = engine.dist
     state = {"step": step, **engine.state_dict(), **state, "world_size": ctx.world_size,
              "parallel": cfg.execution.parallel}
     model, keep = unwrap(engine.model), cfg.checkpoint.keep
     check_finite(model, ctx, step)
+    if isinstance(engine, PipelineEngine):
+        # The stages' states, gathered on rank 0 into one process's. The data position is per
+        # pipeline: its world is the pipelines (data-parallel replicas), not the ranks.
+        state.update(world_size=engine.layout.replicas, pipeline_stages=engine.layout.stages)
+        full = engine.full_state()  # a collective; rank 0 gets the state
+
+        def write() -> Path:
+            assert full is not None
+            return save_full_state(run_dir, step, full[0], full[1], state, cfg, keep=keep)
+        return from_main(ctx, write)
     if is_sharded_model(model):
         return save_sharded_checkpoint(run_dir, step, model, engine.optimizer, state, cfg, ctx, keep=keep)
     return from_main(ctx, lambda: save_checkpoint(run_dir, step, model, engine.optimizer, state, cfg, keep=keep))
@@ -314,11 +332,19 @@ def resume(checkpoint: Path, engine: Engine, verified: bool = False) -> dict[str
     checks every file against the manifest (unless ``verified``: the caller
     did). Returns the trainer state (``step``, the job's data position, ``world_size``, …).
     """
+    from .pipeline_parallel import PipelineEngine
+
     if not verified:
         from_main(engine.dist, lambda: verify(checkpoint))
     model, optimizer = unwrap(engine.model), engine.optimizer
     trainer_state = read_trainer_state(checkpoint)
-    if has_shards(checkpoint):
+    if isinstance(engine, PipelineEngine):
+        if has_shards(checkpoint):
+            raise CheckpointError(f"{checkpoint}: holds FSDP shards of the optimizer state, which pipeline stages "
+                                  f"cannot load; resume it with execution.parallel=fsdp")
+        engine.load_full_state(load_safetensors(checkpoint / "model.safetensors"),
+                               torch_load(checkpoint / "optimizer.pt"), str(checkpoint))
+    elif has_shards(checkpoint):
         load_sharded_checkpoint(checkpoint, model, optimizer)
     else:
         optimizer_state = torch_load(checkpoint / "optimizer.pt")

@@ -4,8 +4,8 @@
     bertforge bench pretrain --config tiny --batch-size 16 --seq-len 128 --steps 20 --json
     bertforge bench squad --model base --batch-size 8 --seq-len 384 --json   # train + infer
     bertforge bench --spec benchmarks.yml [--benchmark NAME ...] [--json] [--list] [--quick]
-    bertforge export CHECKPOINT OUT_DIR [--overwrite] [--format hf|tf1]   # to Hugging Face or TF1
-    bertforge import tf1 PREFIX OUT_DIR [--bert-config FILE]   # a TF1 checkpoint to our model directory
+    bertforge export CHECKPOINT OUT_DIR [--overwrite] [--format hf|tf1|tf2]   # to Hugging Face, TF1 or TF2
+    bertforge import tf1|tf2 PREFIX OUT_DIR [--bert-config FILE]   # a TF1 or TF2 checkpoint to our model directory
     bertforge eval CKPT... --data.eval_input FILE [--batch-size N] [--json]   # masked-LM / NSP accuracy
     bertforge config [--config NAME] [--section.key VALUE ...]   # print the resolved config
     bertforge report RUN... --out DIR [--overwrite]   # figures and one HTML page (see report.py)
@@ -59,13 +59,22 @@ def cmd_pretrain(args: argparse.Namespace, extra: list[str]) -> int:
     from .train import pretrain
 
     cfg = config_from_args(args, extra, default="pretrain_tiny")
+    if args.compile_only:
+        from .train import compile_only
+
+        done = compile_only(cfg)
+        if done["rank"] == 0:
+            print(f"compiled in {done['seconds']:.1f} s into {done['compile_cache']} ({done['run_dir']}, the "
+                  "one-step run that compiled it, is removed): a run of this config starts warm")
+        return 0
     summary = pretrain(cfg)
     if summary["rank"] != 0:  # under torchrun, rank 0 speaks for the run
         return 0
     if summary["first_eval"] and summary["last_eval"]:
-        print(f"held-out masked-LM accuracy {summary['first_eval']['mlm_accuracy']:.4f} → "
-              f"{summary['last_eval']['mlm_accuracy']:.4f}, NSP accuracy "
-              f"{summary['first_eval']['nsp_accuracy']:.4f} → {summary['last_eval']['nsp_accuracy']:.4f}")
+        first, last = summary["first_eval"], summary["last_eval"]
+        nsp = (f", NSP accuracy {first['nsp_accuracy']:.4f} → {last['nsp_accuracy']:.4f}"
+               if "nsp_accuracy" in last else "")
+        print(f"held-out masked-LM accuracy {first['mlm_accuracy']:.4f} → {last['mlm_accuracy']:.4f}{nsp}")
     print(f"run directory: {summary['run_dir']}")
     return 0
 
@@ -149,6 +158,11 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
         step = read_trainer_state(checkpoint)["step"] if (checkpoint / "trainer.pt").is_file() else 0
         export_tf1(model, args.out, vocab_path=vocab if vocab.is_file() else None, overwrite=args.overwrite,
                    global_step=int(step))
+    elif args.format == "tf2":
+        from .tf2 import export_tf2
+
+        export_tf2(model, args.out, vocab_path=vocab if vocab.is_file() else None, overwrite=args.overwrite,
+                   layout=args.tf2_layout)
     else:
         export_hf(model, args.out, vocab_path=vocab if vocab.is_file() else None, overwrite=args.overwrite,
                   labels=labels)
@@ -156,10 +170,10 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
-def cmd_import_tf1(args: argparse.Namespace, extra: list[str]) -> int:
+def _import_prefix(args: argparse.Namespace) -> Path:
+    """The TensorFlow checkpoint prefix an import names; an --overwrite that would delete it is refused."""
     from . import tf1
     from .runs import CheckpointError
-    from .weights import import_tf1
 
     prefix = tf1.find_prefix(args.prefix)
     if prefix is None:
@@ -168,9 +182,28 @@ def cmd_import_tf1(args: argparse.Namespace, extra: list[str]) -> int:
     if args.overwrite and (out == prefix.parent.resolve() or out in prefix.parent.resolve().parents):
         raise ConfigError(f"{args.out}: --overwrite would delete the checkpoint being imported ({prefix}); "
                           f"choose another output directory")
+    return prefix
+
+
+def cmd_import_tf1(args: argparse.Namespace, extra: list[str]) -> int:
+    from .weights import import_tf1
+
+    prefix = _import_prefix(args)
     out, skipped = import_tf1(prefix, args.out, args.bert_config, args.vocab, overwrite=args.overwrite)
     print(f"imported {prefix} to {out}; skipped {len(skipped)} variables that are not model weights "
           f"(optimizer slots, global_step, …)")
+    return 0
+
+
+def cmd_import_tf2(args: argparse.Namespace, extra: list[str]) -> int:
+    from .tf2 import import_tf2
+
+    prefix = _import_prefix(args)
+    out, skipped, fresh = import_tf2(prefix, args.out, args.bert_config, args.vocab, overwrite=args.overwrite)
+    heads = sorted({name.rsplit(".", 1)[0] for name in fresh})
+    print(f"imported {prefix} to {out}; skipped {len(skipped)} variables that are not model weights "
+          f"(save_counter, …)" + (f"; not in the reference TF2 model, newly initialised: {', '.join(heads)}"
+                                  if heads else ""))
     return 0
 
 
@@ -221,13 +254,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     config_help = (f"a config shipped in bertforge/configs (e.g. pretrain_base_128), a YAML path, "
                    f"or a model preset ({', '.join(MODEL_PRESETS)})")
-    p = sub.add_parser("pretrain", help="pre-train BERT (MLM + NSP)", epilog=OVERRIDES_HELP,
+    p = sub.add_parser("pretrain", help="pre-train BERT (masked LM, with next-sentence prediction or not)",
+                       epilog=OVERRIDES_HELP,
                        description="Pre-train BERT. With no arguments: the tiny preset on the built-in "
                                    "corpus, offline, in a few minutes on a laptop CPU.")
     p.add_argument("--config", help=config_help + " (default: pretrain_tiny)")
     p.add_argument("--steps", type=int, help="optimizer steps (train.steps)")
     p.add_argument("--epochs", type=int, help="passes over the data instead of --steps (train.epochs)")
     p.add_argument("--resume", help="run or checkpoint directory to continue exactly")
+    p.add_argument("--compile-only", action="store_true",
+                   help="compile the model and loss for this config into execution.compile_cache and exit "
+                        "(one step and an evaluation in a hidden run directory, removed after)")
     p.add_argument("--resume-with-changes", action="store_true",
                    help="resume although the config or the data differ from the checkpoint's (each change is "
                         "logged; checkpoint.resume_with_changes)")
@@ -294,16 +331,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_bench_squad, takes_overrides=True)
 
-    p = sub.add_parser("export", help="export a checkpoint to a Hugging Face BERT directory or a TF1 checkpoint")
+    p = sub.add_parser("export", help="export a checkpoint to a Hugging Face BERT directory or a TF1 or TF2 checkpoint")
     p.add_argument("checkpoint", help="run or step directory")
     p.add_argument("out", type=Path, help="output directory: new or empty, unless --overwrite")
     p.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists and is not empty")
     p.add_argument("--head", choices=typing.get_args(Head), default=None,
                    help="default: the run's (classification or token_classification for finetune runs, qa for "
                         "squad runs, else pretraining)")
-    p.add_argument("--format", choices=("hf", "tf1"), default="hf",
+    p.add_argument("--format", choices=("hf", "tf1", "tf2"), default="hf",
                    help="hf: config.json + model.safetensors; tf1: model.ckpt.index/.data-00000-of-00001, "
-                        "checkpoint and bert_config.json, as google-research/bert reads them (default: hf)")
+                        "checkpoint and bert_config.json, as google-research/bert reads them; tf2: the same files "
+                        "as an object-based checkpoint that TensorFlow Model Garden's BertEncoder / "
+                        "BertPretrainerV2 restores (MLPerf's tf2_ckpt) (default: hf)")
+    p.add_argument("--tf2-layout", choices=("pretrainer", "encoder"), default=None,
+                   help="with --format tf2: pretrainer (the encoder and the masked-LM head under encoder/ and "
+                        "masked_lm/) or encoder (BertEncoder alone, the converter's default) (default: pretrainer "
+                        "when the model has a masked-LM head)")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("import", help="convert another format's checkpoint to our model directory")
@@ -318,6 +361,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab", help="vocab.txt to copy (default: the one beside the checkpoint, if any)")
     p.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists and is not empty")
     p.set_defaults(func=cmd_import_tf1)
+    p = import_sub.add_parser("tf2", help="a TensorFlow 2 object-based checkpoint (Model Garden's BertEncoder or "
+                                          "BertPretrainerV2; MLPerf's tf2_ckpt)",
+                              description="Write a TF2 checkpoint (e.g. tf2_ckpt/model.ckpt-28252) as a directory "
+                                          "that load_model, --init, eval and export read. The heads the reference "
+                                          "TF2 model lacks (NSP; the masked-LM head of an encoder checkpoint) are "
+                                          "newly initialised, and named.")
+    p.add_argument("prefix", help="checkpoint prefix (PREFIX.index and PREFIX.data-* exist), or its directory")
+    p.add_argument("out", type=Path, help="output directory: new or empty, unless --overwrite")
+    p.add_argument("--bert-config", help="bert_config.json (default: the one beside the checkpoint, or one "
+                                         "directory up)")
+    p.add_argument("--vocab", help="vocab.txt to copy (default: the one beside the checkpoint or one directory up, "
+                                   "if any)")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists and is not empty")
+    p.set_defaults(func=cmd_import_tf2)
 
     add_data_commands(sub)
     add_squad_commands(sub)

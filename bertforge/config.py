@@ -34,7 +34,9 @@ Precision = Literal["fp32", "bf16", "fp16"]  # fp16 only on GPU
 Parallel = Literal["none", "ddp", "fsdp"]
 Recompute = Literal["none", "layer", "attention"]
 FsdpGradSync = Literal["auto", "step", "micro_batch"]  # when FSDP2 reduce-scatters accumulated gradients
+PipelineSchedule = Literal["1f1b", "gpipe"]  # torch.distributed.pipelining schedules, see pipeline_parallel.py
 Optimizer = Literal["lamb", "adamw", "sgd"]
+Objective = Literal["mlm_nsp", "mlm"]  # mlm: masked LM alone, no NSP head (BertForMaskedLM)
 LambVariant = Literal["bertforge", "mlperf", "nvidia", "paper"]  # see bertforge/optim.py
 Schedule = Literal["poly", "poly_tf", "exp", "exp_staircase", "table", "constant"]
 HiddenAct = Literal["gelu", "relu", "gelu_new"]
@@ -110,6 +112,9 @@ class DataConfig:
 class TrainConfig:
     """Optimisation. global_batch_size = micro_batch_size × accumulation × world size."""
 
+    # mlm_nsp: BERT's masked LM + next-sentence prediction. mlm: masked LM alone (RoBERTa); text
+    # input is then packed as full sentences (records: `data create --mlm-only`).
+    objective: Objective = "mlm_nsp"
     optimizer: Optimizer = "lamb"
     lamb: LambVariant = "bertforge"  # whose LAMB: which tensors adapt, clamp, decay (README)
     lr: float = 1e-3
@@ -167,6 +172,11 @@ class ExecutionConfig:
     dist_timeout: int = 1800  # seconds a rank waits for the others in a collective (torch's default)
     fsdp_grad_sync: FsdpGradSync = "auto"  # step: reduce-scatter once per step; auto = step, micro_batch with offload
     reshard_after_forward: bool = True  # fsdp: false keeps gathered layers from forward to backward (memory for speed)
+    # Pipeline parallelism: the encoder layers split over this many ranks (1 = off); a step's micro-batches
+    # flow through them under pipeline_schedule: 1f1b (at most pipeline_stages micro-batches in flight) or
+    # gpipe (all forwards, then all backwards). With parallel ddp, world / stages pipelines are replicas.
+    pipeline_stages: int = 1
+    pipeline_schedule: PipelineSchedule = "1f1b"
 
     @property
     def grad_sync(self) -> str:
@@ -501,6 +511,7 @@ _INT_RANGES: dict[str, tuple[int, int]] = {
     "train.seed": (0, _SEED_MAX),
     "execution.threads": (0, 2**16),
     "execution.dist_timeout": (1, 2**31),
+    "execution.pipeline_stages": (1, 2**16),
     "checkpoint.every": (0, _INT64_MAX),
     "checkpoint.keep": (0, _INT64_MAX),
     "log.every": (1, _INT64_MAX),
@@ -599,3 +610,24 @@ def validate(cfg: Config) -> None:
     if samples != "mlperf" and samples < 0:
         raise ConfigError(f"train.eval_every_samples={samples} must not be negative (0 = off, or mlperf)")
     accumulation_steps(cfg.train, world_size=1)
+    _check_pipeline(cfg)
+
+
+def _check_pipeline(cfg: Config) -> None:
+    """What execution.pipeline_stages cannot be combined with (the world size is checked at launch,
+    by dist.check_execution)."""
+    ex, stages = cfg.execution, cfg.execution.pipeline_stages
+    if stages == 1:
+        return
+    if stages > cfg.model.num_hidden_layers:
+        raise ConfigError(f"execution.pipeline_stages={stages} exceeds model.num_hidden_layers="
+                          f"{cfg.model.num_hidden_layers}: each stage needs at least one encoder layer")
+    if ex.parallel == "fsdp":
+        raise ConfigError(f"execution.pipeline_stages={stages} cannot be used with execution.parallel=fsdp; "
+                          f"use ddp (pipelines as data-parallel replicas) or none")
+    if ex.precision == "fp16":
+        raise ConfigError(f"execution.pipeline_stages={stages} cannot be used with execution.precision=fp16 "
+                          f"(its loss scaler would need inf checks across stages); use bf16")
+    if ex.compile is True:
+        raise ConfigError(f"execution.pipeline_stages={stages} cannot be used with execution.compile=true "
+                          f"(stages run eager; compile: auto does so)")

@@ -260,9 +260,25 @@ def write_error(run_dir: Path, ctx: DistContext) -> Path | None:
 
 # ------------------------------------------------------------ model wrapping
 
+def check_pipeline(execution: ExecutionConfig, world_size: int) -> None:
+    """The world-size rules of ``execution.pipeline_stages``, as ConfigErrors (for check_execution)."""
+    stages = execution.pipeline_stages
+    if stages <= 1:
+        return
+    if world_size % stages:
+        raise ConfigError(f"execution.pipeline_stages={stages} needs a multiple of {stages} ranks (one per stage "
+                          f"and pipeline), but {world_size} were launched")
+    if execution.parallel == "none" and world_size != stages:
+        raise ConfigError(f"{world_size} ranks for execution.pipeline_stages={stages} make "
+                          f"{world_size // stages} pipelines, but execution.parallel=none; use "
+                          f"--execution.parallel ddp to run them as data-parallel replicas")
+
+
 def check_execution(execution: ExecutionConfig, world_size: int) -> None:
     """Combinations of execution settings and world size that cannot work, as ConfigErrors."""
-    if execution.parallel == "none" and world_size > 1:
+    if execution.pipeline_stages > 1:  # the ranks are pipelines' stages (pipeline_parallel.py)
+        check_pipeline(execution, world_size)
+    elif execution.parallel == "none" and world_size > 1:
         raise ConfigError(f"{world_size} processes were launched but execution.parallel=none; "
                           f"use --execution.parallel ddp or fsdp")
     if execution.offload and execution.parallel != "fsdp":
@@ -287,6 +303,9 @@ def prepare_model(model: nn.Module, execution: ExecutionConfig, ctx: DistContext
     parameters. The result's ``forward`` is the model's.
     """
     check_execution(execution, ctx.world_size)
+    if execution.pipeline_stages > 1:  # pre-training splits the model itself (pipeline_parallel.build_engine)
+        raise ConfigError(f"execution.pipeline_stages={execution.pipeline_stages} is supported by "
+                          f"bertforge pretrain only; use 1 here")
     set_recompute(model, execution.recompute)
     set_attention_backends(model, attention_backends(execution, ctx.device))
     # Tensor cores take a vocab of a multiple of 64 without a ragged edge (30522 → 30528).

@@ -312,10 +312,7 @@ class Engine:
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         params = [p for p in self.model.parameters() if p.grad is not None]
-        # Under FSDP the gradients are shards (DTensors) and this is the norm of the whole.
-        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-        if hasattr(grad_norm, "full_tensor"):
-            grad_norm = grad_norm.full_tensor()
+        grad_norm = self._total_norm(params)
         if self.scaler is None:  # fp16's scaler skips such steps itself and lowers its scale
             self._check_finite(loss, grad_norm, step, stop)
         elif stop is not None:
@@ -329,6 +326,14 @@ class Engine:
             self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm
+
+    def _total_norm(self, params: list[nn.Parameter]) -> torch.Tensor:
+        """The global norm of the gradients of ``params`` (all of the model's on this rank)."""
+        # Under FSDP the gradients are shards (DTensors) and this is the norm of the whole.
+        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
         return grad_norm
 
     def _check_finite(self, loss: torch.Tensor, grad_norm: torch.Tensor, step: int,

@@ -73,7 +73,10 @@ def format_result(result: dict[str, Any], as_json: bool) -> str:
     """One JSON object (``--json``), else one line for a person."""
     if as_json:
         return json.dumps(result)
-    return (f"{result['checkpoint']}: masked-LM accuracy {result['mlm_accuracy']:.5f} "
-            f"({result['predictions']} predictions), NSP accuracy {result['nsp_accuracy']:.5f}, "
+    head = (f"{result['checkpoint']}: masked-LM accuracy {result['mlm_accuracy']:.5f} "
+            f"({result['predictions']} predictions)")
+    if "nsp_accuracy" not in result:  # a masked-LM-only model
+        return f"{head}, loss {result['loss']:.4f}, {result['sequences']} sequences"
+    return (f"{head}, NSP accuracy {result['nsp_accuracy']:.5f}, "
             f"loss {result['loss']:.4f} (masked-LM {result['mlm_loss']:.4f}, NSP {result['nsp_loss']:.4f}), "
             f"{result['sequences']} sequences")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -303,10 +303,10 @@ class BertLMPredictionHead(nn.Module):
 
 
 class BertPreTrainingHeads(nn.Module):
-    def __init__(self, cfg: ModelConfig, word_embeddings: nn.Embedding):
+    def __init__(self, cfg: ModelConfig, word_embeddings: nn.Embedding, next_sentence: bool = True):
         super().__init__()
         self.predictions = BertLMPredictionHead(cfg, word_embeddings)
-        self.seq_relationship = nn.Linear(cfg.hidden_size, 2)
+        self.seq_relationship = nn.Linear(cfg.hidden_size, 2) if next_sentence else None
 
 
 def init_weights(model: nn.Module, std: float) -> None:
@@ -333,11 +333,13 @@ class BertForPreTraining(nn.Module):
     NSP logits, one pair per sequence slot.
     """
 
+    next_sentence = True  # False: no pooler, no NSP head (BertForMaskedLM)
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
-        self.bert = BertModel(cfg)
-        self.cls = BertPreTrainingHeads(cfg, self.bert.embeddings.word_embeddings)
+        self.bert = BertModel(cfg, add_pooler=self.next_sentence)
+        self.cls = BertPreTrainingHeads(cfg, self.bert.embeddings.word_embeddings, self.next_sentence)
         init_weights(self.cls, cfg.initializer_range)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
@@ -345,15 +347,27 @@ class BertForPreTraining(nn.Module):
                 masked_lm_positions: torch.Tensor | None = None, *,
                 position_ids: torch.Tensor | None = None, sequence_ids: torch.Tensor | None = None,
                 cls_positions: torch.Tensor | None = None,
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         x, pooled = self.bert(input_ids, token_type_ids, attention_mask, position_ids=position_ids,
                               sequence_ids=sequence_ids, cls_positions=cls_positions)
         if masked_lm_positions is not None:
             H = x.shape[-1]
             x = torch.gather(x, 1, masked_lm_positions.unsqueeze(-1).expand(-1, -1, H))  # (B, P, H)
         mlm_logits = self.cls.predictions(x)  # (B, P, V), or (B, T, V) without positions
+        if self.cls.seq_relationship is None:
+            return mlm_logits, None
         nsp_logits = self.cls.seq_relationship(pooled)  # (B, 2), packed (B, S, 2)
         return mlm_logits, nsp_logits
+
+
+class BertForMaskedLM(BertForPreTraining):
+    """Masked LM alone (``train.objective: mlm``, RoBERTa's recipe): no pooler, no NSP head.
+
+    The layers and names of Hugging Face's ``BertForMaskedLM``; ``forward`` gives
+    ``(mlm_logits, None)``.
+    """
+
+    next_sentence = False
 
 
 class BertForQuestionAnswering(nn.Module):
@@ -416,7 +430,7 @@ class BertForTokenClassification(_Classifier):
     pooled = False
 
 
-def pretraining_loss(mlm_logits: torch.Tensor, nsp_logits: torch.Tensor,
+def pretraining_loss(mlm_logits: torch.Tensor, nsp_logits: torch.Tensor | None,
                      batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """MLM cross-entropy averaged over real (weight 1) predictions, plus NSP cross-entropy
     averaged over real sequences.
@@ -424,7 +438,9 @@ def pretraining_loss(mlm_logits: torch.Tensor, nsp_logits: torch.Tensor,
     A packed batch's ``next_sentence_weights`` (B, S) marks the real sequences
     among the slots of the (B, S, 2) NSP logits; so a packed batch gives the
     losses of the same sequences unpacked. Also returns the counts of correct
-    predictions, for accuracy without a second pass.
+    predictions, for accuracy without a second pass. Without NSP logits (a
+    masked-LM-only model) the loss is the MLM loss, ``nsp_loss`` and
+    ``nsp_correct`` are 0 and ``nsp_count`` still counts the sequences.
     """
     weights = batch["masked_lm_weights"].float()  # (B, P); 0 marks padding predictions
     token_loss = F.cross_entropy(mlm_logits.float().flatten(0, 1), batch["masked_lm_ids"].flatten(),
@@ -432,7 +448,12 @@ def pretraining_loss(mlm_logits: torch.Tensor, nsp_logits: torch.Tensor,
     n_pred = weights.sum()
     mlm_loss = (token_loss * weights.flatten()).sum() / n_pred.clamp(min=1.0)
     nsp_labels = batch["next_sentence_labels"].flatten()
-    if "next_sentence_weights" in batch:  # packed rows: (B, S, 2) logits; only the real sequences count
+    if nsp_logits is None:
+        zero = torch.zeros((), device=mlm_logits.device)
+        nsp_loss, nsp_correct = zero, zero
+        nsp_count = (batch["next_sentence_weights"].float().sum() if "next_sentence_weights" in batch
+                     else torch.full((), float(nsp_labels.numel()), device=mlm_logits.device))
+    elif "next_sentence_weights" in batch:  # packed rows: (B, S, 2) logits; only the real sequences count
         nsp_logits = nsp_logits.flatten(0, 1)
         nsp_weights = batch["next_sentence_weights"].flatten().float()
         nsp_count = nsp_weights.sum()
@@ -457,6 +478,28 @@ def pretraining_loss(mlm_logits: torch.Tensor, nsp_logits: torch.Tensor,
         "nsp_correct": nsp_correct,
         "nsp_count": nsp_count,
     }
+
+
+def eval_sums(out: dict[str, torch.Tensor]) -> list[float]:
+    """One batch's ``pretraining_loss`` as sums to add up over an eval set: correct and counted
+    predictions and sequences, and the losses weighted back by their counts (they are means)."""
+    return [out["mlm_correct"].item(), out["mlm_count"].item(), out["nsp_correct"].item(),
+            out["nsp_count"].item(), out["mlm_loss"].item() * out["mlm_count"].item(),
+            out["nsp_loss"].item() * out["nsp_count"].item()]
+
+
+def eval_result(sums: Sequence[float], next_sentence: bool = True) -> dict[str, float]:
+    """Accuracies and mean losses from the added-up :func:`eval_sums` (NSP's only with its head)."""
+    mlm_correct, mlm_count, nsp_correct, nsp_count, mlm_loss, nsp_loss = sums
+    predictions, sequences = max(mlm_count, 1.0), max(nsp_count, 1.0)
+    result = {"mlm_accuracy": mlm_correct / predictions, "nsp_accuracy": nsp_correct / sequences,
+              "mlm_loss": mlm_loss / predictions, "nsp_loss": nsp_loss / sequences,
+              "loss": mlm_loss / predictions + nsp_loss / sequences, "sequences": int(sequences),
+              # real (weight 1) masked-LM predictions: the accuracy's denominator
+              "predictions": int(mlm_count)}
+    if not next_sentence:
+        del result["nsp_accuracy"], result["nsp_loss"]
+    return result
 
 
 @functools.cache

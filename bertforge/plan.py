@@ -227,6 +227,9 @@ class MemoryPlan:
     location: dict[str, str] = field(default_factory=dict)
     phases: dict[str, int] = field(default_factory=dict)
     details: dict[str, int] = field(default_factory=dict)
+    # Pipeline stages (execution.pipeline_stages > 1): each stage's plan; the lines above are the
+    # largest stage's (config["pipeline_stage"]).
+    stages: list[dict[str, int]] = field(default_factory=list)
 
     def fits(self, device_memory: int) -> bool:
         return self.device_total <= device_memory
@@ -248,6 +251,8 @@ def plan_memory(cfg: Config, world_size: int = 1, device: str | None = None) -> 
     """
     if world_size < 1:
         raise ConfigError(f"world size must be at least 1, got {world_size}")
+    if cfg.execution.pipeline_stages > 1:
+        return _plan_pipeline(cfg, world_size, device)
     ex, m, tr = cfg.execution, cfg.model, cfg.train
     parallel = ex.parallel
     note = ""
@@ -379,6 +384,175 @@ def plan_memory(cfg: Config, world_size: int = 1, device: str | None = None) -> 
     )
 
 
+# ------------------------------------------------------------ pipeline stages
+
+# Bytes of the generator state a stage hands on with each micro-batch's hidden states
+# (pipeline_parallel.py): the CPU's mt19937 state; CUDA's Philox seed and offset.
+RNG_STATE_BYTES = {"cpu": 5056, "cuda": 16}
+PIPELINE_BUCKET_BYTES = 25 << 20  # the flat buckets pipelines average their gradients in
+
+
+def stage_layer_counts(num_layers: int, stages: int) -> list[int]:
+    """Encoder layers per pipeline stage, by ``pipeline_parallel.stage_layers``' rule: as even as
+    possible, the first ``num_layers % stages`` stages one more."""
+    if not 1 <= stages <= num_layers:
+        raise ConfigError(f"execution.pipeline_stages={stages} needs 1..model.num_hidden_layers={num_layers}")
+    base, extra = divmod(num_layers, stages)
+    return [base + (1 if s < extra else 0) for s in range(stages)]
+
+
+def stage_parameters(m: ModelConfig, stages: int) -> list[int]:
+    """Parameters each pipeline stage holds: its encoder layers; the embeddings on the first; the
+    pooler, the heads and a copy of the word embeddings (the decoder's tied weight) on the last."""
+    counts = [n * layer_parameters(m) for n in stage_layer_counts(m.num_hidden_layers, stages)]
+    counts[0] += embedding_parameters(m)
+    counts[-1] += head_parameters(m) + (m.vocab_size * m.hidden_size if stages > 1 else 0)
+    return counts
+
+
+def stage_decayed_parameters(m: ModelConfig, stages: int) -> list[int]:
+    """``decayed_parameters`` of each stage (the word embeddings' copy on the last is decayed too)."""
+    H, I = m.hidden_size, m.intermediate_size
+    counts = [n * (4 * H * H + 2 * H * I) for n in stage_layer_counts(m.num_hidden_layers, stages)]
+    counts[0] += (m.vocab_size + m.max_position_embeddings + m.type_vocab_size) * H
+    counts[-1] += 2 * H * H + 2 * H + (m.vocab_size * H if stages > 1 else 0)
+    return counts
+
+
+def in_flight(schedule: str, stage: int, stages: int, micro_batches: int, backward: int) -> int:
+    """Micro-batches whose activations stage ``stage`` holds when it starts backward number
+    ``backward`` (from 0) of a step: GPipe ran every forward first; 1F1B runs ``stages - stage``
+    forwards before its first backward, then alternates, so it never holds more."""
+    left = micro_batches - backward
+    return left if schedule == "gpipe" else min(stages - stage, left)
+
+
+def _plan_pipeline(cfg: Config, world_size: int, device: str | None) -> MemoryPlan:
+    """``plan_memory`` for ``execution.pipeline_stages`` > 1: every stage planned, the largest returned.
+
+    A stage holds its share of the parameters (:func:`stage_parameters`), their gradients and
+    optimizer state; the activations of the micro-batches in flight (:func:`in_flight`), each of
+    them what one micro-batch saves in the stage's layers (and embeddings or heads) plus the
+    outputs the schedule keeps until the backward (hidden and RNG states; logits); and the
+    schedule's buffers, made once for every micro-batch of the step: received hidden states
+    (and RNG states) before the first stage, received gradients before the last. A stage other
+    than the first also keeps each micro-batch's input gradient (the ``.grad`` of its receive
+    buffer) until the next step. Several pipelines average each stage's gradients after the
+    backward through flat buckets of ``PIPELINE_BUCKET_BYTES`` (pipeline_parallel.BUCKET_BYTES).
+    """
+    ex, m, tr = cfg.execution, cfg.model, cfg.train
+    stages, schedule = ex.pipeline_stages, ex.pipeline_schedule
+    device = device or _device_type(cfg)
+    if device not in ("cuda", "cpu"):
+        raise ConfigError(f"device must be cuda or cpu, got {device!r}")
+    if world_size % stages:
+        raise ConfigError(f"world size {world_size} is not a multiple of execution.pipeline_stages={stages}")
+    if ex.parallel == "fsdp" or ex.offload:
+        raise ConfigError(f"execution.pipeline_stages={stages} cannot be used with execution.parallel=fsdp")
+    replicas = world_size // stages
+    note = ""
+    if ex.parallel == "none" and replicas > 1:
+        note = f"execution.parallel=none with {replicas} pipelines: planned as ddp"
+    averaged = replicas > 1
+    micro_batches = max(1, tr.global_batch_size // (tr.micro_batch_size * replicas))
+    if schedule == "1f1b" and micro_batches < stages:
+        raise ConfigError(f"execution.pipeline_schedule=1f1b needs at least execution.pipeline_stages={stages} "
+                          f"micro-batches per step and pipeline, got {micro_batches}")
+    mixed = ex.precision in ("bf16", "fp16")
+    s = _Shapes(B=tr.micro_batch_size, T=cfg.data.seq_len, P=cfg.data.max_predictions,
+                H=m.hidden_size, I=m.intermediate_size, V=m.vocab_size, heads=m.num_attention_heads,
+                e=2 if mixed else FP32, r=2 if ex.precision == "bf16" else FP32, mixed=mixed, cuda=device == "cuda")
+    act = _layer_activations(s)
+    full_layer = act["attention"] + act["attention_output"] + act["ffn"]
+    stored_layer = {"none": full_layer,
+                    "attention": act["input"] + act["attention_output"] + act["ffn"],
+                    "layer": act["input"]}[ex.recompute]
+    ffn_transient, attention_transient = _backward_transients(s)
+    embeddings, head = _embedding_activations(s), _head_activations(s)
+    stream = s.N * s.H * s.r  # one micro-batch's hidden states between two stages
+    rng = RNG_STATE_BYTES[device]
+    tied = m.vocab_size * m.hidden_size
+    states = (1 if tr.momentum > 0 else 0) if tr.optimizer == "sgd" else 2
+    overhead = RUNTIME_OVERHEAD[device]
+    layer_counts = stage_layer_counts(m.num_hidden_layers, stages)
+    decayed = stage_decayed_parameters(m, stages)
+    plans = []
+    for stage, (n_params, layers) in enumerate(zip(stage_parameters(m, stages), layer_counts)):
+        first, last = stage == 0, stage == stages - 1
+        params = n_params * FP32
+        resident = params + states * params
+        workspace = decayed[stage] * FP32
+        # The schedule's receive buffers, one per micro-batch of the step, made with the stage.
+        buffers = (0 if first else micro_batches * (stream + rng)) + (0 if last else micro_batches * stream)
+        input_grad = 0 if first else stream  # each backward leaves one (the receive buffer's .grad)
+        # The outputs the schedule keeps from the forward to the backward: the hidden and RNG states
+        # sent on; on the last stage the logits (which one process frees once the loss is computed).
+        kept = s.M * s.V * s.e + s.B * 2 * s.e if last else stream + rng
+        received = 0 if first else stream  # layer 0's input is a receive buffer (counted in buffers)
+        per_micro_batch = ((embeddings if first else 0) + layers * stored_layer + (head if last else 0)
+                           + kept - received)
+        head_grads = head_parameters(m) + tied if last else 0
+
+        # One micro-batch's backward through the stage: (activations, gradient parameters, transient,
+        # transient once gradients exist: a new gradient of the tied weight before it is added to them).
+        moments: list[tuple[int, int, int, int]] = []
+        if last:  # the loss's two M × V gradients; then the decoder's gradient of the tied weight
+            moments += [(per_micro_batch, 0, 2 * s.M * s.V * FP32, 0), (per_micro_batch, head_grads, 0, tied * FP32)]
+        else:  # the output's gradient waits in a receive buffer
+            moments.append((per_micro_batch, 0, 0, 0))
+        for i in reversed(range(layers)):
+            below = (embeddings if first else 0) + i * stored_layer + kept - received
+            done = head_grads + (layers - 1 - i) * layer_parameters(m)
+            moments.append((below + full_layer, done, ffn_transient, 0))
+            moments.append((below + full_layer - act["ffn"], done, attention_transient, 0))
+        if first:  # the embedding's dense gradient of the word embeddings
+            moments.append((embeddings + kept, n_params, 0, tied * FP32))
+        peak_activations, peak = 0, 0
+        for backward in range(micro_batches):  # each backward of the step, with what is in flight then
+            others = (in_flight(schedule, stage, stages, micro_batches, backward) - 1) * per_micro_batch
+            others += backward * input_grad
+            for a, g, t, t_added in moments:
+                # The first backward makes every gradient; the later ones add theirs to them.
+                live = (n_params if backward else g) * FP32
+                t += t_added if backward else 0
+                peak_activations = max(peak_activations, others + a + t)
+                peak = max(peak, others + a + t + live)
+        forward_backward = resident + buffers + peak
+        after_backward = resident + params + buffers + micro_batches * input_grad  # with every gradient
+        averaging = after_backward + min(PIPELINE_BUCKET_BYTES, params) if averaged else 0
+        optimizer_step = after_backward + workspace
+        plans.append({
+            "stage": stage, "layers": layers, "parameters": n_params,
+            "in_flight": in_flight(schedule, stage, stages, micro_batches, 0),
+            "saved_per_micro_batch": per_micro_batch + received, "activations": peak_activations,
+            "buffers": buffers, "forward_backward": forward_backward, "gradient_averaging": averaging,
+            "optimizer_step": optimizer_step,
+            "device_total": max(forward_backward, averaging, optimizer_step) + overhead,
+            "params_bytes": params, "states_bytes": states * params, "workspace": workspace})
+    worst = max(plans, key=lambda p: p["device_total"])
+    return MemoryPlan(
+        config={"world_size": world_size, "parallel": "ddp" if averaged else ex.parallel, "note": note,
+                "recompute": ex.recompute, "offload": False, "precision": ex.precision, "device": device,
+                "micro_batch_size": s.B, "seq_len": s.T, "max_predictions": s.P, "accumulation": micro_batches,
+                "optimizer": tr.optimizer, "layers": m.num_hidden_layers, "hidden_size": s.H,
+                "fsdp_grad_sync": "", "reshard_after_forward": None, "gathered_dtype": "",
+                "pipeline_stages": stages, "pipeline_schedule": schedule, "pipelines": replicas,
+                "pipeline_stage": worst["stage"]},
+        num_parameters=count_parameters(m),
+        parameters=worst["params_bytes"], gradients=worst["params_bytes"], optimizer_state=worst["states_bytes"],
+        activations=worst["activations"], workspace=worst["workspace"] + worst["buffers"],
+        overhead=overhead, device_total=worst["device_total"], host_total=0,
+        combined_peak=worst["device_total"],
+        location={"parameters": "device", "gradients": "device", "optimizer_state": "device",
+                  "activations": "device", "workspace": "device"},
+        phases={"forward_backward": worst["forward_backward"], "optimizer_step": worst["optimizer_step"],
+                **({"gradient_averaging": worst["gradient_averaging"]} if averaged else {})},
+        details={"optimizer_workspace": worst["workspace"], "pipeline_buffers": worst["buffers"],
+                 "layer_saved": stored_layer, "layer_full": full_layer},
+        stages=[{k: v for k, v in p.items() if not k.endswith("_bytes")} for p in plans],
+    )
+
+
 # ------------------------------------------------------------ sizes and the table
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -419,6 +593,13 @@ def format_plan(plan: MemoryPlan, device_memory: int | None = None) -> str:
                      f"{'on' if c['reshard_after_forward'] else 'off'}")
     elif c["parallel"] == "ddp":
         lines.append("ddp: gradients are views into the all-reduce buckets, held through the step")
+    if plan.stages:
+        lines.append(f"pipeline: {c['pipelines']} × {c['pipeline_stages']} stages, {c['pipeline_schedule']}, "
+                     f"{c['accumulation']} micro-batches per step; the lines below are stage {c['pipeline_stage']}'s")
+        for st in plan.stages:
+            lines.append(f"  stage {st['stage']}: {st['layers']} layers, {st['parameters'] / 1e6:.1f}M parameters, "
+                         f"{st['in_flight']} in flight, activations {format_bytes(st['activations'])}, "
+                         f"total {format_bytes(st['device_total'])}")
     if c["note"]:
         lines.append(f"note: {c['note']}")
     lines.append("")

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import google_crc32c
@@ -256,12 +256,54 @@ def _read_block(data: bytes, handle: bytes, source: Path) -> bytes:
     (stored,) = struct.unpack_from("<I", data, end + 1)
     if masked_crc32c(data[offset:end + 1]) != stored:
         raise CheckpointError(f"{source}: the block at byte {offset} fails its crc32c (damaged or edited)")
-    if kind == SNAPPY:
-        raise CheckpointError(f"{source}: snappy-compressed table blocks are not supported "
-                              "(TensorFlow's BundleWriter writes them uncompressed)")
+    if kind == SNAPPY:  # TensorFlow builds with snappy compressed the blocks (leveldb's default) until 2.x
+        try:
+            return snappy_decompress(block)
+        except ValueError as err:
+            raise CheckpointError(f"{source}: the snappy block at byte {offset} is damaged ({err})") from None
     if kind != NO_COMPRESSION:
         raise CheckpointError(f"{source}: the block at byte {offset} has unknown compression type {kind}")
     return block
+
+
+def snappy_decompress(data: bytes) -> bytes:
+    """Snappy's raw format: the uncompressed length (a varint), then literals and back-references.
+
+    A tag byte's low 2 bits: 0, a literal of (tag >> 2) + 1 bytes (60..63: the
+    length - 1 in the next 1..4 bytes); 1, a copy of 4..11 bytes from an 11-bit
+    offset; 2 and 3, a copy of (tag >> 2) + 1 bytes from a 16- or 32-bit offset.
+    A copy may overlap what it writes (offset < length): it repeats the last
+    ``offset`` bytes.
+    """
+    size, pos = _varint(data, 0)
+    out = bytearray()
+    while pos < len(data):
+        tag, pos = data[pos], pos + 1
+        kind = tag & 3
+        if kind == 0:
+            length = tag >> 2
+            if length >= 60:
+                extra = length - 59
+                length, pos = int.from_bytes(data[pos:pos + extra], "little"), pos + extra
+            length += 1
+            if pos + length > len(data):
+                raise ValueError("a literal runs past the end")
+            out += data[pos:pos + length]
+            pos += length
+            continue
+        if kind == 1:
+            length, offset, pos = ((tag >> 2) & 7) + 4, ((tag >> 5) << 8) | data[pos], pos + 1
+        else:
+            width = 2 if kind == 2 else 4
+            length, offset = (tag >> 2) + 1, int.from_bytes(data[pos:pos + width], "little")
+            pos += width
+        if not 0 < offset <= len(out):
+            raise ValueError(f"a copy from {offset} bytes back, with {len(out)} written")
+        period = out[len(out) - offset:len(out) - offset + length]
+        out += (period * (length // len(period) + 1))[:length]
+    if len(out) != size or pos != len(data):
+        raise ValueError(f"{len(out)} bytes decoded, {size} announced")
+    return bytes(out)
 
 
 def _block_entries(block: bytes) -> Iterator[tuple[bytes, bytes]]:
@@ -301,6 +343,8 @@ def read_table(path: Path) -> list[tuple[bytes, bytes]]:
         entries: list[tuple[bytes, bytes]] = []
         for _, handle in _block_entries(index):
             entries.extend(_block_entries(_read_block(data, handle, path)))
+    except CheckpointError:
+        raise
     except (ValueError, IndexError, struct.error) as err:
         raise CheckpointError(f"{path}: not a readable TensorFlow checkpoint index ({err})") from None
     return entries
@@ -357,12 +401,20 @@ def _short_successor(key: bytes) -> bytes:
     return key
 
 
-def build_table(entries: list[tuple[bytes, bytes]]) -> bytes:
-    """An SSTable of ``entries`` (sorted by key), laid out as leveldb's TableBuilder lays it out."""
+def build_table(entries: list[tuple[bytes, bytes]],
+                compress: Callable[[bytes], bytes] | None = None) -> bytes:
+    """An SSTable of ``entries`` (sorted by key), laid out as leveldb's TableBuilder lays it out.
+
+    ``compress`` (a snappy compressor, for tests of older TensorFlow's files): blocks that it
+    shrinks by at least an eighth are stored compressed, leveldb's rule.
+    """
     out = bytearray()
 
     def write_block(block: _BlockBuilder) -> bytes:
-        contents = block.finish() + bytes([NO_COMPRESSION])
+        raw = block.finish()
+        packed = compress(raw) if compress is not None else raw
+        contents = (packed + bytes([SNAPPY]) if len(packed) < len(raw) - len(raw) // 8
+                    else raw + bytes([NO_COMPRESSION]))
         handle = _put_varint(len(out)) + _put_varint(len(contents) - 1)
         out.extend(contents + struct.pack("<I", masked_crc32c(contents)))
         return handle

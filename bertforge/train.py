@@ -27,6 +27,7 @@ a run directory made by a run that failed before its first step is removed.
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
 import os
 import random
@@ -41,20 +42,24 @@ import torch
 from torch import nn
 
 from . import checkpoint as ckpt
-from . import runs, weights
+from . import pipeline_parallel, runs, weights
 from .config import Config, ConfigError, DataConfig, accumulation_steps
 from .data import PretrainingDataset, SyntheticDataset, build_datasets, decode_sample, vocab_size_of
 from .data.checksum import fingerprint
+from .data.errors import warn_prediction_cap
 from .data.loader import Prefetcher, RecordStream, check_vocab_fits, is_records, masking_spec, record_files
 from .dist import (
+    DEFAULT_COMPILE_CACHE,
     DistContext,
     barrier,
     check_execution,
+    compiles,
     destroy_distributed,
     from_main,
     init_distributed,
     is_compiled,
     prepare_model,
+    resolve_device,
     unwrap,
     write_error,
 )
@@ -63,7 +68,15 @@ from .feed import copied_ahead, widen
 from .fileio import atomic_file
 from .log import MetricsLogger, ProgressBar, Throughput
 from .mlperf import eval_due, eval_every_samples, open_log
-from .model import BertForPreTraining, compiled_pretraining_loss, num_parameters, pretraining_loss
+from .model import (
+    BertForMaskedLM,
+    BertForPreTraining,
+    compiled_pretraining_loss,
+    eval_result,
+    eval_sums,
+    num_parameters,
+    pretraining_loss,
+)
 from .optim import build_optimizer, build_scheduler
 from .profile import RunMonitor
 
@@ -93,20 +106,26 @@ def training_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str,
     """The engine's loss function: the losses a training step reports (and, for packed rows,
     ``sequences``: the real sequences of the batch, for a throughput in real sequences)."""
     out = forward_loss(model, batch)
-    losses = {key: out[key] for key in ("loss", "mlm_loss", "nsp_loss")}
+    keys = ("loss", "mlm_loss", "nsp_loss") if has_nsp(model) else ("loss", "mlm_loss")
+    losses = {key: out[key] for key in keys}
     if "sequence_ids" in batch:
         losses["sequences"] = out["nsp_count"]
     return losses
 
 
+def has_nsp(model: nn.Module) -> bool:
+    """Whether a (wrapped) pre-training model has the next-sentence head (not BertForMaskedLM)."""
+    return unwrap(model).next_sentence  # type: ignore[return-value]
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, dataset: PretrainingDataset, batch_size: int, device: torch.device,
              precision: str, max_batches: int = 0) -> dict[str, float]:
-    """Masked-LM and NSP accuracy and loss over the eval set, in order, without dropout."""
+    """Masked-LM and NSP accuracy and loss over the eval set, in order, without dropout
+    (the masked LM's alone for a model without the NSP head)."""
     was_training = model.training
     model.eval()
-    sums = {"mlm_correct": 0.0, "mlm_count": 0.0, "nsp_correct": 0.0, "nsp_count": 0.0,
-            "mlm_loss": 0.0, "nsp_loss": 0.0}
+    sums = [0.0] * 6
     starts = range(0, len(dataset), batch_size)
     if max_batches > 0:
         starts = starts[:max_batches]
@@ -115,22 +134,9 @@ def evaluate(model: nn.Module, dataset: PretrainingDataset, batch_size: int, dev
         batch = to_device(dataset.batch(indices), device)
         with autocast(device, precision):
             out = forward_loss(model, batch)
-        for key in ("mlm_correct", "mlm_count", "nsp_correct", "nsp_count"):
-            sums[key] += out[key].item()
-        # Losses are means; weight them back into sums.
-        sums["mlm_loss"] += out["mlm_loss"].item() * out["mlm_count"].item()
-        sums["nsp_loss"] += out["nsp_loss"].item() * out["nsp_count"].item()
+        sums = [total + value for total, value in zip(sums, eval_sums(out))]
     model.train(was_training)
-    mlm_count, nsp_count = max(sums["mlm_count"], 1.0), max(sums["nsp_count"], 1.0)
-    return {
-        "mlm_accuracy": sums["mlm_correct"] / mlm_count,
-        "nsp_accuracy": sums["nsp_correct"] / nsp_count,
-        "mlm_loss": sums["mlm_loss"] / mlm_count,
-        "nsp_loss": sums["nsp_loss"] / nsp_count,
-        "loss": sums["mlm_loss"] / mlm_count + sums["nsp_loss"] / nsp_count,
-        "sequences": int(nsp_count),
-        "predictions": int(sums["mlm_count"]),  # real (weight 1) masked-LM predictions: the accuracy's denominator
-    }
+    return eval_result(sums, has_nsp(model))
 
 
 # A test-only fault: "RANK:STEP" makes that rank exit hard after that step on a job's first
@@ -232,7 +238,7 @@ def load_data(cfg: Config, run_dir: Path, rank: int = 0, world_size: int = 1, *,
         return lambda position: BatchStream(train, batch_size, seed, **position, **split), None
     files = record_files(d.input) if d.input and is_records(d.input) else None
     if files is None:
-        train, eval_set, vocab = build_datasets(d, run_dir)
+        train, eval_set, vocab = build_datasets(d, run_dir, mlm_only=cfg.train.objective == "mlm")
         # The saved config names the vocab actually used, so a resume rebuilds the same data.
         d.vocab = str(Path(vocab).resolve())
         cfg.model.vocab_size = vocab_size_of(vocab)
@@ -265,6 +271,7 @@ def load_data(cfg: Config, run_dir: Path, rank: int = 0, world_size: int = 1, *,
         cfg.model.vocab_size = vocab_size_of(d.vocab)
         if d.dynamic_masking:
             masking = masking_spec(d.vocab, d.masked_lm_prob, d.whole_word_mask)
+            warn_prediction_cap(d.seq_len, d.max_predictions, d.masked_lm_prob, f"{first} (data.dynamic_masking)")
     elif d.dynamic_masking:
         raise ConfigError("data.dynamic_masking needs data.vocab (for the [CLS], [SEP] and [MASK] ids)")
     if d.whole_word_mask and not d.dynamic_masking:
@@ -346,6 +353,33 @@ def pretrain(cfg: Config) -> dict[str, Any]:
         destroy_distributed()
 
 
+def compile_only(cfg: Config) -> dict[str, Any]:
+    """``pretrain --compile-only``: compile the model and the loss for this config into the compile
+    cache and stop, so that the real run's first step (and first evaluation) start warm.
+
+    What is compiled is what the run compiles, by the run's own code: one training step on the
+    first batch of the configured data and the evaluation, in a hidden run directory under
+    ``log.run_dir`` that is removed afterwards. No weights or logs are kept; the cache is
+    ``execution.compile_cache``. Under torchrun every rank compiles its own part (DDP, FSDP).
+    """
+    if not compiles(cfg.execution, resolve_device(cfg.execution.device)):
+        raise ConfigError(f"execution.compile={cfg.execution.compile} does not compile on "
+                          f"{resolve_device(cfg.execution.device).type} (auto: on CUDA only), so there is nothing "
+                          "to compile: give the run and --compile-only --execution.compile true")
+    cfg = copy.deepcopy(cfg)
+    cfg.train.steps, cfg.train.epochs, cfg.train.target_mlm_accuracy = 1, 0, 0.0
+    cfg.checkpoint.every, cfg.checkpoint.keep, cfg.checkpoint.resume = 0, 1, ""
+    cfg.log.name = f".compile-only-{datetime.now():%Y%m%d-%H%M%S}"
+    cfg.log.tensorboard = cfg.log.wandb = False
+    cfg.log.mlperf = ""
+    started = time.perf_counter()
+    summary = pretrain(cfg)
+    if summary["rank"] == 0:
+        shutil.rmtree(summary["run_dir"], ignore_errors=True)
+    return {"rank": summary["rank"], "seconds": time.perf_counter() - started, "run_dir": summary["run_dir"],
+            "compile_cache": str(Path(cfg.execution.compile_cache or DEFAULT_COMPILE_CACHE).expanduser())}
+
+
 def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | None,
           started: float, progress: dict[str, int] | None = None) -> dict[str, Any]:
     """The body of ``pretrain`` on one rank, given the run directory (and the checkpoint to
@@ -355,14 +389,17 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
     mlperf = open_log(cfg, dist, resumed=resume_from is not None)
     loaded = []
     pin = dist.device.type == "cuda"  # pinned batches copy to the GPU without the host waiting
+    # The ranks that split the data: every rank, or with pipeline stages the pipelines (a pipeline's stages read alike).
+    data_rank, data_world = pipeline_parallel.data_split(cfg.execution, dist)
+    pipelined = cfg.execution.pipeline_stages > 1
 
     def load_on_main() -> tuple[str, int]:
-        loaded.append(load_data(cfg, run_dir, dist.rank, dist.world_size, pin=pin))
+        loaded.append(load_data(cfg, run_dir, data_rank, data_world, pin=pin))
         return cfg.data.vocab, cfg.model.vocab_size
 
     # Rank 0 loads first: it may train the vocab into the run directory, which the others then read.
     cfg.data.vocab, cfg.model.vocab_size = from_main(dist, load_on_main)
-    make_stream, eval_set = loaded[0] if loaded else load_data(cfg, run_dir, dist.rank, dist.world_size, pin=pin)
+    make_stream, eval_set = loaded[0] if loaded else load_data(cfg, run_dir, data_rank, data_world, pin=pin)
     data_fingerprint = from_main(dist, lambda: fingerprint_of(cfg.data))
     saved = ckpt.read_trainer_state(resume_from) if resume_from else None
     if resume_from is not None:
@@ -377,23 +414,31 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
 
     torch.manual_seed(cfg.train.seed)  # every rank builds the same initial weights
     random.seed(cfg.train.seed)
-    model: nn.Module = BertForPreTraining(cfg.model)  # then wrapped by prepare_model
+    # then wrapped by prepare_model
+    model: nn.Module = (BertForMaskedLM if cfg.train.objective == "mlm" else BertForPreTraining)(cfg.model)
     if cfg.checkpoint.init and resume_from is None:
         weights.load_weights(model, cfg.checkpoint.init)
     try:
-        accumulation = accumulation_steps(cfg.train, world_size=dist.world_size)
+        accumulation = accumulation_steps(cfg.train, world_size=data_world)
     except ConfigError as err:
-        raise ConfigError(f"{err} (micro-batch {cfg.train.micro_batch_size} × {dist.world_size} "
-                          f"rank(s))") from None
+        raise ConfigError(f"{err} (micro-batch {cfg.train.micro_batch_size} × {data_world} "
+                          f"{'pipeline' if pipelined else 'rank'}(s))") from None
+    pipeline_parallel.check_micro_batches(cfg.execution, accumulation)
     stream = make_stream(saved["data"] if saved else {})
     if resume_from is not None:
         assert saved is not None  # read above
-        check_resume(resume_from, saved, dist.world_size, streamed=not isinstance(stream, BatchStream))
-    model = prepare_model(model.train(), cfg.execution, dist)
+        check_resume(resume_from, saved, data_world, streamed=not isinstance(stream, BatchStream))
     steps = total_steps(cfg, stream.batches_per_epoch, accumulation)
-    optimizer = build_optimizer(unwrap(model), cfg.train)
-    engine = Engine(model, optimizer, build_scheduler(optimizer, cfg.train, steps), training_loss,
-                    cfg.execution.precision, cfg.train.grad_clip, dist, seed=cfg.train.seed)
+    n_params = num_parameters(model)
+    engine: Engine
+    if pipelined:  # this rank's stage of the model, with its optimizer (pipeline_parallel.py)
+        engine = pipeline_parallel.build_engine(model.train(), cfg.execution, cfg.train, dist, steps)
+        model = engine.model
+    else:
+        model = prepare_model(model.train(), cfg.execution, dist)
+        optimizer = build_optimizer(unwrap(model), cfg.train)
+        engine = Engine(model, optimizer, build_scheduler(optimizer, cfg.train, steps), training_loss,
+                        cfg.execution.precision, cfg.train.grad_clip, dist, seed=cfg.train.seed)
     step = ckpt.resume(resume_from, engine, verified=True)["step"] if resume_from is not None else 0
 
     with contextlib.ExitStack() as stack:
@@ -405,7 +450,10 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
                                                  total_steps=steps, started=started))
         bar.print(f"run directory: {run_dir}")
         ranks = f" × {dist.world_size} ranks ({cfg.execution.parallel})" if dist.world_size > 1 else ""
-        bar.print(f"model: {num_parameters(unwrap(model)) / 1e6:.2f}M parameters, "
+        if pipelined:
+            ranks = (f" × {data_world} pipeline(s) of {cfg.execution.pipeline_stages} stages "
+                     f"({cfg.execution.pipeline_schedule})")
+        bar.print(f"model: {n_params / 1e6:.2f}M parameters, "
                   f"{cfg.model.num_hidden_layers} layers, hidden {cfg.model.hidden_size}; "
                   f"{stream.num_sequences} training sequences of {cfg.data.seq_len}; "
                   f"global batch {cfg.train.global_batch_size} = {cfg.train.micro_batch_size} × "
@@ -423,13 +471,17 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
             mlperf.eval_start(step * batch)
             # Every rank evaluates the whole set: FSDP's forward needs all ranks.
             with monitor.phase("eval"):
-                result = evaluate(model, eval_set, cfg.train.eval_batch_size or cfg.train.micro_batch_size,
-                                  dist.device, cfg.execution.precision, cfg.train.eval_batches)
+                eval_batch = cfg.train.eval_batch_size or cfg.train.micro_batch_size
+                if isinstance(engine, pipeline_parallel.PipelineEngine):
+                    result = engine.evaluate(eval_set, eval_batch, cfg.train.eval_batches)
+                else:
+                    result = evaluate(model, eval_set, eval_batch, dist.device, cfg.execution.precision,
+                                      cfg.train.eval_batches)
             mlperf.eval_stop(step * batch, result["mlm_accuracy"])
             evaluated_at = step
             logger.log({"step": step, "split": "eval", **result})
-            bar.print(f"step {step}: eval mlm_accuracy {result['mlm_accuracy']:.4f} "
-                      f"nsp_accuracy {result['nsp_accuracy']:.4f} loss {result['loss']:.4f}")
+            nsp = f"nsp_accuracy {result['nsp_accuracy']:.4f} " if "nsp_accuracy" in result else ""
+            bar.print(f"step {step}: eval mlm_accuracy {result['mlm_accuracy']:.4f} {nsp}loss {result['loss']:.4f}")
             return result
 
         def reached(result: dict[str, float] | None) -> bool:
@@ -471,8 +523,8 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
                 seq_per_s = throughput.rate()
                 logger.log({"step": step, **values, "lr": lr, "seq_per_s": seq_per_s, "epoch": stream.epoch,
                             **monitor.row()})
-                bar.update(step, f"loss {values['loss']:.3f} mlm {values['mlm_loss']:.3f} "
-                                 f"nsp {values['nsp_loss']:.3f} {seq_per_s:.0f} seq/s")
+                nsp = f"nsp {values['nsp_loss']:.3f} " if "nsp_loss" in values else ""
+                bar.update(step, f"loss {values['loss']:.3f} mlm {values['mlm_loss']:.3f} {nsp}{seq_per_s:.0f} seq/s")
             else:
                 bar.update(step)
             if guard.enabled:  # one more host sync per step, only when asked for

@@ -63,6 +63,7 @@ from .dist import is_sharded, unwrap
 from .fileio import atomic_directory
 from .model import (
     ACTIVATIONS,
+    BertForMaskedLM,
     BertForPreTraining,
     BertForQuestionAnswering,
     BertForSequenceClassification,
@@ -308,7 +309,8 @@ def load_model(path: str | Path, head: str = "pretraining", allow_pickle: bool =
     with a ``checkpoint`` file, its shape from ``bert_config`` (default: the
     ``bert_config.json`` beside it).
 
-    ``head`` is ``"pretraining"`` (MLM + NSP), ``"qa"`` (SQuAD span head),
+    ``head`` is ``"pretraining"`` (MLM + NSP, or MLM alone for a source without the NSP head),
+    ``"qa"`` (SQuAD span head),
     ``"classification"`` (GLUE: pooler and classifier), ``"token_classification"``
     (NER) or ``"encoder"`` (BertModel); a task head the source lacks is newly
     initialised, with ``num_labels`` outputs for the classifiers (taken from the
@@ -489,8 +491,9 @@ def _build(head: str, cfg: ModelConfig, state: dict[str, torch.Tensor], num_labe
     A classifier's size is its weights' when ``state`` has them (``num_labels``,
     when given, must agree), else ``num_labels``.
     """
-    if head == "pretraining":
-        return BertForPreTraining(cfg)
+    if head == "pretraining":  # a masked LM without the NSP head (train.objective mlm) stays one
+        masked_lm_only = "cls.predictions.bias" in state and "cls.seq_relationship.weight" not in state
+        return (BertForMaskedLM if masked_lm_only else BertForPreTraining)(cfg)
     if head == "qa":
         return BertForQuestionAnswering(cfg)
     if head == "encoder":  # with a pooler when the source has one (a QA model has none)
@@ -529,7 +532,7 @@ def load_hf(path: Path | str, head: str = "pretraining", allow_pickle: bool = Fa
             num_labels: int | None = None) -> nn.Module:
     """Build our model for ``head`` from a Hugging Face directory and load its weights.
 
-    head: "pretraining" (BertForPreTraining), "qa" (BertForQuestionAnswering),
+    head: "pretraining" (BertForPreTraining; BertForMaskedLM when it has no NSP head), "qa" (BertForQuestionAnswering),
     "classification" / "token_classification" (BertFor{Sequence,Token}Classification,
     ``num_labels`` outputs when the checkpoint has no classifier) or
     "encoder" (BertModel, with a pooler when the checkpoint has one).
@@ -554,7 +557,7 @@ def load_hf(path: Path | str, head: str = "pretraining", allow_pickle: bool = Fa
 # ---------------------------------------------------------------- Hugging Face: export
 
 
-EXPORTABLE = (BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification,
+EXPORTABLE = (BertForPreTraining, BertForMaskedLM, BertForQuestionAnswering, BertForSequenceClassification,
               BertForTokenClassification, BertModel)
 
 
@@ -694,7 +697,9 @@ def _required(name: str, head: str) -> bool:
     """Whether a TF1 checkpoint loaded for ``head`` must hold our weight ``name``."""
     if name.startswith("qa_outputs."):
         return False  # a QA head starts new when there is none
-    if name.startswith(("cls.", "bert.pooler.")):
+    if name.startswith(("cls.seq_relationship.", "bert.pooler.")):
+        return False  # a masked LM alone has no NSP head (train.objective mlm)
+    if name.startswith("cls."):
         return head == "pretraining"
     return True
 
@@ -764,6 +769,9 @@ def read_tf1(prefix: Path | str, bert_config: Path | str | None = None,
     cfg = model_config_from_bert_config(config_file)
     reader = tf1.BundleReader(prefix)
     source = tf1.index_file(prefix)
+    if "_CHECKPOINTABLE_OBJECT_GRAPH" in reader.entries and not any(n.startswith("bert/") for n in reader.entries):
+        raise CheckpointError(f"{source}: a TensorFlow 2 object-based checkpoint, not a TF1 one; "
+                              f"import it with `bertforge import tf2` (bertforge.tf2)")
     ours = {theirs: (name, transposed) for name, (theirs, transposed) in tf1_names(cfg.num_hidden_layers).items()}
     shapes = _shapes(cfg)
     found, skipped = {}, []
@@ -821,6 +829,13 @@ def import_tf1(prefix: Path | str, out_dir: Path | str, bert_config: Path | str 
     _copy_weights(model, state, prefix)
     if vocab_path is None and (prefix.parent / "vocab.txt").is_file():
         vocab_path = prefix.parent / "vocab.txt"
+    write_model_dir(model, cfg, out_dir, vocab_path)
+    return out_dir, skipped
+
+
+def write_model_dir(model: nn.Module, cfg: ModelConfig, out_dir: Path, vocab_path: Path | str | None) -> None:
+    """An imported model as our model directory (weights, a config that validates, the vocab, the
+    manifest), written whole or not at all."""
     config = Config(model=cfg)
     config.data.seq_len = min(config.data.seq_len, cfg.max_position_embeddings)  # a config that validates
     config.data.max_predictions = min(config.data.max_predictions, config.data.seq_len)
@@ -833,7 +848,6 @@ def import_tf1(prefix: Path | str, out_dir: Path | str, bert_config: Path | str 
         if vocab_path is not None:
             shutil.copyfile(vocab_path, tmp / "vocab.txt")
         write_manifest(tmp)
-    return out_dir, skipped
 
 
 def _copy_weights(model: nn.Module, state: dict[str, torch.Tensor], source: Path) -> None:

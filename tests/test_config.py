@@ -141,6 +141,7 @@ def test_choices_are_the_literal_types_of_the_fields():
     assert typing.get_type_hints(ModelConfig)["hidden_act"] is HiddenAct
     assert literal_fields() == {
         "model.hidden_act": ("gelu", "relu", "gelu_new"),
+        "train.objective": ("mlm_nsp", "mlm"),
         "train.optimizer": ("lamb", "adamw", "sgd"),
         "train.lamb": ("bertforge", "mlperf", "nvidia", "paper"),
         "train.schedule": ("poly", "poly_tf", "exp", "exp_staircase", "table", "constant"),
@@ -149,6 +150,7 @@ def test_choices_are_the_literal_types_of_the_fields():
         "execution.recompute": ("none", "layer", "attention"),
         "execution.fsdp_grad_sync": ("auto", "step", "micro_batch"),
         "execution.attention": ("auto", "flash", "cudnn", "efficient", "math"),
+        "execution.pipeline_schedule": ("1f1b", "gpipe"),
     }
 
 

@@ -363,6 +363,49 @@ def test_compile_cache_persists_across_processes(tmp_path):
     assert second.get("fxgraph_cache_hit", 0) >= 2 and second.get("fxgraph_cache_miss", 0) == 0
 
 
+PRETRAIN_COUNTING = """
+import json, sys
+import torch._dynamo.utils
+from bertforge.cli import main
+rc = main(sys.argv[1:])
+print(json.dumps({"rc": rc, **dict(torch._dynamo.utils.counters["inductor"])}))
+"""
+
+
+def test_compile_only_leaves_the_runs_graphs_in_the_cache_and_no_run(tmp_path, capsys):
+    """A one-layer BERT (about 40 s of compiling on 2 cores): --compile-only compiles the training step's
+    forward and backward graphs (model and loss); the run after it compiles nothing and finds them all."""
+    runs, cache = tmp_path / "runs", tmp_path / "cache"
+    args = ["pretrain", "--config", "tiny", "--data.synthetic", "true", "--model.num_hidden_layers", "1",
+            "--model.hidden_size", "32", "--model.num_attention_heads", "2", "--model.intermediate_size", "64",
+            "--model.vocab_size", "512", "--data.seq_len", "32", "--data.max_predictions", "4",
+            "--train.micro_batch_size", "8", "--train.global_batch_size", "8", "--train.steps", "2",
+            "--execution.threads", "2", "--execution.compile", "true", "--execution.compile_cache", str(cache),
+            "--log.run_dir", str(runs), "--no-progress", "--log.tensorboard", "false"]
+
+    def run(*extra: str) -> dict:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+        result = subprocess.run([sys.executable, "-c", PRETRAIN_COUNTING, *args, *extra], cwd=REPO, env=env,
+                                capture_output=True, text=True, timeout=600, check=False)
+        assert result.returncode == 0, result.stderr[-4000:]
+        return json.loads(result.stdout.strip().splitlines()[-1])
+
+    compiled = run("--compile-only")
+    assert compiled["rc"] == 0 and compiled.get("fxgraph_cache_miss", 0) >= 4  # model and loss, forward and backward
+    assert list(runs.iterdir()) == [] and any(cache.iterdir())
+    warm = run()
+    assert warm["rc"] == 0 and warm.get("fxgraph_cache_hit", 0) == compiled["fxgraph_cache_miss"]
+    assert warm.get("fxgraph_cache_miss", 0) == 0
+    # Where the config does not compile (auto on a CPU) there is nothing to do: one line, no run.
+    from bertforge.cli import main
+
+    assert main([*args, "--execution.compile", "auto", "--compile-only"]) == 2
+    assert capsys.readouterr().err == ("error: execution.compile=auto does not compile on cpu (auto: on CUDA only), "
+                                       "so there is nothing to compile: give the run and --compile-only "
+                                       "--execution.compile true\n")
+    assert len(list(runs.iterdir())) == 1  # the warm run's
+
+
 @pytest.mark.skipif(not os.environ.get("BERTFORGE_SLOW_TESTS"),
                     reason="compiles BERT-tiny: 40-80 s on 2 CPU cores; set BERTFORGE_SLOW_TESTS=1")
 def test_compiled_training_gives_the_same_losses(runs, tmp_path, monkeypatch):

@@ -863,3 +863,32 @@ def test_sgd_with_momentum_resumes_exactly(tmp_path):
     assert losses(tmp_path / "whole")[-1] != losses(tmp_path / "whole")[0]
     resumed, whole = load_model(tmp_path / "cut").state_dict(), load_model(tmp_path / "whole").state_dict()
     assert all(torch.equal(v, whole[k]) for k, v in resumed.items())
+
+
+@pytest.mark.parametrize("variant", ["sgd", "momentum", "nesterov"])
+def test_sgd_and_momentum_equal_graphcore_tf1_application(variant):
+    """Graphcore's TF1 BERT application: tf.train.GradientDescentOptimizer / MomentumOptimizer on the lr
+    divided by the loss scale, fed loss-scaled gradients, no weight decay and no clipping. Ours with
+    train.weight_decay 0 and train.grad_clip 0 on the true gradients, at the same lr each step:
+    equal to real TensorFlow's weights at every step (tests/fixtures/optim/make_momentum_fixture.py)."""
+    from bertforge.config import TrainConfig
+    from bertforge.optim import build_optimizer
+
+    ref = np.load(FIXTURES / "momentum_tf1_reference.npz")
+    model = torch.nn.Module()
+    for name in ("kernel", "bias"):
+        model.register_parameter(name, torch.nn.Parameter(torch.from_numpy(ref[f"start/{name}"].copy())))
+    momentum = float(ref["momentum"]) if variant != "sgd" else 0.0
+    optimizer = build_optimizer(model, TrainConfig(optimizer="sgd", lr=0.01, weight_decay=0.0, momentum=momentum,
+                                                   nesterov=variant == "nesterov"))
+    for step, lr in enumerate(ref["lr"]):
+        for group in optimizer.param_groups:
+            group["lr"] = float(lr)
+        for name, p in model.named_parameters():
+            p.grad = torch.from_numpy(ref[f"grad/{name}"][step].copy())
+        optimizer.step()
+        for name, p in model.named_parameters():
+            # TF multiplies by lr / loss scale and gradients × loss scale: roundings apart, 2 ulp of a
+            # weight (a weight near 0 after a large update keeps the update's absolute rounding).
+            np.testing.assert_allclose(p.detach().numpy(), ref[f"{variant}/{step}/{name}"], rtol=2.4e-7,
+                                       atol=1.2e-7, err_msg=f"{variant} step {step} {name}")

@@ -343,3 +343,124 @@ def test_plan_command_rejects_a_bad_device_memory(capsys):
     assert main(["plan", "--config", "base", "--device-memory", "eighty"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "'eighty'" in err and "--device-memory" in err
+
+
+# ------------------------------------------------------------ pipeline stages
+
+def _pipeline_config(preset: str, stages: int, schedule: str, micro_batches: int, batch: int = 8, **execution):
+    cfg = make_config(preset, batch=batch, pipeline_stages=stages, pipeline_schedule=schedule, **execution)
+    cfg.train.global_batch_size = batch * micro_batches
+    return cfg
+
+
+def _stage_modules(cfg, stages: int):
+    from bertforge.pipeline_parallel import BertStage
+
+    with torch.device("meta"):
+        model = BertForPreTraining(cfg.model)
+    return model, [BertStage(model, s, stages) for s in range(stages)]
+
+
+@pytest.mark.parametrize("preset,stages", [("tiny", 2), ("base", 4), ("base", 5), ("large", 3)])
+def test_pipeline_stage_state_is_the_stage_modules(preset, stages):
+    """Parameters, gradients, optimizer state and its workspace of each stage, from the stage modules."""
+    cfg = _pipeline_config(preset, stages, "gpipe", micro_batches=8)
+    model, modules = _stage_modules(cfg, stages)
+    counts = [num_parameters(m) for m in modules]
+    decayed = [sum(p.numel() for p in param_groups(m, 0.01)[0]["params"]) for m in modules]
+    # Every parameter once, and the last stage's copy of the word embeddings (the decoder's tied weight).
+    assert sum(counts) == num_parameters(model) + cfg.model.vocab_size * cfg.model.hidden_size
+    plan = plan_memory(cfg, world_size=stages)
+    assert [s["parameters"] for s in plan.stages] == counts
+    assert [s["layers"] for s in plan.stages] == [len(m.layers) for m in modules]
+    worst = plan.config["pipeline_stage"]
+    assert plan.device_total == max(s["device_total"] for s in plan.stages) == plan.stages[worst]["device_total"]
+    assert plan.parameters == plan.gradients == 4 * counts[worst]
+    assert plan.optimizer_state == 8 * counts[worst]  # LAMB's two fp32 moments
+    assert plan.details["optimizer_workspace"] == 4 * decayed[worst]
+    assert plan.num_parameters == num_parameters(model)
+
+
+def test_pipeline_buffers_and_optimizer_step_by_hand():
+    """BERT-base over 4 stages, 8 micro-batches of 8 × 128 on CUDA: the schedule's receive buffers (hidden
+    states and the 16-byte CUDA RNG state forward, gradients backward), and the optimizer step's bytes."""
+    cfg = _pipeline_config("base", 4, "1f1b", micro_batches=8)
+    cfg.execution.device = "cuda"
+    _, modules = _stage_modules(cfg, 4)
+    plan = plan_memory(cfg, world_size=4)
+    stream = 8 * 128 * 768 * 4  # one micro-batch's hidden states, fp32
+    for s, (stage, module) in enumerate(zip(plan.stages, modules)):
+        received = 8 * (stream + 16) if s > 0 else 0
+        sent_gradients = 8 * stream if s < 3 else 0
+        assert stage["buffers"] == received + sent_gradients
+        p = 4 * num_parameters(module)
+        decayed = 4 * sum(q.numel() for q in param_groups(module, 0.01)[0]["params"])
+        input_gradients = 8 * stream if s > 0 else 0  # each receive buffer's .grad, kept to the next step
+        assert stage["optimizer_step"] == 3 * p + p + decayed + stage["buffers"] + input_gradients
+
+
+def test_gpipe_holds_every_micro_batch_and_1f1b_at_most_the_stages():
+    """BERT-base over 4 stages, 8 micro-batches: GPipe's stages all hold the 8 micro-batches' activations
+    when their backward starts, 1F1B's stage s holds 4 - s. Stage 0 peaks at its first backward under
+    both; a middle stage under 1F1B peaks at its last backward with 4 - s in flight, by then holding the
+    input gradients of the 8 - (4 - s) backwards before (each receive buffer's .grad)."""
+    gpipe, one_f_one_b = (plan_memory(_pipeline_config("base", 4, schedule, micro_batches=8), world_size=4)
+                          for schedule in ("gpipe", "1f1b"))
+    assert [s["in_flight"] for s in gpipe.stages] == [8, 8, 8, 8]
+    assert [s["in_flight"] for s in one_f_one_b.stages] == [4, 3, 2, 1]
+    stream = 8 * 128 * 768 * 4
+    for g, o in zip(gpipe.stages[:3], one_f_one_b.stages[:3]):
+        # What a micro-batch in flight holds, less its input where that is a receive buffer (counted once).
+        held = g["saved_per_micro_batch"] - (stream if g["stage"] > 0 else 0)
+        fewer = 8 - o["in_flight"]
+        input_gradients = fewer * stream if g["stage"] > 0 else 0
+        assert g["activations"] - o["activations"] == fewer * held - input_gradients
+    for g, o in zip(gpipe.stages, one_f_one_b.stages):
+        assert g["device_total"] > o["device_total"]
+
+
+def test_pipeline_saved_activations_are_the_models():
+    """Summed over the stages, a micro-batch saves what it saves in one process, plus what the schedule
+    keeps between stages: hidden and RNG states of each boundary, the last stage's logits."""
+    from bertforge.plan import RNG_STATE_BYTES
+
+    for schedule, recompute in (("gpipe", "none"), ("1f1b", "layer")):
+        cfg = _pipeline_config("base", 3, schedule, micro_batches=4, recompute=recompute)
+        single = plan_memory(make_config("base", batch=8, recompute=recompute))
+        staged = plan_memory(cfg, world_size=3)
+        stream, logits = 8 * 128 * 768 * 4, 8 * 20 * 30522 * 4 + 8 * 2 * 4
+        assert (sum(s["saved_per_micro_batch"] for s in staged.stages)
+                == single.details["saved_activations"] + 2 * (stream + RNG_STATE_BYTES["cpu"]) + logits)
+
+
+def test_pipelines_average_gradients_in_buckets():
+    from bertforge.pipeline_parallel import BUCKET_BYTES
+    from bertforge.plan import PIPELINE_BUCKET_BYTES
+
+    assert PIPELINE_BUCKET_BYTES == BUCKET_BYTES
+    one = plan_memory(_pipeline_config("base", 2, "1f1b", micro_batches=8), world_size=2)
+    cfg = _pipeline_config("base", 2, "1f1b", micro_batches=8, parallel="ddp")
+    cfg.train.global_batch_size *= 2  # the same 8 micro-batches per pipeline
+    two = plan_memory(cfg, world_size=4)
+    assert two.config["pipelines"] == 2 and two.config["parallel"] == "ddp"
+    assert two.stages[0]["gradient_averaging"] == (two.stages[0]["optimizer_step"] - two.details["optimizer_workspace"]
+                                                   + BUCKET_BYTES)
+    for a, b in zip(one.stages, two.stages):
+        assert a["forward_backward"] == b["forward_backward"] and a["optimizer_step"] == b["optimizer_step"]
+
+
+def test_pipeline_plan_errors_and_table(capsys):
+    with pytest.raises(ConfigError, match="world size 3 is not a multiple of execution.pipeline_stages=2"):
+        plan_memory(_pipeline_config("tiny", 2, "gpipe", micro_batches=4), world_size=3)
+    with pytest.raises(ConfigError, match="execution.pipeline_schedule=1f1b needs at least "
+                                          "execution.pipeline_stages=2 micro-batches per step and pipeline, got 1"):
+        plan_memory(_pipeline_config("tiny", 2, "1f1b", micro_batches=1), world_size=2)
+    assert main(["plan", "--config", "base", "--world-size", "4", "--execution.pipeline_stages", "4",
+                 "--train.micro_batch_size", "8", "--train.global_batch_size", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "pipeline: 1 × 4 stages, 1f1b, 8 micro-batches per step; the lines below are stage 0's" in out
+    assert "  stage 3: 3 layers, 45.9M parameters, 1 in flight" in out
+    assert main(["plan", "--config", "base", "--world-size", "4", "--execution.pipeline_stages", "4", "--json",
+                 "--train.micro_batch_size", "8", "--train.global_batch_size", "64"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert [s["stage"] for s in result["stages"]] == [0, 1, 2, 3] and result["config"]["pipeline_stages"] == 4

@@ -353,3 +353,43 @@ def test_tables_of_many_blocks_equal_tensorflows(tmp_path):
     tf1.write_bundle(tmp_path / "ours", tensors)
     theirs = (tmp_path / "tf" / "model.ckpt.index").read_bytes()
     assert len(theirs) > tf1.BLOCK_SIZE + 1000 and (tmp_path / "ours.index").read_bytes() == theirs
+
+
+# ------------------------------------------------------------ snappy-compressed tables (older TensorFlow)
+
+def test_snappy_blocks_decode_as_the_reference_encoder_wrote_them():
+    """Our decoder against cramjam's snappy (the format's C++ library, bound to Python) on what it
+    emits: literals short and long (tags 60..63), 1- and 2-byte offsets, copies that overlap."""
+    cramjam = pytest.importorskip("cramjam")
+    rng = np.random.default_rng(0)
+    samples = [b"", b"a", b"ab" * 5000, bytes(rng.integers(0, 256, 70000, dtype=np.uint8)),
+               b"".join(bytes(rng.integers(0, 4, int(n), dtype=np.uint8)) * int(k)
+                        for n, k in zip(rng.integers(1, 300, 200), rng.integers(1, 9, 200)))]
+    samples += [(PREFIX.parent / f"{PREFIX.name}.index").read_bytes()]
+    for raw in samples:
+        packed = bytes(cramjam.snappy.compress_raw(raw))
+        assert tf1.snappy_decompress(packed) == raw
+    with pytest.raises(ValueError, match="a copy from"):
+        tf1.snappy_decompress(b"\x05\x01\x05")  # a copy before anything is written
+
+
+def test_a_checkpoint_with_a_snappy_index_reads_the_same_tensors(tmp_path):
+    """TensorFlow's tables compressed their blocks with snappy (leveldb's default) in older
+    builds; the same entries in snappy blocks give the same tensors, and damage is named."""
+    cramjam = pytest.importorskip("cramjam")
+    copy = copy_checkpoint(tmp_path)
+    index = copy.parent / f"{copy.name}.index"
+    entries = tf1.read_table(index)
+    compressed = tf1.build_table(entries, compress=lambda raw: bytes(cramjam.snappy.compress_raw(raw)))
+    assert len(compressed) < 0.8 * index.stat().st_size
+    index.write_bytes(compressed)
+    assert tf1.read_table(index) == entries
+    ours, theirs = tf1.BundleReader(copy), tf1.BundleReader(PREFIX)
+    assert ours.entries.keys() == theirs.entries.keys()
+    for name in theirs.entries:
+        assert torch.equal(ours.read(name), theirs.read(name)), name
+    # A damaged snappy block (its crc32c intact, so that the decoder meets it) is one error line.
+    index.write_bytes(tf1.build_table(entries, compress=lambda raw: b"\x05\x01\x05"))
+    with pytest.raises(CheckpointError, match=r"^\S+/model.ckpt-2.index: the snappy block at byte \d+ is damaged "
+                                              r"\(a copy from 5 bytes back, with 0 written\)$"):
+        tf1.read_table(index)

@@ -29,6 +29,8 @@ Two modes:
   with ``workers`` > 1 each worker process reads its chunk's byte ranges itself and
   leaves finished record bytes in a spool file, and the parent, one of the
   workers itself, scans the input for cut points and appends those bytes to the files.
+  With ``mlm_only`` a chunk gives masked-LM-only rows instead: whole sentences of
+  contiguous text, across documents (:func:`.instances.create_arrays_mlm`).
 
 Input is read by :mod:`.text` (files, globs and directories of ``*.txt``;
 chunks as byte ranges), or from tables (JSON Lines, Parquet, ``save_to_disk``
@@ -56,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import mmap
 import multiprocessing
 import os
@@ -73,8 +76,8 @@ from pathlib import Path
 import numpy as np
 
 from ..fileio import atomic_files
-from .errors import DataError, warn_one_document
-from .instances import create_arrays_fast, create_instances, to_arrays
+from .errors import DataError, warn_one_document, warn_prediction_cap
+from .instances import create_arrays_fast, create_arrays_mlm, create_instances, to_arrays
 from .record_schema import FORMATS
 from .record_writer import EncodedRecords, RecordEncoder, RecordWriter
 from .rows import PretrainingArrays
@@ -101,6 +104,7 @@ class CreateOptions:
     seed: int = 12345
     lowercase: bool = True
     whole_word_mask: bool = False  # the reference's --do_whole_word_mask
+    mlm_only: bool = False  # full-sentence rows without next-sentence pairs (instances.create_arrays_mlm)
 
     def check(self) -> None:
         """A DataError naming the first option out of range."""
@@ -197,10 +201,11 @@ class _ChunkMaker:
         o = self.options
         chunk = self.tokenizer.encode_documents(read_chunk(ranges))
         rng = np.random.default_rng([o.seed, index])  # depends on the chunk, not the process
-        arrays = create_arrays_fast(
+        make = create_arrays_mlm if o.mlm_only else functools.partial(create_arrays_fast,
+                                                                      short_seq_prob=o.short_seq_prob)
+        arrays = make(
             chunk.tokens, chunk.sentence_offsets, chunk.document_offsets, seq_len=o.seq_len,
-            max_predictions=o.max_predictions, masked_lm_prob=o.masked_lm_prob,
-            short_seq_prob=o.short_seq_prob, dupe_factor=o.dupe_factor,
+            max_predictions=o.max_predictions, masked_lm_prob=o.masked_lm_prob, dupe_factor=o.dupe_factor,
             vocab_size=self.tokenizer.vocab_size, specials=self.tokenizer.specials, rng=rng,
             subword=self.subword)
         records = None
@@ -440,7 +445,7 @@ def create(inputs: Sequence[str | Path], vocab: str | Path, output: str | Path, 
            lowercase: bool = True, mode: str = "reference", workers: int = 1,
            fmt: str = "tfrecord", num_output_files: int = 1, chunk_chars: int = CHUNK_CHARS,
            start_method: str | None = None, text_column: str = "text",
-           whole_word_mask: bool = False) -> CreateStats:
+           whole_word_mask: bool = False, mlm_only: bool = False) -> CreateStats:
     """Write pre-training records made from text files; see the module docstring.
 
     ``inputs`` are files, globs or directories, read in the order given, or
@@ -448,12 +453,16 @@ def create(inputs: Sequence[str | Path], vocab: str | Path, output: str | Path, 
     document per row (see :mod:`.text`).
     ``workers`` (fast mode) is the number of processes; ``start_method`` the
     multiprocessing start method (default: fork on Linux, else spawn).
+    ``mlm_only``: full-sentence rows for masked LM alone (fast mode).
     """
     start = time.perf_counter()
     options = CreateOptions(seq_len, max_predictions, masked_lm_prob, short_seq_prob,
-                            dupe_factor, seed, lowercase, whole_word_mask)
+                            dupe_factor, seed, lowercase, whole_word_mask, mlm_only)
     if mode not in MODES:
         raise DataError(f"mode={mode!r} must be one of {', '.join(MODES)}")
+    if mode == "reference" and mlm_only:
+        raise DataError("mlm_only: google-research/bert's script makes sentence pairs only, so there is "
+                        "no reference to match: use mode fast")
     if fmt not in FORMATS:
         raise DataError(f"format={fmt!r} must be one of {', '.join(FORMATS)}")
     if mode == "reference" and workers > 1:
@@ -503,13 +512,14 @@ def generate(inputs: Sequence[str | Path], vocab: str | Path, *, seq_len: int = 
              short_seq_prob: float = 0.1, dupe_factor: int = 5, seed: int = 12345,
              lowercase: bool = True, workers: int = 1, chunk_chars: int = CHUNK_CHARS,
              start_method: str | None = None, stats: CreateStats | None = None,
-             text_column: str = "text", whole_word_mask: bool = False) -> Iterator[PretrainingArrays]:
+             text_column: str = "text", whole_word_mask: bool = False,
+             mlm_only: bool = False) -> Iterator[PretrainingArrays]:
     """Fast mode without files: each chunk's instances, in order, as :func:`create` writes them.
 
     ``stats``, when given, is updated as chunks come.
     """
     options = CreateOptions(seq_len, max_predictions, masked_lm_prob, short_seq_prob,
-                            dupe_factor, seed, lowercase, whole_word_mask)
+                            dupe_factor, seed, lowercase, whole_word_mask, mlm_only)
     _check(options, "fast", workers, chunk_chars)
     read_vocab(vocab)  # a missing or empty vocab fails here, before any work
     stats = stats if stats is not None else CreateStats(mode="fast", files=[])
@@ -525,6 +535,7 @@ def generate(inputs: Sequence[str | Path], vocab: str | Path, *, seq_len: int = 
 
 def _check(options: CreateOptions, mode: str, workers: int, chunk_chars: int) -> None:
     options.check()
+    warn_prediction_cap(options.seq_len, options.max_predictions, options.masked_lm_prob, "data create")
     if workers < 1:
         raise DataError(f"workers={workers} must be at least 1")
     if mode == "fast" and options.seed < 0:
@@ -610,6 +621,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cased", action="store_true", help="do not lower-case (cased vocabs)")
     parser.add_argument("--whole-word-mask", action="store_true",
                         help="mask all WordPieces of a word or none (the reference's --do_whole_word_mask)")
+    parser.add_argument("--mlm-only", action="store_true",
+                        help="masked LM alone (train.objective mlm): rows of whole sentences of "
+                             "contiguous text, across documents, no sentence pairs (needs --mode fast)")
     parser.add_argument("--mode", choices=MODES, default="reference",
                         help="reference: google-research/bert's records exactly; "
                              "fast: same distributions, streaming, parallel")
@@ -639,7 +653,7 @@ def run(args: argparse.Namespace) -> int:
                        seed=args.seed, lowercase=not args.cased, mode=args.mode,
                        workers=args.workers, fmt=args.fmt, num_output_files=args.num_output_files,
                        chunk_chars=args.chunk_chars, text_column=args.text_column,
-                       whole_word_mask=args.whole_word_mask)
+                       whole_word_mask=args.whole_word_mask, mlm_only=args.mlm_only)
     stats.files = final
     print(stats.summary())
     if packed is not None:

@@ -22,8 +22,8 @@ import torch
 
 from ..config import DataConfig
 from .corpus import builtin_corpus, read_text_corpus
-from .errors import DataError, warn_one_document
-from .instances import create_instances, to_arrays
+from .errors import DataError, warn_one_document, warn_prediction_cap
+from .instances import create_arrays_mlm, create_instances, to_arrays
 from .rows import PretrainingArrays, Rows
 from .tokenizer import (
     load_tokenizer,
@@ -121,9 +121,12 @@ def split_documents(documents: list, eval_fraction: float) -> tuple[list, list]:
     return train, held_out
 
 
-def build_datasets(data: DataConfig, work_dir: Path) -> tuple[PretrainingDataset,
-                                                              PretrainingDataset, Path]:
+def build_datasets(data: DataConfig, work_dir: Path, mlm_only: bool = False,
+                   ) -> tuple[PretrainingDataset, PretrainingDataset, Path]:
     """(train, eval, vocab path) for a data config; the same config gives the same arrays.
+
+    Sentence pairs for masked LM + NSP, as google-research/bert makes them; with
+    ``mlm_only``, rows of whole sentences of contiguous text (:func:`.instances.create_arrays_mlm`).
 
     The corpus is ``data.input`` (a file or directory of text) or, if empty,
     the built-in corpus. A vocab is trained on the train documents and written
@@ -134,7 +137,7 @@ def build_datasets(data: DataConfig, work_dir: Path) -> tuple[PretrainingDataset
     documents = read_text_corpus(data.input) if data.input else builtin_corpus()
     train_docs, eval_docs = split_documents(documents, data.eval_fraction)
     for docs, where in ((train_docs, " in the training set"), (eval_docs, " in the eval set")):
-        if len(docs) == 1:
+        if len(docs) == 1 and not mlm_only:
             warn_one_document(data.input or "the built-in corpus", where)
 
     if data.vocab:
@@ -143,26 +146,42 @@ def build_datasets(data: DataConfig, work_dir: Path) -> tuple[PretrainingDataset
         vocab_path = train_wordpiece(train_docs, data.vocab_size, Path(work_dir) / "vocab.txt",
                                      lowercase=data.lowercase)
     tokenizer = load_tokenizer(vocab_path, lowercase=data.lowercase)
+    subword = subword_flags(read_vocab(vocab_path)) if data.whole_word_mask else None
     options: dict[str, Any] = dict(seq_len=data.seq_len, max_predictions=data.max_predictions,
-                   masked_lm_prob=data.masked_lm_prob, short_seq_prob=data.short_seq_prob,
-                   vocab_size=vocab_size_of(vocab_path), specials=special_ids(tokenizer),
-                   subword=subword_flags(read_vocab(vocab_path)).tolist() if data.whole_word_mask else None)
+                                   masked_lm_prob=data.masked_lm_prob, vocab_size=vocab_size_of(vocab_path),
+                                   specials=special_ids(tokenizer))
+    warn_prediction_cap(data.seq_len, data.max_predictions, data.masked_lm_prob, "data")
 
     datasets = []
     for docs, dupe_factor, seed in ((train_docs, data.dupe_factor, data.seed),
                                     # eval: the same text masked dupe_factor ways, a steadier estimate
                                     (eval_docs, data.dupe_factor, data.seed + EVAL_SEED_OFFSET)):
-        instances = create_instances(tokenize_documents(tokenizer, docs), dupe_factor=dupe_factor,
-                                     rng=random.Random(seed), **options)
-        if not instances:
+        tokenized = tokenize_documents(tokenizer, docs)
+        if mlm_only:
+            arrays = create_arrays_mlm(*_flat(tokenized), dupe_factor=dupe_factor,
+                                       rng=np.random.default_rng(seed), subword=subword, **options)
+        else:
+            instances = create_instances(tokenized, short_seq_prob=data.short_seq_prob, dupe_factor=dupe_factor,
+                                         rng=random.Random(seed), **options,
+                                         subword=None if subword is None else subword.tolist())
+            arrays = to_arrays(instances, data.seq_len, data.max_predictions)
+        if not len(arrays):
             raise DataError(f"{data.input or 'the built-in corpus'}: no text left after tokenizing")
-        arrays = to_arrays(instances, data.seq_len, data.max_predictions)
         datasets.append(PretrainingDataset(arrays))
     train, held_out = datasets
     log.info("data: %d train / %d eval documents -> %d / %d instances, vocab %s (%d tokens), %.1fs",
              len(train_docs), len(eval_docs), len(train), len(held_out), vocab_path,
              options["vocab_size"], time.perf_counter() - start)
     return train, held_out, vocab_path
+
+
+def _flat(documents: list[list[list[int]]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Token documents as (tokens, sentence offsets, document offsets), the flat form of the fast paths."""
+    sentences = [sentence for document in documents for sentence in document if sentence]
+    sentence_offsets = np.cumsum([0] + [len(s) for s in sentences])
+    document_offsets = np.cumsum([0] + [sum(1 for s in document if s) for document in documents])
+    tokens = np.fromiter((t for s in sentences for t in s), np.int32, int(sentence_offsets[-1]))
+    return tokens, sentence_offsets, document_offsets
 
 
 def decode_sample(batch: dict[str, torch.Tensor], vocab_path: str | Path, row: int = 0) -> str:

@@ -1,8 +1,9 @@
-"""The one error type of the data package, and its one warning."""
+"""The one error type of the data package, and its warnings."""
 
 from __future__ import annotations
 
 import logging
+import math
 
 log = logging.getLogger(__name__)
 
@@ -16,3 +17,14 @@ def warn_one_document(corpus: str, where: str = "") -> None:
     there is: half the NSP examples are then not negatives from another document at all."""
     log.warning("%s: only one document%s, so the NSP negatives (\"random next\" sentences) "
                 "will come from the same document", corpus, where)
+
+
+def warn_prediction_cap(seq_len: int, max_predictions: int, masked_lm_prob: float, where: str) -> None:
+    """Warn when ``max_predictions`` masks well under ``masked_lm_prob`` of a full row (over a quarter
+    fewer predictions), e.g. 30% masking with the 15% recipe's cap: the ratio asked for is not the one trained."""
+    wanted = seq_len * masked_lm_prob
+    if max_predictions < 0.75 * wanted:
+        log.warning("%s: masked_lm_prob=%g asks for %d predictions in a full row of %d tokens, but "
+                    "max_predictions=%d caps them (%.1f%% masked): raise max_predictions to %d",
+                    where, masked_lm_prob, round(wanted), seq_len, max_predictions,
+                    100 * max_predictions / seq_len, math.ceil(wanted))

@@ -192,15 +192,7 @@ def _mask(tokens: list[int], num_a: int, masked_lm_prob: float, max_predictions:
 def to_arrays(instances: list[Instance], seq_len: int, max_predictions: int) -> PretrainingArrays:
     """Pad instances into fixed-shape arrays (the layout of BERT's TFRecords)."""
     n = len(instances)
-    arrays = PretrainingArrays(
-        input_ids=np.zeros((n, seq_len), np.int32),
-        segment_ids=np.zeros((n, seq_len), np.int8),
-        input_mask=np.zeros((n, seq_len), np.int8),
-        masked_lm_positions=np.zeros((n, max_predictions), np.int32),
-        masked_lm_ids=np.zeros((n, max_predictions), np.int32),
-        masked_lm_weights=np.zeros((n, max_predictions), np.float32),
-        next_sentence_labels=np.zeros(n, np.int64),
-    )
+    arrays = PretrainingArrays.zeros(n, seq_len, max_predictions)
     for row, instance in enumerate(instances):
         length = len(instance.tokens)
         if length > seq_len or len(instance.masked_positions) > max_predictions:
@@ -408,6 +400,99 @@ def whole_word_positions(ids: np.ndarray, candidate: np.ndarray, subword: np.nda
         picked = where[taken[group]]
         positions[r, :total], used[r, :total] = picked, True
     return positions, used
+
+
+def mask_candidates(arrays: PretrainingArrays, candidate: np.ndarray, masked_lm_prob: float,
+                    vocab_size: int, mask_id: int, rng: np.random.Generator,
+                    subword: np.ndarray | None = None) -> None:
+    """Mask every row of unmasked ``arrays`` in place, choosing among ``candidate`` (N, T) positions.
+
+    Per row ``min(P, max(1, round(tokens × masked_lm_prob)))`` positions (no
+    more than the candidates), uniform (with ``subword``, whole words as
+    :func:`whole_word_positions` draws them); 80% [MASK], 10% kept, 10% a
+    uniform random id of the vocab.
+    """
+    n, t = candidate.shape
+    max_predictions = arrays.masked_lm_positions.shape[1]
+    length = arrays.input_mask.sum(axis=1, dtype=np.int64)
+    # np.round rounds half to even, like Python's round() in the reference.
+    count = np.minimum(max_predictions, np.maximum(1, np.round(length * masked_lm_prob)).astype(np.int64))
+    count = np.minimum(count, candidate.sum(axis=1))
+    if subword is not None:
+        positions, used = whole_word_positions(arrays.input_ids, candidate, subword, count, max_predictions, rng)
+    else:
+        # A random key per candidate; the count smallest keys of each row are its picks.
+        keys = np.where(candidate, rng.random((n, t)), np.inf)
+        order = np.argsort(keys, axis=1)[:, :max_predictions]
+        positions = np.where(np.arange(max_predictions)[None, :] < count[:, None], order, t)
+        positions.sort(axis=1)  # t sorts after every real position
+        used = positions < t
+        positions = np.where(used, positions, 0)
+    _apply_masks(arrays, positions, used, vocab_size, mask_id, rng)
+
+
+# ---------------------------------------------------------------- masked LM alone: full sentences
+
+def pack_full_sentences(tokens: np.ndarray, sentence_offsets: np.ndarray, document_offsets: np.ndarray,
+                        seq_len: int, max_predictions: int, specials: SpecialIds) -> PretrainingArrays:
+    """Unmasked rows of contiguous text, as RoBERTa's FULL-SENTENCES inputs (Liu et al. 2019, 4.2).
+
+    A row is ``[CLS] text [SEP]``: whole sentences, in order, added while they
+    fit ``seq_len - 2`` tokens; a row runs on into the next document, with a
+    [SEP] between the two. A sentence that does not fit starts the next row,
+    and one longer than a row is cut into row-sized pieces, so every token of
+    the corpus is in exactly one row. One segment (all 0); next-sentence labels 0.
+    """
+    room = seq_len - 2
+    rows: list[list[np.ndarray]] = []
+    row: list[np.ndarray] = []
+    used = 0
+    sep = np.array([specials.sep], tokens.dtype)
+    for d in range(len(document_offsets) - 1):
+        new_document = True
+        for s in range(document_offsets[d], document_offsets[d + 1]):
+            sentence = tokens[sentence_offsets[s]:sentence_offsets[s + 1]]
+            for start in range(0, len(sentence), room):
+                piece = sentence[start:start + room]
+                joiner = new_document and used > 0  # the [SEP] between two documents
+                if used + joiner + len(piece) > room:
+                    rows.append(row)
+                    row, used, joiner = [], 0, False
+                if joiner:
+                    row.append(sep)
+                row.append(piece)
+                used += joiner + len(piece)
+                new_document = False
+    if used:
+        rows.append(row)
+    n = len(rows)
+    arrays = PretrainingArrays.zeros(n, seq_len, max_predictions)
+    for r, pieces in enumerate(rows):
+        text = np.concatenate(pieces)
+        arrays.input_ids[r, 0] = specials.cls
+        arrays.input_ids[r, 1:len(text) + 1] = text
+        arrays.input_ids[r, len(text) + 1] = specials.sep
+        arrays.input_mask[r, :len(text) + 2] = 1
+    return arrays
+
+
+def create_arrays_mlm(tokens: np.ndarray, sentence_offsets: np.ndarray, document_offsets: np.ndarray, *,
+                      seq_len: int, max_predictions: int, masked_lm_prob: float, dupe_factor: int,
+                      vocab_size: int, specials: SpecialIds, rng: np.random.Generator,
+                      subword: np.ndarray | None = None) -> PretrainingArrays:
+    """Masked-LM-only rows (:func:`pack_full_sentences`), masked ``dupe_factor`` ways and shuffled.
+
+    The documents come flat, as for :func:`create_arrays_fast`. Each copy of a
+    row is masked on its own (:func:`mask_candidates`: any real token but
+    [CLS] and [SEP]); the copies of all rows are shuffled together.
+    """
+    rows = pack_full_sentences(np.asarray(tokens), np.asarray(sentence_offsets, np.int64),
+                               np.asarray(document_offsets, np.int64), seq_len, max_predictions, specials)
+    arrays = rows.take(np.tile(np.arange(len(rows)), dupe_factor))
+    ids = arrays.input_ids
+    candidate = arrays.input_mask.astype(bool) & (ids != specials.cls) & (ids != specials.sep)
+    mask_candidates(arrays, candidate, masked_lm_prob, vocab_size, specials.mask, rng, subword)
+    return arrays.take(rng.permutation(len(arrays)))
 
 
 def _mask_arrays(arrays: PretrainingArrays, a_len: np.ndarray, masked_lm_prob: float,

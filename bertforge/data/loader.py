@@ -37,7 +37,7 @@ import torch
 
 from ..feed import pinned
 from .errors import DataError
-from .instances import whole_word_positions
+from .instances import mask_candidates
 from .record_reader import RecordFile, open_records
 from .record_schema import detect_format
 from .rows import PretrainingArrays, Rows, concat_rows
@@ -66,42 +66,18 @@ def remask(a: PretrainingArrays, spec: MaskingSpec, rng: np.random.Generator) ->
     become [MASK], 10% a random token, 10% stay.
     """
     ids = a.input_ids.astype(np.int64)  # a copy
-    N, T = ids.shape
-    P = a.masked_lm_positions.shape[1]
-    rows = np.arange(N)[:, None]
+    rows = np.arange(len(ids))[:, None]
     real = a.masked_lm_weights > 0
     # Restore the original tokens under the old masks.
     ids[np.broadcast_to(rows, real.shape)[real], a.masked_lm_positions[real]] = a.masked_lm_ids[real]
-
-    tokens = a.input_mask.astype(bool)
-    candidate = tokens & (ids != spec.cls_id) & (ids != spec.sep_id)
-    n_tokens = tokens.sum(1)
-    # Python's round() (half to even), as in the reference; np.round matches it.
-    n_predict = np.minimum(P, np.maximum(1, np.round(n_tokens * spec.masked_lm_prob).astype(np.int64)))
-    n_predict = np.minimum(n_predict, candidate.sum(1))
-    if spec.subword is not None:
-        positions, keep = whole_word_positions(ids, candidate, spec.subword, n_predict, P, rng)
-    else:
-        # A random key per candidate; the n smallest keys of each row are its picks.
-        keys = np.where(candidate, rng.random((N, T)), np.inf)
-        order = np.argsort(keys, axis=1)[:, :P]  # (N, P) candidate positions in random order
-        keep = np.arange(P)[None, :] < n_predict[:, None]  # (N, P)
-        positions = np.where(keep, order, T)  # T sorts after every real position
-        positions.sort(axis=1)
-        keep = positions < T
-        positions = np.where(keep, positions, 0)
-    originals = np.where(keep, ids[rows, positions], 0)
-
-    draw = rng.random((N, P))
-    replacement = np.where(draw < 0.8, spec.mask_id,
-                           np.where(draw < 0.9, originals, rng.integers(0, spec.vocab_size, (N, P))))
-    masked = ids.copy()
-    masked[np.broadcast_to(rows, keep.shape)[keep], positions[keep]] = replacement[keep]
-    return PretrainingArrays(
-        input_ids=masked.astype(a.input_ids.dtype), segment_ids=a.segment_ids, input_mask=a.input_mask,
-        masked_lm_positions=positions.astype(a.masked_lm_positions.dtype),
-        masked_lm_ids=originals.astype(a.masked_lm_ids.dtype),
-        masked_lm_weights=keep.astype(np.float32), next_sentence_labels=a.next_sentence_labels)
+    fresh = PretrainingArrays(
+        input_ids=ids.astype(a.input_ids.dtype), segment_ids=a.segment_ids, input_mask=a.input_mask,
+        masked_lm_positions=np.zeros_like(a.masked_lm_positions), masked_lm_ids=np.zeros_like(a.masked_lm_ids),
+        masked_lm_weights=np.zeros(a.masked_lm_weights.shape, np.float32),
+        next_sentence_labels=a.next_sentence_labels)
+    candidate = a.input_mask.astype(bool) & (ids != spec.cls_id) & (ids != spec.sep_id)
+    mask_candidates(fresh, candidate, spec.masked_lm_prob, spec.vocab_size, spec.mask_id, rng, spec.subword)
+    return fresh
 
 
 class RecordStream:

@@ -260,7 +260,7 @@ def unpack_rows(packed: PackedArrays) -> PretrainingArrays:
                 continue
             mine = np.flatnonzero(packed.input_mask[row] == k)
             at = packed.position_ids[row, mine]
-            one = _empty(1, seq_len, max_predictions)
+            one = PretrainingArrays.zeros(1, seq_len, max_predictions)
             one.input_ids[0, at] = packed.input_ids[row, mine]
             one.segment_ids[0, at] = packed.segment_ids[row, mine]
             one.input_mask[0, at] = 1
@@ -271,16 +271,7 @@ def unpack_rows(packed: PackedArrays) -> PretrainingArrays:
             one.masked_lm_weights[0, :len(predicted)] = 1
             one.next_sentence_labels[0] = packed.next_sentence_labels[row, slots - k]
             parts.append(one)
-    return PretrainingArrays.concat(parts) if parts else _empty(0, seq_len, max_predictions)
-
-
-def _empty(n: int, seq_len: int, max_predictions: int) -> PretrainingArrays:
-    return PretrainingArrays(
-        input_ids=np.zeros((n, seq_len), np.int32), segment_ids=np.zeros((n, seq_len), np.int8),
-        input_mask=np.zeros((n, seq_len), np.int8), masked_lm_positions=np.zeros((n, max_predictions), np.int32),
-        masked_lm_ids=np.zeros((n, max_predictions), np.int32),
-        masked_lm_weights=np.zeros((n, max_predictions), np.float32),
-        next_sentence_labels=np.zeros(n, np.int64))
+    return PretrainingArrays.concat(parts) if parts else PretrainingArrays.zeros(0, seq_len, max_predictions)
 
 
 def pack_arrays(arrays: PretrainingArrays, max_sequences_per_pack: int, max_predictions: int | None = None,

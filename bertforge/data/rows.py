@@ -60,6 +60,16 @@ class PretrainingArrays(Columns):
     masked_lm_weights: np.ndarray  # (N, P) float32: 1 for real predictions
     next_sentence_labels: np.ndarray  # (N,) int64: 0 = B follows A, 1 = B is random
 
+    @classmethod
+    def zeros(cls, n: int, seq_len: int, max_predictions: int) -> PretrainingArrays:
+        """``n`` rows of padding, in the dtypes above, to be filled in."""
+        return cls(input_ids=np.zeros((n, seq_len), np.int32), segment_ids=np.zeros((n, seq_len), np.int8),
+                   input_mask=np.zeros((n, seq_len), np.int8),
+                   masked_lm_positions=np.zeros((n, max_predictions), np.int32),
+                   masked_lm_ids=np.zeros((n, max_predictions), np.int32),
+                   masked_lm_weights=np.zeros((n, max_predictions), np.float32),
+                   next_sentence_labels=np.zeros(n, np.int64))
+
     def to_torch(self) -> dict[str, torch.Tensor]:
         """The model's batch dict (see ``bertforge.model.pretraining_loss``), compact for the copy
         to the device: ids, positions and labels int32, the mask uint8, weights float32
