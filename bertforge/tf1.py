@@ -475,7 +475,21 @@ class BundleReader:
         if entry.size != expected or min(entry.shape, default=0) < 0 or not 0 <= entry.shard < self.num_shards:
             raise CheckpointError(f"{source}: variable {name}: {entry.size} bytes for shape "
                                   f"{list(entry.shape)} of {DTYPE_NAMES[entry.dtype]} (damaged index?)")
-        shard = data_file(self.prefix, entry.shard, self.num_shards)
+        raw = self.read_bytes(name)
+        if masked_crc32c(raw) != entry.crc32c:
+            raise CheckpointError(f"{self.shard(name)}: variable {name} fails its crc32c (damaged or edited)")
+        if not raw:
+            return torch.empty(entry.shape, dtype=dtype)
+        return torch.frombuffer(bytearray(raw), dtype=dtype).reshape(entry.shape)
+
+    def shard(self, name: str) -> Path:
+        """The data file that holds ``name``."""
+        return data_file(self.prefix, self.entries[name].shard, self.num_shards)
+
+    def read_bytes(self, name: str) -> bytes:
+        """The stored bytes of ``name`` as they are (the caller checks them: a string's crc32c
+        covers its length prefix too)."""
+        entry, shard = self.entries[name], self.shard(name)
         try:
             with open(shard, "rb") as f:
                 f.seek(entry.offset)
@@ -486,11 +500,7 @@ class BundleReader:
             raise CheckpointError(f"{shard}: cannot be read ({err.strerror})") from None
         if len(raw) != entry.size:
             raise CheckpointError(f"{shard}: ends before variable {name} (truncated?)")
-        if masked_crc32c(raw) != entry.crc32c:
-            raise CheckpointError(f"{shard}: variable {name} fails its crc32c (damaged or edited)")
-        if not raw:
-            return torch.empty(entry.shape, dtype=dtype)
-        return torch.frombuffer(bytearray(raw), dtype=dtype).reshape(entry.shape)
+        return raw
 
 
 def write_bundle(prefix: Path | str, tensors: dict[str, torch.Tensor]) -> None:

@@ -309,17 +309,7 @@ def read_string(reader: tf1.BundleReader, name: str) -> bytes:
     if entry.dtype != DT_STRING or entry.shape != () or entry.sliced:
         raise CheckpointError(f"{source}: {name} is not a scalar string (dtype "
                               f"{tf1.DTYPE_NAMES.get(entry.dtype, entry.dtype)}, shape {list(entry.shape)})")
-    shard = tf1.data_file(reader.prefix, entry.shard, reader.num_shards)
-    try:
-        with open(shard, "rb") as f:
-            f.seek(entry.offset)
-            raw = f.read(entry.size)
-    except FileNotFoundError:
-        raise CheckpointError(f"{shard}: missing (the data of {reader.prefix.name})") from None
-    except OSError as err:
-        raise CheckpointError(f"{shard}: cannot be read ({err.strerror})") from None
-    if len(raw) != entry.size:
-        raise CheckpointError(f"{shard}: ends before {name} (truncated?)")
+    shard, raw = reader.shard(name), reader.read_bytes(name)
     try:
         length, pos = tf1._varint(raw, 0)
     except (IndexError, ValueError):
