@@ -56,7 +56,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .config import Config, ConfigError, ModelConfig
+from .config import Config, ConfigError, ModelConfig, TrainConfig
 from .runs import config_from_args
 
 FP32 = 4
@@ -133,6 +133,22 @@ class _Shapes:
         """Bytes per element of a dropout mask: bool from CUDA's fused kernel; on the CPU a
         scaled noise tensor of the input's dtype."""
         return 1 if self.cuda else elem_bytes
+
+
+def optimizer_states(tr: TrainConfig) -> int:
+    """fp32 tensors of optimizer state per parameter: two moments for LAMB and AdamW; SGD one
+    momentum buffer, or none without momentum."""
+    return (1 if tr.momentum > 0 else 0) if tr.optimizer == "sgd" else 2
+
+
+def _layer_memory(s: _Shapes, recompute: str) -> tuple[dict[str, int], int, int]:
+    """(an encoder layer's saved activations by part, all of them, what ``execution.recompute``
+    keeps of them until the backward)."""
+    act = _layer_activations(s)
+    full = act["attention"] + act["attention_output"] + act["ffn"]
+    stored = {"none": full, "attention": act["input"] + act["attention_output"] + act["ffn"],
+              "layer": act["input"]}[recompute]
+    return act, full, stored
 
 
 def _layer_activations(s: _Shapes) -> dict[str, int]:
@@ -285,8 +301,7 @@ def plan_memory(cfg: Config, world_size: int = 1, device: str | None = None) -> 
     shard = world_size if fsdp else 1
     params = math.ceil(n_params / shard) * FP32
     grads = params
-    # Two fp32 moments for LAMB and AdamW; SGD one momentum buffer, or none without momentum.
-    states = (1 if tr.momentum > 0 else 0) if tr.optimizer == "sgd" else 2
+    states = optimizer_states(tr)
     optimizer_state = states * params
     # Optimizer temporaries, per bucket (the decay group is by far the largest): one
     # list of tensors, the update that optim.py builds in place, or torch AdamW's sqrt(v).
@@ -307,11 +322,7 @@ def plan_memory(cfg: Config, world_size: int = 1, device: str | None = None) -> 
     accumulated = n_params * FP32 if grad_sync == "step" and accumulation > 1 else 0
 
     # -------- activations and gradients through the backward pass
-    act = _layer_activations(s)
-    full_layer = act["attention"] + act["attention_output"] + act["ffn"]
-    stored_layer = {"none": full_layer,
-                    "attention": act["input"] + act["attention_output"] + act["ffn"],
-                    "layer": act["input"]}[ex.recompute]
+    act, full_layer, stored_layer = _layer_memory(s, ex.recompute)
     ffn_transient, attention_transient = _backward_transients(s)
     embeddings = _embedding_activations(s)
     # The heads' gradients, with the tied decoder's: the word embeddings' gradient.
@@ -462,17 +473,13 @@ def _plan_pipeline(cfg: Config, world_size: int, device: str | None) -> MemoryPl
     s = _Shapes(B=tr.micro_batch_size, T=cfg.data.seq_len, P=cfg.data.max_predictions,
                 H=m.hidden_size, I=m.intermediate_size, V=m.vocab_size, heads=m.num_attention_heads,
                 e=2 if mixed else FP32, r=2 if ex.precision == "bf16" else FP32, mixed=mixed, cuda=device == "cuda")
-    act = _layer_activations(s)
-    full_layer = act["attention"] + act["attention_output"] + act["ffn"]
-    stored_layer = {"none": full_layer,
-                    "attention": act["input"] + act["attention_output"] + act["ffn"],
-                    "layer": act["input"]}[ex.recompute]
+    act, full_layer, stored_layer = _layer_memory(s, ex.recompute)
     ffn_transient, attention_transient = _backward_transients(s)
     embeddings, head = _embedding_activations(s), _head_activations(s)
     stream = s.N * s.H * s.r  # one micro-batch's hidden states between two stages
     rng = RNG_STATE_BYTES[device]
     tied = m.vocab_size * m.hidden_size
-    states = (1 if tr.momentum > 0 else 0) if tr.optimizer == "sgd" else 2
+    states = optimizer_states(tr)
     overhead = RUNTIME_OVERHEAD[device]
     layer_counts = stage_layer_counts(m.num_hidden_layers, stages)
     decayed = stage_decayed_parameters(m, stages)

@@ -58,9 +58,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
 import logging
-import shutil
 import struct
 from pathlib import Path
 
@@ -68,19 +66,18 @@ import torch
 
 from . import tf1
 from .config import ModelConfig
-from .fileio import atomic_directory, fsync
-from .model import BertForPreTraining, BertForSequenceClassification, BertForTokenClassification, BertModel
+from .fileio import fsync
+from .model import BertForPreTraining, BertModel
 from .runs import CheckpointError
 from .weights import (
-    BERT_CONFIG,
     ConversionError,
-    _architecture,
     assign_weights,
-    bert_config_from_model_config,
     check_export_target,
     find_bert_config,
     model_config_from_bert_config,
+    tf_exportable,
     write_model_dir,
+    write_tf_directory,
 )
 
 logger = logging.getLogger(__name__)
@@ -516,15 +513,7 @@ def export_tf2(model: torch.nn.Module, out_dir: Path | str, vocab_path: Path | s
     the object graph and ``save_counter``), the ``checkpoint`` state file, ``bert_config.json``
     and ``vocab.txt`` when given. Weights the reference has no place for (the NSP head) are left
     out with a warning. Written atomically, like :func:`bertforge.weights.export_tf1`."""
-    model = getattr(model, "_orig_mod", model)
-    out_dir = Path(out_dir)
-    check_export_target(out_dir, overwrite)
-    _architecture(model)
-    if isinstance(model, (BertForSequenceClassification, BertForTokenClassification)):
-        raise ConversionError(f"cannot export {type(model).__name__} as a TF2 checkpoint (classifier heads go "
-                              "to Hugging Face only: --format hf)")
-    cfg = model.config
-    assert isinstance(cfg, ModelConfig)  # our models carry their shape
+    model, cfg = tf_exportable(model, out_dir, overwrite, "TF2")
     key_prefix = "bert." if isinstance(model, BertModel) else ""
     state = {key_prefix + k: v.detach().to("cpu", torch.float32) for k, v in model.state_dict().items()}
     if layout is None:
@@ -556,11 +545,4 @@ def export_tf2(model: torch.nn.Module, out_dir: Path | str, vocab_path: Path | s
     # The data in the object graph's order, then the graph, as tf.train.Checkpoint.save writes it.
     tensors: dict[str, torch.Tensor | bytes] = {key: values[key] for node in nodes for _, _, key in node.attributes}
     tensors[OBJECT_GRAPH] = serialize_object_graph(nodes)
-    bert_config = bert_config_from_model_config(cfg)
-    with atomic_directory(out_dir) as tmp:
-        write_bundle(tmp / TF2_PREFIX, tensors)
-        tf1.write_state(tmp, TF2_PREFIX)
-        (tmp / BERT_CONFIG).write_text(json.dumps(bert_config, indent=2) + "\n", encoding="utf-8")
-        if vocab_path is not None:
-            shutil.copyfile(vocab_path, tmp / "vocab.txt")
-    return out_dir
+    return write_tf_directory(out_dir, TF2_PREFIX, lambda prefix: write_bundle(prefix, tensors), cfg, vocab_path)

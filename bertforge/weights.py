@@ -50,6 +50,7 @@ import re
 import shutil
 import typing
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -863,15 +864,7 @@ def export_tf1(model: nn.Module, out_dir: Path | str, vocab_path: Path | str | N
     ``model.ckpt.index``, ``model.ckpt.data-00000-of-00001`` (the weights under TF1 names and
     ``global_step``), the ``checkpoint`` state file, ``bert_config.json`` and ``vocab.txt``
     when given. Written atomically, like :func:`export_hf`."""
-    model = getattr(model, "_orig_mod", model)
-    out_dir = Path(out_dir)
-    check_export_target(out_dir, overwrite)
-    _architecture(model)
-    if isinstance(model, (BertForSequenceClassification, BertForTokenClassification)):
-        raise ConversionError(f"cannot export {type(model).__name__} as a TF1 checkpoint (classifier heads go "
-                              "to Hugging Face only: --format hf)")
-    cfg = model.config
-    assert isinstance(cfg, ModelConfig)  # our models carry their shape
+    model, cfg = tf_exportable(model, out_dir, overwrite, "TF1")
     names = tf1_names(cfg.num_hidden_layers)
     prefix = "bert." if isinstance(model, BertModel) else ""
     tensors: dict[str, torch.Tensor] = {}
@@ -880,10 +873,32 @@ def export_tf1(model: nn.Module, out_dir: Path | str, vocab_path: Path | str | N
         value = value.detach().to("cpu", torch.float32)
         tensors[theirs] = value.t().contiguous() if transposed else value.contiguous()
     tensors[GLOBAL_STEP] = torch.tensor(global_step, dtype=torch.int64)
-    bert_config = bert_config_from_model_config(cfg)
+    return write_tf_directory(out_dir, TF1_PREFIX, lambda prefix: tf1.write_bundle(prefix, tensors), cfg, vocab_path)
+
+
+def tf_exportable(model: nn.Module, out_dir: Path | str, overwrite: bool, kind: str) -> tuple[nn.Module, ModelConfig]:
+    """(the model, its shape) that an export to a ``kind`` (TF1, TF2) checkpoint writes, once the
+    target directory and the architecture are checked: classifier heads go to Hugging Face only."""
+    model = getattr(model, "_orig_mod", model)
+    check_export_target(out_dir, overwrite)
+    _architecture(model)
+    if isinstance(model, (BertForSequenceClassification, BertForTokenClassification)):
+        raise ConversionError(f"cannot export {type(model).__name__} as a {kind} checkpoint (classifier heads go "
+                              "to Hugging Face only: --format hf)")
+    cfg = model.config
+    assert isinstance(cfg, ModelConfig)  # our models carry their shape
+    return model, cfg
+
+
+def write_tf_directory(out_dir: Path | str, prefix: str, write_bundle: Callable[[Path], None], cfg: ModelConfig,
+                       vocab_path: Path | str | None) -> Path:
+    """A TensorFlow checkpoint directory, atomically: the bundle ``write_bundle`` writes at
+    ``OUT/prefix``, the ``checkpoint`` state file, ``bert_config.json`` and ``vocab.txt`` when given."""
+    out_dir = Path(out_dir)
     with atomic_directory(out_dir) as tmp:
-        tf1.write_bundle(tmp / TF1_PREFIX, tensors)
-        tf1.write_state(tmp, TF1_PREFIX)
+        write_bundle(tmp / prefix)
+        tf1.write_state(tmp, prefix)
+        bert_config = bert_config_from_model_config(cfg)
         (tmp / BERT_CONFIG).write_text(json.dumps(bert_config, indent=2) + "\n", encoding="utf-8")
         if vocab_path is not None:
             shutil.copyfile(vocab_path, tmp / "vocab.txt")

@@ -19,6 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from gloo_worker import run_rank
 
 from bertforge.config import ConfigError, ExecutionConfig
 from bertforge.dist import check_execution
@@ -33,12 +34,9 @@ STEPS = 4
 # ------------------------------------------------------------ LAMB on shards
 
 def _lamb_on_shards(rank: int, world_size: int, store_path: str, queue) -> None:
-    from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+    def body() -> None:
+        from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(store_path, world_size), rank=rank,
-                            world_size=world_size)
-    try:
         mesh = init_device_mesh("cpu", (world_size,))
         weights, grads = _lamb_problem()
         params = [torch.nn.Parameter(distribute_tensor(w, mesh, [Shard(0)])) for w in weights]
@@ -50,15 +48,8 @@ def _lamb_on_shards(rank: int, world_size: int, store_path: str, queue) -> None:
         result = [p.detach().full_tensor() for p in params]
         if rank == 0:
             queue.put([t.numpy() for t in result])
-        dist.barrier()  # neither rank tears gloo down while the other still uses it
-    except BaseException:
-        dist.destroy_process_group()
-        raise
-    dist.destroy_process_group()
-    # The process then aborted at interpreter exit about 1 run in 7 ("terminate called without an
-    # active exception": a gloo thread destroyed unjoined). The result is sent: leave without the
-    # C++ teardown.
-    os._exit(0)
+
+    run_rank(rank, world_size, store_path, body)
 
 
 def _lamb_problem():

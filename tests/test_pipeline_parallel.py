@@ -12,7 +12,6 @@ the same micro-batches through one process (Engine) and compares. A torchrun tes
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from gloo_worker import run_rank
 
 from bertforge.config import ConfigError, ExecutionConfig, load_config
 from bertforge.dist import check_execution
@@ -109,19 +109,11 @@ def _pipeline_case(rank: int, execution: dict[str, Any]) -> dict[str, Any]:
 
 
 def _worker(rank: int, directory: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", store=dist.FileStore(f"{directory}/store", WORLD), rank=rank,
-                            world_size=WORLD)
-    try:
+    def body() -> None:
         results = {name: _pipeline_case(rank, execution) for name, execution in CASES.items()}
         torch.save(results, f"{directory}/rank{rank}.pt")
-        dist.barrier()  # neither rank tears gloo down while the other still uses it
-    except BaseException:
-        dist.destroy_process_group()
-        raise
-    dist.destroy_process_group()
-    # The results are on disk: leave without the C++ teardown (see test_dist._lamb_on_shards).
-    os._exit(0)
+
+    run_rank(rank, WORLD, f"{directory}/store", body)
 
 
 @pytest.fixture(scope="module")
