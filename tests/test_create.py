@@ -778,6 +778,23 @@ def test_a_read_only_output_directory_is_one_line(tmp_path, capsys, make_read_on
     assert err.count("\n") == 1 and list(out.iterdir()) == []
 
 
+
+@pytest.mark.parametrize("pack", [[], ["--pack", "2"]], ids=["records", "packed"])
+def test_an_output_named_as_a_directory_is_refused(tmp_path, capsys, pack):
+    """``--output records/`` (a directory that does not exist yet) is refused in one line rather than
+    written as a file named ``records``."""
+    from bertforge.cli import main
+
+    corpus, vocab = small_corpus(tmp_path, documents=4)
+    argv = ["data", "create", "--input", str(corpus), "--vocab", str(vocab), "--output", f"{tmp_path / 'records'}/",
+            "--seq-len", "32", "--max-predictions", "4", *pack]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == (f"error: output {tmp_path / 'records'}/ is a directory; give a file name "
+                   f"(e.g. {tmp_path / 'records' / 'train.tfrecord'})\n")
+    assert not (tmp_path / "records").exists()
+
+
 # ---------------------------------------------------------------- whole-word masking
 
 def split_words(arrays: PretrainingArrays, subword: np.ndarray) -> list[list[list[int]]]:

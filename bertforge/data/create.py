@@ -385,9 +385,11 @@ def check_outputs(output: str | Path, num_output_files: int, overwrite: bool) ->
 
 def output_paths(output: str | Path, num_output_files: int = 1) -> list[Path]:
     """``output`` itself, or ``NAME-00000-of-0000N.EXT`` … next to it."""
+    named_as_directory = str(output).endswith(("/", os.sep))  # Path() drops the slash: dir/ would write a file dir
     output = Path(output)
-    if output.is_dir():
-        raise DataError(f"output {output} is a directory; give a file name")
+    if output.is_dir() or named_as_directory:
+        raise DataError(f"output {output}{os.sep if named_as_directory else ''} is a directory; give a file name "
+                        f"(e.g. {output / 'train.tfrecord'})")
     if num_output_files < 1:
         raise DataError(f"num_output_files={num_output_files} must be at least 1")
     if num_output_files == 1:
