@@ -135,7 +135,7 @@ class _Shapes:
         return 1 if self.cuda else elem_bytes
 
 
-def optimizer_states(tr: TrainConfig) -> int:
+def _optimizer_states(tr: TrainConfig) -> int:
     """fp32 tensors of optimizer state per parameter: two moments for LAMB and AdamW; SGD one
     momentum buffer, or none without momentum."""
     return (1 if tr.momentum > 0 else 0) if tr.optimizer == "sgd" else 2
@@ -301,7 +301,7 @@ def plan_memory(cfg: Config, world_size: int = 1, device: str | None = None) -> 
     shard = world_size if fsdp else 1
     params = math.ceil(n_params / shard) * FP32
     grads = params
-    states = optimizer_states(tr)
+    states = _optimizer_states(tr)
     optimizer_state = states * params
     # Optimizer temporaries, per bucket (the decay group is by far the largest): one
     # list of tensors, the update that optim.py builds in place, or torch AdamW's sqrt(v).
@@ -479,7 +479,7 @@ def _plan_pipeline(cfg: Config, world_size: int, device: str | None) -> MemoryPl
     stream = s.N * s.H * s.r  # one micro-batch's hidden states between two stages
     rng = RNG_STATE_BYTES[device]
     tied = m.vocab_size * m.hidden_size
-    states = optimizer_states(tr)
+    states = _optimizer_states(tr)
     overhead = RUNTIME_OVERHEAD[device]
     layer_counts = stage_layer_counts(m.num_hidden_layers, stages)
     decayed = stage_decayed_parameters(m, stages)

@@ -778,7 +778,6 @@ def test_a_read_only_output_directory_is_one_line(tmp_path, capsys, make_read_on
     assert err.count("\n") == 1 and list(out.iterdir()) == []
 
 
-
 @pytest.mark.parametrize("pack", [[], ["--pack", "2"]], ids=["records", "packed"])
 def test_an_output_named_as_a_directory_is_refused(tmp_path, capsys, pack):
     """``--output records/`` (a directory that does not exist yet) is refused in one line rather than
