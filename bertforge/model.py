@@ -46,10 +46,11 @@ class LayerNorm(nn.LayerNorm):
     Autocast would run LayerNorm on an fp32 copy of its input and return fp32:
     the residual stream, and what the backward keeps of it, would then be
     fp32, and every following matmul would cast it again. Here a bf16 input is
-    normalised as it is (the kernel accumulates in fp32, with the fp32 weights)
-    and the output is bf16; the embeddings' fp32 sum is normalised in fp32 and
-    handed on in bf16. bf16 has fp32's range; fp16 has not, so under fp16
-    autocast (and without autocast) this is nn.LayerNorm.
+    normalised as it is, with the weights cast to bf16 as autocast casts a
+    matmul's (CUDA's kernel takes one dtype for input and weights; it
+    accumulates in fp32), and the output is bf16; the embeddings' fp32 sum is
+    normalised in fp32 and handed on in bf16. bf16 has fp32's range; fp16 has
+    not, so under fp16 autocast (and without autocast) this is nn.LayerNorm.
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -59,7 +60,7 @@ class LayerNorm(nn.LayerNorm):
         if x.dtype != torch.bfloat16:
             return super().forward(x).to(torch.bfloat16)
         with torch.autocast(device, enabled=False):
-            return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+            return F.layer_norm(x, self.normalized_shape, self.weight.to(x.dtype), self.bias.to(x.dtype), self.eps)
 
 
 class BertEmbeddings(nn.Module):

@@ -132,7 +132,9 @@ def test_the_residual_stream_is_bf16_under_bf16_autocast(monkeypatch):
     assert kept_bf16 < 0.96 * kept_fp32
 
 
-def test_bf16_layer_norm_is_the_fp32_one_rounded():
+def test_bf16_layer_norm_is_the_fp32_one_with_bf16_weights_rounded():
+    """CUDA's kernel takes input and weights in one dtype: the weights are cast to bf16, as autocast
+    casts a matmul's, and the statistics are fp32."""
     torch.manual_seed(0)
     norm = bert.LayerNorm(64, eps=1e-12)
     torch.nn.init.normal_(norm.weight)
@@ -141,8 +143,14 @@ def test_bf16_layer_norm_is_the_fp32_one_rounded():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = norm(x)
     assert out.dtype == torch.bfloat16
-    expected = F.layer_norm(x.float(), (64,), norm.weight, norm.bias, 1e-12).bfloat16()
-    assert (out.float() - expected.float()).abs().max() <= expected.float().abs().max() * 2 ** -8  # 1 ulp
+    weight, bias = norm.weight.bfloat16().float(), norm.bias.bfloat16().float()
+    expected = F.layer_norm(x.float(), (64,), weight, bias, 1e-12)
+    assert ((out.float() - expected).abs() <= expected.abs() * 2 ** -8).all()  # rounded to bf16: 1 ulp
+    # Against the fp32 weights: the weights' rounding (2⁻⁹ each) on top, per element.
+    x_hat = F.layer_norm(x.float(), (64,), eps=1e-12)
+    exact = x_hat * norm.weight + norm.bias
+    slack = (x_hat * norm.weight).abs() + norm.bias.abs()
+    assert ((out.float() - exact).abs() <= (exact.abs() + slack) * 2 ** -8).all()
     with torch.autocast("cpu", dtype=torch.float16):  # fp16 keeps autocast's own LayerNorm
         assert not bert.bf16_autocast("cpu")
     assert not bert.bf16_autocast("cpu")
