@@ -40,7 +40,8 @@ Objective = Literal["mlm_nsp", "mlm"]  # mlm: masked LM alone, no NSP head (Bert
 LambVariant = Literal["bertforge", "mlperf", "nvidia", "paper"]  # see bertforge/optim.py
 Schedule = Literal["poly", "poly_tf", "exp", "exp_staircase", "table", "constant"]
 HiddenAct = Literal["gelu", "relu", "gelu_new"]
-Attention = Literal["auto", "flash", "cudnn", "efficient", "math"]  # SDPA kernels, see dist.attention_backends
+# SDPA kernels, or FlexAttention with block masks for masked batches; see dist.attention_backends
+Attention = Literal["auto", "flash", "cudnn", "efficient", "math", "flex"]
 # What a checkpoint is loaded or exported as.
 Head = Literal["pretraining", "qa", "classification", "token_classification", "encoder"]
 
@@ -166,7 +167,9 @@ class ExecutionConfig:
     recompute: Recompute = "none"  # layer: checkpoint every encoder layer; attention: only attention
     offload: bool = False  # parameters and optimizer state in host memory, streamed to the device
     compile: bool | Literal["auto"] = "auto"  # torch.compile the model and the loss; auto = on CUDA
-    attention: Attention = "auto"  # SDPA kernel; auto = flash, cudnn, efficient, math on CUDA; torch's on the CPU
+    # SDPA kernel; auto = flash, cudnn, efficient, math on CUDA; torch's on the CPU. flex: padded and packed
+    # batches through FlexAttention's block masks (CUDA, no attention dropout), the rest through SDPA
+    attention: Attention = "auto"
     compile_cache: str = ""  # persistent compile cache directory; "" = ~/.cache/bertforge/compile
     threads: int = 0  # CPU threads for torch; 0 = torch's default
     dist_timeout: int = 1800  # seconds a rank waits for the others in a collective (torch's default)

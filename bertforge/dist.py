@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .config import ConfigError, ExecutionConfig
+from .config import ConfigError, ExecutionConfig, ModelConfig
 from .fileio import atomic_file
 from .model import BertLayer, set_attention_backends, set_recompute, set_vocab_multiple
 
@@ -307,7 +307,8 @@ def prepare_model(model: nn.Module, execution: ExecutionConfig, ctx: DistContext
         raise ConfigError(f"execution.pipeline_stages={execution.pipeline_stages} is supported by "
                           f"bertforge pretrain only; use 1 here")
     set_recompute(model, execution.recompute)
-    set_attention_backends(model, attention_backends(execution, ctx.device))
+    config: ModelConfig = model.config  # type: ignore[assignment]  # (mypy reads it as a submodule)
+    set_attention_backends(model, attention_backends(execution, ctx.device, config.attention_probs_dropout_prob))
     # Tensor cores take a vocab of a multiple of 64 without a ragged edge (30522 → 30528).
     set_vocab_multiple(model, 64 if ctx.device.type == "cuda" else 1)
     if execution.parallel == "fsdp":
@@ -335,13 +336,25 @@ def compiles(execution: ExecutionConfig, device: torch.device) -> bool:
     return device.type == "cuda" if execution.compile == "auto" else bool(execution.compile)
 
 
-def attention_backends(execution: ExecutionConfig, device: torch.device) -> list[str] | None:
-    """The SDPA kernels in order of preference (``model.set_attention_backends``).
+def attention_backends(execution: ExecutionConfig, device: torch.device,
+                       attention_dropout: float = 0.0) -> list[str] | None:
+    """The attention kernels in order of preference (``model.set_attention_backends``) for
+    training on ``device`` a model of that attention dropout.
 
     ``auto`` on CUDA prefers Flash (no mask: unpadded batches) and cuDNN (which takes the
     additive masks of padded and packed batches) over the memory-efficient kernel, which
     torch would otherwise choose for every masked batch; on the CPU it leaves torch's order.
+    ``flex`` gives masked batches FlexAttention's block masks (and the rest torch's SDPA
+    order): on CUDA only, where it is a fused kernel with a backward, and without attention
+    dropout, which it lacks.
     """
+    if execution.attention == "flex":
+        if device.type != "cuda":
+            raise ConfigError(f"execution.attention=flex trains on CUDA only (torch's FlexAttention has no "
+                              f"backward on {device.type}); use auto")
+        if attention_dropout > 0:
+            raise ConfigError(f"execution.attention=flex has no attention dropout, but "
+                              f"model.attention_probs_dropout_prob={attention_dropout}: set it to 0, or use auto")
     if execution.attention != "auto":
         return [execution.attention]
     return ["flash", "cudnn", "efficient", "math"] if device.type == "cuda" else None

@@ -13,6 +13,13 @@ Packed rows (``bertforge.data.packing``) hold several sequences: given
 attention is block-diagonal (a token sees only its own sequence), positions
 come from ``position_ids``, and the pooler and NSP head read each sequence's
 own [CLS] at ``cls_positions`` (B, S). Without them nothing changes.
+
+Masks reach attention in one of two forms (:func:`layers_mask`): an
+additive bias for SDPA, (B, 1, 1, T) for padding and (B, 1, T, T) for packed
+rows, or a FlexAttention ``BlockMask`` (``flex``): the same rule as a
+function of (row, query, key), evaluated per 128 × 128 block, so that blocks
+no query may see (another sequence of a packed row, padding) are skipped and
+no (T × T) tensor is made.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 from torch.utils.checkpoint import checkpoint
 
 from .config import ModelConfig
@@ -103,12 +111,12 @@ class BertSelfAttention(nn.Module):
         self.recompute = False  # see set_recompute
         self.backends: list[SDPBackend] | None = None  # see set_attention_backends; None = torch's order
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: Mask) -> torch.Tensor:
         if self.recompute and torch.is_grad_enabled():
             return checkpoint(self._attend, x, mask, use_reentrant=False)
         return self._attend(x, mask)
 
-    def _attend(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def _attend(self, x: torch.Tensor, mask: Mask) -> torch.Tensor:
         B, T, H = x.shape
         if torch.is_autocast_enabled(x.device.type):
             # Autocast copies the weights to bf16/fp16 anyway; concatenated, they make one copy.
@@ -120,6 +128,9 @@ class BertSelfAttention(nn.Module):
         else:  # in fp32 the concatenation would be a copy of the weights kept for the backward
             q, k, v = (layer(x).view(B, T, self.num_heads, H // self.num_heads).transpose(1, 2)
                        for layer in (self.query, self.key, self.value))
+        if isinstance(mask, BlockMask):  # (no dropout: attention_mask makes block masks only without it)
+            out = flex_kernel(q.device)(q, k, v, block_mask=mask)
+            return out.transpose(1, 2).reshape(B, T, H)
         # The backend choice sits inside the checkpointed function, so that a
         # recomputation runs the kernel (and draws the dropout) the forward did.
         with sdpa_kernel(self.backends, set_priority=True) if self.backends else contextlib.nullcontext():
@@ -147,7 +158,7 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(cfg)
         self.output = BertSelfOutput(cfg, cfg.hidden_size)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: Mask) -> torch.Tensor:
         return self.output(self.self(x, mask), x)
 
 
@@ -168,7 +179,7 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(cfg)
         self.output = BertSelfOutput(cfg, cfg.intermediate_size)  # HF: layer.N.output
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: Mask) -> torch.Tensor:
         x = self.attention(x, mask)
         return self.output(self.intermediate(x), x)
 
@@ -179,7 +190,7 @@ class BertEncoder(nn.Module):
         self.layer = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.recompute = False  # see set_recompute
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None,
+    def forward(self, x: torch.Tensor, mask: Mask,
                 all_hidden_states: list[torch.Tensor] | None = None) -> torch.Tensor:
         recompute = self.recompute and torch.is_grad_enabled()
         for layer in self.layer:
@@ -205,6 +216,39 @@ class BertPooler(nn.Module):
         return torch.tanh(self.dense(cls))  # (B, S, H): each packed sequence's own [CLS]
 
 
+Mask = torch.Tensor | BlockMask | None  # what attention takes: an additive bias, a block mask, or none
+
+
+def document_block_mask(sequence_ids: torch.Tensor) -> BlockMask:
+    """Packed rows' attention as a block mask: a token sees the tokens of its own sequence (padding,
+    index 0, sees padding), the rule of :func:`block_diagonal_bias`."""
+    def same_sequence(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        return sequence_ids[b, q] == sequence_ids[b, k]
+
+    B, T = sequence_ids.shape
+    return create_block_mask(same_sequence, B, None, T, T, device=sequence_ids.device)
+
+
+def padding_block_mask(attention_mask: torch.Tensor) -> BlockMask:
+    """Padded rows' attention as a block mask: every token sees the real tokens of its row, the
+    rule of :func:`attention_bias`."""
+    def real_key(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        return attention_mask[b, k] != 0
+
+    B, T = attention_mask.shape
+    return create_block_mask(real_key, B, None, T, T, device=attention_mask.device)
+
+
+@functools.cache
+def flex_kernel(device: torch.device) -> Callable[..., torch.Tensor]:
+    """FlexAttention as it runs on ``device``: compiled into a fused kernel on CUDA (also when the
+    model is not compiled; inside a compiled model the two compiles are one); on the CPU torch's
+    reference implementation, which materialises the scores (and has no backward there)."""
+    if device.type == "cuda":
+        return torch.compile(flex_attention, dynamic=False)
+    return flex_attention
+
+
 def attention_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     """(B, T) of 1 = token, 0 = padding → additive (B, 1, 1, T) bias for SDPA."""
     if attention_mask is None:
@@ -227,12 +271,29 @@ def block_diagonal_bias(sequence_ids: torch.Tensor, dtype: torch.dtype) -> torch
     return bias[:, None]
 
 
+def layers_mask(x: torch.Tensor, attention_mask: torch.Tensor | None, sequence_ids: torch.Tensor | None,
+                cfg: ModelConfig, flex: bool, training: bool) -> Mask:
+    """The mask every encoder layer of a model of ``cfg`` takes, built once per batch from the
+    embeddings ``x`` and ``sequence_ids`` (packed rows) or ``attention_mask`` (padding): None for
+    a batch without padding; with ``flex`` a FlexAttention block mask, where it changes nothing
+    (FlexAttention has no dropout: with attention dropout a training forward takes the bias);
+    else an additive bias in the dtype SDPA runs in (under autocast, the autocast dtype)."""
+    flex = flex and not (training and cfg.attention_probs_dropout_prob > 0)
+    dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+    if sequence_ids is not None:
+        return document_block_mask(sequence_ids) if flex else block_diagonal_bias(sequence_ids, dtype)
+    if attention_mask is None:
+        return None
+    return padding_block_mask(attention_mask) if flex else attention_bias(attention_mask, dtype)
+
+
 class BertModel(nn.Module):
     """The encoder: token ids in, hidden states (and pooled [CLS]) out."""
 
     def __init__(self, cfg: ModelConfig, add_pooler: bool = True):
         super().__init__()
         self.config = cfg
+        self.flex = False  # masks as FlexAttention block masks (see set_attention_backends)
         self.embeddings = BertEmbeddings(cfg)
         self.encoder = BertEncoder(cfg)
         self.pooler = BertPooler(cfg) if add_pooler else None
@@ -253,11 +314,8 @@ class BertModel(nn.Module):
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         x = self.embeddings(input_ids, token_type_ids, position_ids)
-        # Under autocast SDPA runs in the autocast dtype; the bias must match it.
-        dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
-        bias = (attention_bias(attention_mask, dtype) if sequence_ids is None
-                else block_diagonal_bias(sequence_ids, dtype))
-        x = self.encoder(x, bias, all_hidden_states)
+        mask = layers_mask(x, attention_mask, sequence_ids, self.config, self.flex, self.training)
+        x = self.encoder(x, mask, all_hidden_states)
         pooled = self.pooler(x, cls_positions) if self.pooler is not None else None
         return x, pooled  # (B, T, H), (B, H)
 
@@ -542,15 +600,20 @@ ATTENTION_BACKENDS = {
     "flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
     "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH,
 }
+FLEX = "flex"  # FlexAttention with block masks, for padded and packed batches
 
 
 def set_attention_backends(model: nn.Module, names: list[str] | None) -> None:
-    """The SDPA kernels attention may use, most preferred first (``ATTENTION_BACKENDS``);
-    each call takes the first that supports its inputs. None leaves torch's choice."""
-    backends = None if names is None else [ATTENTION_BACKENDS[name] for name in names]
+    """The attention kernels ``model`` may use, most preferred first: ``flex`` (for batches with a
+    mask; see :func:`attention_mask_of`) and the SDPA kernels of ``ATTENTION_BACKENDS``, of which
+    each call takes the first that supports its inputs. None leaves torch's choice, without flex."""
+    names = names or []
+    sdpa = [ATTENTION_BACKENDS[name] for name in names if name != FLEX] or None
     for module in model.modules():
         if isinstance(module, BertSelfAttention):
-            module.backends = backends
+            module.backends = sdpa
+        if hasattr(module, "flex"):  # BertModel, a pipeline stage
+            module.flex = FLEX in names  # type: ignore[assignment]  # (mypy reads it as a submodule)
 
 
 def num_parameters(model: nn.Module) -> int:

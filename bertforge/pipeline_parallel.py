@@ -69,10 +69,9 @@ from .model import (
     BertForPreTraining,
     BertPooler,
     BertPreTrainingHeads,
-    attention_bias,
-    block_diagonal_bias,
     eval_result,
     eval_sums,
+    layers_mask,
     pretraining_loss,
     set_attention_backends,
     set_recompute,
@@ -254,6 +253,7 @@ class BertStage(nn.Module):
         # execution.precision: the forward runs under autocast, as Engine.step runs the model's; the
         # schedule's backward, outside it, as Engine's (a backward under autocast rounds otherwise).
         self.precision = "fp32"
+        self.flex = False  # masks as FlexAttention block masks, as BertModel's (set_attention_backends)
 
     @property
     def inputs(self) -> tuple[str, ...]:
@@ -283,11 +283,7 @@ class BertStage(nn.Module):
                                      position_ids)
         elif rng is not None:
             _set_rng_state(rng, x.device)
-        # As BertModel: under autocast SDPA runs in the autocast dtype, which the bias must match.
-        dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
-        bias = (attention_bias(attention_mask, dtype) if sequence_ids is None
-                else block_diagonal_bias(sequence_ids, dtype))
-        x = self.bert.encoder(x, bias)
+        x = self.bert.encoder(x, layers_mask(x, attention_mask, sequence_ids, self.config, self.flex, self.training))
         if not self.is_last:
             return x, _rng_state(x.device)
         assert self.cls is not None
@@ -312,7 +308,8 @@ def prepare_stage(stage: BertStage, execution: ExecutionConfig, ctx: DistContext
     for module in stage.modules():
         if isinstance(module, StageEncoder):
             module.recompute = execution.recompute == "layer"
-    set_attention_backends(stage, attention_backends(execution, ctx.device))
+    set_attention_backends(stage, attention_backends(execution, ctx.device,
+                                                     stage.config.attention_probs_dropout_prob))
     set_vocab_multiple(stage, 64 if ctx.device.type == "cuda" else 1)
     stage.precision = execution.precision
     return stage.to(ctx.device)

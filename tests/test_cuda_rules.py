@@ -79,7 +79,7 @@ def test_an_eager_bf16_training_step_keeps_cudas_dtype_rules(kind, recompute):
 def test_bf16_evaluation_keeps_cudas_dtype_rules():
     model = BertForMaskedLM(TINY)
     for packed in (False, True):
-        checked(lambda: evaluate(model, rows(packed), 8, CPU, "bf16"))
+        checked(lambda packed=packed: evaluate(model, rows(packed), 8, CPU, "bf16"))
 
 
 @pytest.mark.parametrize("head", [BertForQuestionAnswering, BertForSequenceClassification,

@@ -1,0 +1,113 @@
+"""FlexAttention with block masks (``execution.attention: flex``) equals the math path.
+
+On the CPU torch runs FlexAttention as its reference implementation, the same function of the
+same ``BlockMask`` that CUDA's fused kernel reads, so these check our masks and their wiring:
+forward and backward, padded and packed rows, fp32 to 1e-5. torch refuses a CPU backward of
+FlexAttention at its entry (``_validate_device``); the backward tests lift that check to run the
+reference backward. The fused kernel itself is checked on CUDA (test_cuda.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.attention.flex_attention as flex_module
+from test_packing import synthetic
+from torch.nn.attention.flex_attention import BlockMask
+
+from bertforge.config import ConfigError, ExecutionConfig, ModelConfig
+from bertforge.data import PretrainingDataset
+from bertforge.data.packing import pack_arrays
+from bertforge.dist import attention_backends
+from bertforge.model import (
+    BertForPreTraining,
+    document_block_mask,
+    layers_mask,
+    padding_block_mask,
+    set_attention_backends,
+)
+from bertforge.train import forward_loss
+
+# On the CPU FlexAttention runs uncompiled, which torch warns of each time.
+pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+
+CFG = ModelConfig(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                  max_position_embeddings=256, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
+def batch(packed: bool, seq_len: int = 256) -> dict[str, torch.Tensor]:
+    arrays = synthetic(24, seq_len, 8, CFG.vocab_size, seed=5)
+    rows = PretrainingDataset(pack_arrays(arrays, 3) if packed else arrays).batch(np.arange(4))
+    return {k: v.long() if v.dtype == torch.int32 else v for k, v in rows.items()}
+
+
+def twins() -> tuple[BertForPreTraining, BertForPreTraining]:
+    torch.manual_seed(0)
+    math = BertForPreTraining(CFG)
+    set_attention_backends(math, ["math"])
+    flex = BertForPreTraining(CFG)
+    flex.load_state_dict(math.state_dict())
+    set_attention_backends(flex, ["flex"])
+    return math, flex
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_flex_forward_equals_the_math_path(packed):
+    math, flex = twins()
+    rows = batch(packed)
+    with torch.no_grad():
+        want, got = forward_loss(math.eval(), rows), forward_loss(flex.eval(), rows)
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], rtol=1e-5, atol=1e-6, msg=key)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_flex_backward_equals_the_math_path(packed, monkeypatch):
+    monkeypatch.setattr(flex_module, "_validate_device", lambda *tensors: None)  # torch's reference backward
+    math, flex = twins()
+    rows = batch(packed)
+    for model in (math, flex):
+        forward_loss(model.train(), rows)["loss"].backward()
+    grads = dict(flex.named_parameters())
+    for name, param in math.named_parameters():
+        torch.testing.assert_close(grads[name].grad, param.grad, rtol=1e-5, atol=1e-7, msg=name)
+    assert grads["bert.encoder.layer.0.attention.self.query.weight"].grad.abs().max() > 1e-6  # not vacuous
+
+
+def test_block_masks_are_the_bias_rules_and_skip_what_no_query_sees():
+    ids = torch.zeros(2, 256, dtype=torch.long)
+    ids[0, :100], ids[0, 100:200] = 1, 2  # two sequences, then 56 of padding
+    ids[1, :] = 1  # one sequence filling the row
+    mask = document_block_mask(ids)
+    same = ids[:, :, None] == ids[:, None, :]
+    assert torch.equal(mask.to_dense().bool(), torch.ones(2, 1, 2, 2, dtype=torch.bool))  # 128-blocks: all touched
+    dense = torch.stack([mask.mask_mod(torch.tensor(b), torch.tensor(0), torch.arange(256)[:, None],
+                                       torch.arange(256)[None]) for b in range(2)])
+    assert torch.equal(dense, same)
+    # At 512 tokens, a row of sequences of 128 skips the blocks between them: 12 of 16.
+    ids = torch.arange(512).div(128, rounding_mode="floor")[None] + 1
+    assert document_block_mask(ids).sparsity() == 100 * 12 / 16
+    valid = torch.ones(1, 512, dtype=torch.long)
+    valid[:, 256:] = 0  # half of the keys are padding: every query skips the last two key blocks
+    assert padding_block_mask(valid).sparsity() == 100 * 8 / 16
+
+
+def test_flex_is_used_only_where_it_changes_nothing():
+    rows = batch(packed=True)
+    x = torch.zeros(4, 256, CFG.hidden_size)
+    assert isinstance(layers_mask(x, None, rows["sequence_ids"], CFG, flex=True, training=True), BlockMask)
+    dropout = ModelConfig(**{**CFG.__dict__, "attention_probs_dropout_prob": 0.1})
+    # FlexAttention has no dropout: a training forward with attention dropout takes the bias ...
+    bias = layers_mask(x, None, rows["sequence_ids"], dropout, flex=True, training=True)
+    assert isinstance(bias, torch.Tensor) and bias.shape == (4, 1, 256, 256)
+    # ... and an evaluation, which has none, the block mask.
+    assert isinstance(layers_mask(x, None, rows["sequence_ids"], dropout, flex=True, training=False), BlockMask)
+    assert layers_mask(x, None, None, CFG, flex=True, training=True) is None  # no padding: no mask at all
+
+    flex = ExecutionConfig(attention="flex")
+    assert attention_backends(flex, torch.device("cuda"), 0.0) == ["flex"]
+    with pytest.raises(ConfigError, match=r"^execution.attention=flex trains on CUDA only"):
+        attention_backends(flex, torch.device("cpu"), 0.0)
+    with pytest.raises(ConfigError, match=r"model.attention_probs_dropout_prob=0.1: set it to 0, or use auto$"):
+        attention_backends(flex, torch.device("cuda"), 0.1)
