@@ -20,6 +20,12 @@ are not finite are never saved.
 Every job goes through two functions here: :func:`save` writes a step
 directory of an :class:`~bertforge.engine.Engine`, and :func:`resume` loads
 one back into an engine (any world size, any parallel mode).
+
+A checkpoint saved ``confirmed=False`` (a run whose divergence guard is on)
+stays under a hidden temporary name until the job has seen the loss of the
+step after it, the first that its weights produce: :func:`confirm` then gives
+it its name (and rotates the older ones out), :func:`reject` removes it. A
+crash before either leaves a temporary, removed at the next start.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from torch import nn
 from .config import Config
 from .dist import DistContext, barrier, broadcast, from_main, unwrap
 from .dist import is_sharded as is_sharded_model
-from .fileio import WriteError, atomic_directory
+from .fileio import WriteError, atomic_directory, fsync
 from .runs import (
     CHECKPOINTS,
     SHARDED,
@@ -114,30 +120,41 @@ def _writing(final: Path, needed: int) -> Any:
         raise CheckpointError(str(err)) from None
 
 
+UNCONFIRMED = ".tmp-unconfirmed"  # the suffix of a checkpoint awaiting confirm (a fileio temporary's name)
+
+
+def step_directory(run_dir: Path, step: int, confirmed: bool = True) -> Path:
+    """Where step ``step``'s checkpoint goes: ``checkpoints/step_N``, or its hidden unconfirmed name."""
+    name = f"{STEP_PREFIX}{step:08d}"
+    return run_dir / CHECKPOINTS / (name if confirmed else f".{name}{UNCONFIRMED}")
+
+
 def save_checkpoint(run_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    trainer_state: dict[str, Any], cfg: Config, keep: int = 0) -> Path:
+                    trainer_state: dict[str, Any], cfg: Config, keep: int = 0, confirmed: bool = True) -> Path:
     """Write ``run_dir/checkpoints/step_N`` atomically; keep only the newest ``keep`` (0 = all)."""
-    return save_full_state(run_dir, step, model.state_dict(), optimizer.state_dict(), trainer_state, cfg, keep)
+    return save_full_state(run_dir, step, model.state_dict(), optimizer.state_dict(), trainer_state, cfg, keep,
+                           confirmed)
 
 
 def save_full_state(run_dir: Path, step: int, model_state: dict[str, torch.Tensor], optimizer_state: dict[str, Any],
-                    trainer_state: dict[str, Any], cfg: Config, keep: int = 0) -> Path:
+                    trainer_state: dict[str, Any], cfg: Config, keep: int = 0, confirmed: bool = True) -> Path:
     """``save_checkpoint`` from the state dicts: the whole model's weights and one process's optimizer
     state (a pipeline's stages gather theirs into these, see pipeline_parallel.py)."""
-    final = run_dir / CHECKPOINTS / f"{STEP_PREFIX}{step:08d}"
+    final = step_directory(run_dir, step, confirmed)
     with _writing(final, _nbytes(model_state) + _nbytes(optimizer_state)) as tmp:
         save_file({k: v.detach().cpu().contiguous() for k, v in model_state.items()}, str(tmp / "model.safetensors"),
                   metadata={"format": "pt"})
         torch.save(optimizer_state, tmp / "optimizer.pt")
         _write_trainer_files(tmp, trainer_state, cfg)
         write_manifest(tmp)
-    _keep_newest(run_dir, keep, final)
+    if confirmed:
+        _keep_newest(run_dir, keep, final)
     return final
 
 
 def save_sharded_checkpoint(run_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
                             trainer_state: dict[str, Any], cfg: Config, ctx: DistContext,
-                            keep: int = 0) -> Path:
+                            keep: int = 0, confirmed: bool = True) -> Path:
     """The FSDP counterpart of ``save_checkpoint``; every rank calls it.
 
     Each rank writes its shards of the weights and optimizer state with
@@ -149,7 +166,7 @@ def save_sharded_checkpoint(run_dir: Path, step: int, model: nn.Module, optimize
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    final = run_dir / CHECKPOINTS / f"{STEP_PREFIX}{step:08d}"
+    final = step_directory(run_dir, step, confirmed)
     needed = 3 * _nbytes(model.state_dict()) * ctx.world_size  # weights twice, plus Adam/LAMB moments
     with _writing(final, needed) if ctx.is_main else contextlib.nullcontext() as tmp:
         tmp = Path(broadcast(ctx, str(tmp)))
@@ -162,7 +179,7 @@ def save_sharded_checkpoint(run_dir: Path, step: int, model: nn.Module, optimize
                       metadata={"format": "pt"})
             _write_trainer_files(tmp, trainer_state, cfg)
             write_manifest(tmp)  # every rank's shards are on disk: dcp.save returned
-    if ctx.is_main:
+    if ctx.is_main and confirmed:
         _keep_newest(run_dir, keep, final)
     barrier(ctx)  # no rank goes on before the checkpoint has its final name
     return final
@@ -296,10 +313,12 @@ def read_trainer_state(checkpoint: Path) -> dict[str, Any]:
     return state
 
 
-def save(run_dir: Path, step: int, engine: Engine, cfg: Config, state: dict[str, Any]) -> Path:
+def save(run_dir: Path, step: int, engine: Engine, cfg: Config, state: dict[str, Any],
+         confirmed: bool = True) -> Path:
     """Write step ``step`` of a run; every rank calls it, and all get the step directory back.
 
-    ``state`` is what the job adds to the engine's (its data position, say).
+    ``state`` is what the job adds to the engine's (its data position, say). ``confirmed=False``
+    writes it under its hidden name, for :func:`confirm` or :func:`reject` to decide.
     """
     from .pipeline_parallel import PipelineEngine
 
@@ -316,11 +335,30 @@ def save(run_dir: Path, step: int, engine: Engine, cfg: Config, state: dict[str,
 
         def write() -> Path:
             assert full is not None
-            return save_full_state(run_dir, step, full[0], full[1], state, cfg, keep=keep)
+            return save_full_state(run_dir, step, full[0], full[1], state, cfg, keep, confirmed)
         return from_main(ctx, write)
     if is_sharded_model(model):
-        return save_sharded_checkpoint(run_dir, step, model, engine.optimizer, state, cfg, ctx, keep=keep)
-    return from_main(ctx, lambda: save_checkpoint(run_dir, step, model, engine.optimizer, state, cfg, keep=keep))
+        return save_sharded_checkpoint(run_dir, step, model, engine.optimizer, state, cfg, ctx, keep, confirmed)
+    return from_main(ctx, lambda: save_checkpoint(run_dir, step, model, engine.optimizer, state, cfg, keep,
+                                                  confirmed))
+
+
+def confirm(ctx: DistContext, run_dir: Path, unconfirmed: Path, keep: int) -> Path:
+    """Give a checkpoint saved ``confirmed=False`` its name (and rotate the older ones out): the
+    loss its weights gave was seen to be normal. Every rank calls it; all get the new path."""
+    final = unconfirmed.with_name(unconfirmed.name.removeprefix(".").removesuffix(UNCONFIRMED))
+
+    def rename() -> Path:
+        unconfirmed.replace(final)
+        fsync(final.parent)
+        _keep_newest(run_dir, keep, final)
+        return final
+    return from_main(ctx, rename)
+
+
+def reject(ctx: DistContext, unconfirmed: Path) -> None:
+    """Remove a checkpoint saved ``confirmed=False`` whose weights gave a spike of the loss."""
+    from_main(ctx, lambda: shutil.rmtree(unconfirmed))
 
 
 def resume(checkpoint: Path, engine: Engine, verified: bool = False) -> dict[str, Any]:

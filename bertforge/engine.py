@@ -12,6 +12,15 @@ fp16), lets DDP synchronise gradients only on the last one, averages the
 losses over micro-batches and ranks, then unscales, checks that the step is
 finite, clips by global norm, steps the optimizer and the schedule.
 
+No step waits for the device. A step's losses, gradient norm and flags go to
+the host in a copy that is read during the next step (``engine.report``):
+then the job logs them, and a step that was not finite raises
+:class:`NonFiniteError`. The optimizer does not wait for that: it skips the
+update on the device (the ``found_inf`` of torch's fused optimizers, which
+ours take too) from the first non-finite step on, so the weights stay those
+of the last finite step. ``engine.flush()`` reads the newest step at once
+(before a checkpoint, an evaluation, the end).
+
 Data order and dropout do not depend on the world size: :class:`BatchStream`
 splits one seeded order of micro-batches over the ranks, and each micro-batch
 of a step seeds dropout from (seed, step, its index in the global batch), so
@@ -21,15 +30,17 @@ losses, and a resumed run draws the same masks without any saved RNG state.
 Preemption: inside ``with Preemption() as preemption`` (``engine.preemption =
 preemption``), SIGTERM or SIGUSR1 (what Slurm sends before it kills a job)
 only sets a flag. Each step all-reduces the flag with its losses, so every
-rank learns in the same step that one of them was signalled
-(``engine.stop_requested``); the job then saves a checkpoint and returns. A
-second signal exits at once.
+rank learns in the same step, the one after it was raised (one process: at
+once), that one of them was signalled (``engine.stop_requested``); the job
+then saves a checkpoint and returns. A second signal exits at once.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
+import math
 import os
 import random
 import signal
@@ -45,7 +56,7 @@ from torch import nn
 
 from .config import ConfigError
 from .dist import DistContext, gradient_sync, mean_and_any
-from .feed import to_device  # (also imported from here by the jobs)
+from .feed import HostCopy, to_device  # (to_device also imported from here by the jobs)
 
 LossFn = Callable[[nn.Module, dict[str, torch.Tensor]], dict[str, torch.Tensor]]
 
@@ -55,7 +66,7 @@ class NonFiniteError(FloatingPointError):
 
 
 class DivergenceError(FloatingPointError):
-    """A loss that exploded and stayed high (:class:`DivergenceGuard`); the newest checkpoint is from before."""
+    """A loss that exploded and stayed high (:class:`DivergenceGuard`)."""
 
 
 class DivergenceGuard:
@@ -65,8 +76,9 @@ class DivergenceGuard:
     ``window`` normal losses (spikes are kept out of that median, so a long spike does
     not raise its own bar); ``steps`` spikes in a row are a divergence, raised as
     :class:`DivergenceError`. The first ``min_history`` steps only fill the history.
-    While :attr:`spiking`, the training loop writes no checkpoint, so the newest one,
-    which checkpoint rotation keeps, is from before the spike. ``factor`` 0 is off.
+    The loss of step k is that of the weights after step k - 1: the training loop
+    keeps a checkpoint only once the loss after it is normal, and writes none while
+    :attr:`spiking`, so the newest one is from before the spike. ``factor`` 0 is off.
     """
 
     def __init__(self, factor: float, steps: int, window: int = 100, min_history: int = 10):
@@ -94,8 +106,7 @@ class DivergenceGuard:
         if self.spikes >= self.steps:
             raise DivergenceError(
                 f"step {step}: the loss ({loss:.4g}) has been above {self.factor:g} × its running median "
-                f"({median:.4g}) for {self.spikes} steps: the run diverged (train.divergence_factor); the newest "
-                f"checkpoint is from before the spike: resume from it with a lower train.lr, say")
+                f"({median:.4g}) for {self.spikes} steps: the run diverged (train.divergence_factor)")
 
 
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -254,6 +265,21 @@ def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
+@dataclasses.dataclass(frozen=True)
+class StepReport:
+    """A finished step's numbers on the host: ``step`` counts the steps done (1 after the first),
+    ``values`` are its losses and gradient norm (means over micro-batches and ranks)."""
+
+    step: int
+    values: dict[str, float]
+
+
+def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer.step()`` reads ``found_inf`` (a 0-dim device tensor, non-zero: leave the
+    weights and state as they are): torch's fused optimizers and ours do."""
+    return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+
+
 class Engine:
     """The model as training runs it (wrapped by ``dist.prepare_model``), its optimizer,
     schedule and loss scaler, and the step that uses them."""
@@ -268,7 +294,10 @@ class Engine:
         self.seed = seed  # seed dropout per micro-batch; None leaves the RNG alone (benchmarks)
         self.scaler = grad_scaler(self.device, precision)
         self.preemption: Preemption | None = None  # set by a job that stops cleanly on SIGTERM
-        self.stop_requested = False  # after a step: some rank was signalled; all ranks agree
+        self.stop_requested = False  # some rank was signalled; all ranks agree, after the same step
+        self.report: StepReport | None = None  # the step before the newest, read during the newest
+        self._healthy: torch.Tensor | None = None  # on the device: no step so far was non-finite
+        self._pending: tuple[int, list[str], HostCopy] | None = None  # the newest step, on its way
 
     @property
     def lr(self) -> float:
@@ -280,10 +309,11 @@ class Engine:
 
         Micro-batches are taken from the iterable as the step reaches them.
         Returns the step's losses (means over micro-batches and ranks) and its
-        global gradient norm before clipping, as device tensors: the caller
-        decides when to wait for them. The one host sync is the finiteness
-        check; a non-finite step raises :class:`NonFiniteError` before the
-        optimizer touches the weights (under fp16 the scaler skips it instead).
+        global gradient norm before clipping, as device tensors, and waits for
+        none of them. Then :attr:`report` holds the step before's, read from the
+        host copy of them, which raises :class:`NonFiniteError` if that step was
+        not finite (its update, and this one's, were skipped on the device; under
+        fp16 the loss scaler skips such steps and the run goes on).
         """
         rank, world_size = self.dist.rank, self.dist.world_size
         totals: dict[str, torch.Tensor] = {}
@@ -304,25 +334,39 @@ class Engine:
             raise ValueError(f"step {step}: got {count} micro-batches, expected {accumulation}")
         signalled = self.preemption is not None and self.preemption.requested
         totals, stop = mean_and_any(self.dist, totals, signalled)
-        totals["grad_norm"] = self._apply_gradients(totals["loss"], step, stop)
+        if world_size == 1:
+            self.stop_requested = signalled  # this process's own flag: nothing to wait for
+        totals["grad_norm"] = self._apply_gradients(totals, step, stop if world_size > 1 else None)
         return totals
 
-    def _apply_gradients(self, loss: torch.Tensor, step: int, stop: torch.Tensor | None = None) -> torch.Tensor:
-        """Unscale, check, clip by global norm, step, schedule, clear; the norm before clipping."""
+    def _apply_gradients(self, totals: dict[str, torch.Tensor], step: int,
+                         stop: torch.Tensor | None = None) -> torch.Tensor:
+        """Unscale, check, clip by global norm, step, schedule, clear; the norm before clipping.
+
+        ``stop`` is the all-reduced preemption flag (several ranks), sent to the host with the
+        losses; it and the finiteness are read a step later (:meth:`_settle`)."""
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         params = [p for p in self.model.parameters() if p.grad is not None]
         grad_norm = self._total_norm(params)
-        if self.scaler is None:  # fp16's scaler skips such steps itself and lowers its scale
-            self._check_finite(loss, grad_norm, step, stop)
-        elif stop is not None:
-            self.stop_requested = bool(stop)  # the scaler's step syncs with the host anyway
+        finite = torch.isfinite(totals["loss"]) & torch.isfinite(grad_norm)
+        self._send(step, {**totals, "grad_norm": grad_norm}, finite, stop)
         if self.grad_clip > 0:
             torch.nn.utils.clip_grads_with_norm_(params, self.grad_clip, grad_norm)
-        if self.scaler is not None:
+        if self.scaler is not None:  # fp16: the scaler skips non-finite steps itself and lowers its scale
             self.scaler.step(self.optimizer)
             self.scaler.update()
         else:
+            if not skips_on_device(self.optimizer):  # it cannot skip a step by itself: read the flag now
+                try:
+                    self.flush()
+                except NonFiniteError:
+                    self.optimizer.zero_grad(set_to_none=True)
+                    raise
+            # From the first non-finite step on, no update is applied: the weights stay the last finite ones.
+            self._healthy = finite if self._healthy is None else self._healthy & finite
+            self.optimizer.found_inf = (~self._healthy).float()  # type: ignore[attr-defined]
+            self.optimizer.grad_scale = None  # type: ignore[attr-defined]  # (the gradients are unscaled)
             self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -336,21 +380,34 @@ class Engine:
             grad_norm = grad_norm.full_tensor()
         return grad_norm
 
-    def _check_finite(self, loss: torch.Tensor, grad_norm: torch.Tensor, step: int,
-                      stop: torch.Tensor | None = None) -> None:
-        # Losses and norm are the same on every rank (all-reduced), so all ranks raise together.
-        # The stop flag is read in the same host sync.
-        finite = torch.isfinite(loss) & torch.isfinite(grad_norm)
-        both = torch.stack([finite, (stop if stop is not None else torch.tensor(False)).to(finite.device)])
-        is_finite, self.stop_requested = (bool(v) for v in both.tolist())
-        if is_finite:
-            return
-        self.optimizer.zero_grad(set_to_none=True)
-        what = (f"the loss is {loss.item()}" if not torch.isfinite(loss)
-                else f"the gradient norm is {grad_norm.item()}")
-        hint = "; or use execution.precision=fp32" if self.precision != "fp32" else ""
-        raise NonFiniteError(f"step {step + 1}: {what}; the weights were not updated. "
-                             f"Lower train.lr or raise train.warmup_steps{hint}")
+    def _send(self, step: int, values: dict[str, torch.Tensor], finite: torch.Tensor,
+              stop: torch.Tensor | None) -> None:
+        """Start the host copy of this step's numbers; read the step before's (:attr:`report`)."""
+        previous = self._pending
+        flags = {"finite": finite} if stop is None else {"finite": finite, "stop": stop}
+        named = {**values, **flags}
+        self._pending = (step, list(named), HostCopy(list(named.values())))
+        self.report = self._settle(previous) if previous is not None else None
+
+    def flush(self) -> StepReport | None:
+        """The newest step's report, read now (waiting for the device); None if it was read already."""
+        pending, self._pending = self._pending, None
+        self.report = self._settle(pending) if pending is not None else None
+        return self.report
+
+    def _settle(self, pending: tuple[int, list[str], HostCopy]) -> StepReport:
+        step, names, copy = pending
+        values = dict(zip(names, copy.values()))
+        finite = values.pop("finite") > 0
+        if "stop" in values:  # the same on every rank (all-reduced): all stop after the same step
+            self.stop_requested = values.pop("stop") > 0
+        if not finite and self.scaler is None:  # (fp16's scaler skipped it and goes on)
+            what = (f"the loss is {values['loss']}" if not math.isfinite(values["loss"])
+                    else f"the gradient norm is {values['grad_norm']}")
+            hint = "; or use execution.precision=fp32" if self.precision != "fp32" else ""
+            raise NonFiniteError(f"step {step + 1}: {what}; the weights were not updated. "
+                                 f"Lower train.lr or raise train.warmup_steps{hint}")
+        return StepReport(step + 1, values)
 
     def state_dict(self) -> dict[str, Any]:
         """The schedule, the loss scaler and the RNG states (the optimizer is saved on its own)."""

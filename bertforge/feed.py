@@ -1,4 +1,4 @@
-"""Batches from the host to the device: the one place a batch crosses over.
+"""Batches from the host to the device, and a step's numbers back: the one place each crosses over.
 
 Batches leave the loader compact (int32 ids, positions and labels, uint8
 masks; see ``PretrainingArrays.to_torch``), so a quarter of the bytes cross
@@ -10,12 +10,17 @@ one micro-batch ahead, from pinned memory (the :class:`.data.loader.Prefetcher`
 thread pins it), so the copy of micro-batch i + 1 runs while the model
 computes micro-batch i and the host never waits for a copy. On the CPU the
 batches pass through as they are.
+
+The other way, :class:`HostCopy` takes a step's losses and flags to the host
+without waiting for them: its copy is queued behind the work that computes
+them, into pinned memory, and read a step later, when that work is done while
+the next step's is queued, so the GPU never idles for the host to read.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 
@@ -78,3 +83,29 @@ def _ready(batch: Batch, copied: torch.cuda.Event, device: torch.device) -> Batc
     for tensor in batch.values():
         tensor.record_stream(compute)
     return batch
+
+
+class HostCopy:
+    """0-dim device tensors on their way to the host: the copy is issued here, without waiting.
+
+    On CUDA it is queued on the current stream, into pinned memory, behind the work that
+    computes the values; :meth:`values` waits for it (an event, not a stream synchronisation).
+    On the CPU the values are already there.
+    """
+
+    def __init__(self, values: Sequence[torch.Tensor]):
+        stacked = torch.stack([v.detach().float() for v in values])
+        self._event: torch.cuda.Event | None = None
+        if stacked.is_cuda:
+            self._host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
+            self._host.copy_(stacked, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host = stacked
+
+    def values(self) -> list[float]:
+        """The values, once the device has computed and copied them (reading memory, not the device)."""
+        if self._event is not None:
+            self._event.synchronize()
+        return self._host.tolist()

@@ -386,20 +386,19 @@ def build_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.Optimiz
         return Lamb(lamb_groups(model, train), lr=train.lr, betas=betas, eps=train.eps,
                     weight_decay=train.weight_decay, bias_correction=train.bias_correction)
     groups = param_groups(model, train.weight_decay)
+    # torch's fused kernels (CUDA and CPU): one pass over the state, and a step that a non-finite
+    # gradient skips on the device (found_inf, see engine.skips_on_device) without a host sync.
     if train.optimizer == "adamw":
         if train.bias_correction:
-            # One fused kernel on CUDA; multi-tensor ops elsewhere (the CPU, offloaded parameters).
-            on_cuda = all(p.device.type == "cuda" for group in groups for p in group["params"])
             return torch.optim.AdamW(groups, lr=train.lr, betas=betas, eps=train.eps,
-                                     weight_decay=train.weight_decay,
-                                     **({"fused": True} if on_cuda else {"foreach": True}))
+                                     weight_decay=train.weight_decay, fused=True)
         return AdamWNoBiasCorrection(groups, lr=train.lr, betas=betas, eps=train.eps,
                                      weight_decay=train.weight_decay)
     if train.optimizer == "sgd":
         if train.nesterov and train.momentum <= 0:
             raise ConfigError("train.nesterov=true needs train.momentum > 0")
         return torch.optim.SGD(groups, lr=train.lr, momentum=train.momentum, nesterov=train.nesterov,
-                               weight_decay=train.weight_decay, foreach=True)
+                               weight_decay=train.weight_decay, fused=True)
     raise ConfigError(f"train.optimizer: {train.optimizer!r} is not one of lamb, adamw, sgd")
 
 

@@ -413,7 +413,8 @@ class PipelineEngine(Engine):
         schedule, then one optimizer step of this stage; the losses and the gradient norm as
         Engine.step returns them, on every rank."""
         totals = self.forward_backward(micro_batches, accumulation, step)
-        totals["grad_norm"] = self._apply_gradients(totals["loss"], step, totals.pop("stop") > 0)
+        stop = totals.pop("stop")
+        totals["grad_norm"] = self._apply_gradients(totals, step, stop)
         return totals
 
     def forward_backward(self, micro_batches: Iterable[dict[str, torch.Tensor]], accumulation: int,

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import itertools
 import os
 import random
 import shutil
@@ -63,7 +62,17 @@ from .dist import (
     unwrap,
     write_error,
 )
-from .engine import BatchStream, DivergenceGuard, Engine, Preemption, autocast, set_threads, to_device
+from .engine import (
+    BatchStream,
+    DivergenceError,
+    DivergenceGuard,
+    Engine,
+    Preemption,
+    StepReport,
+    autocast,
+    set_threads,
+    to_device,
+)
 from .feed import copied_ahead, widen
 from .fileio import atomic_file
 from .log import MetricsLogger, ProgressBar, Throughput
@@ -440,128 +449,209 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
         engine = Engine(model, optimizer, build_scheduler(optimizer, cfg.train, steps), training_loss,
                         cfg.execution.precision, cfg.train.grad_clip, dist, seed=cfg.train.seed)
     step = ckpt.resume(resume_from, engine, verified=True)["step"] if resume_from is not None else 0
-
     with contextlib.ExitStack() as stack:
         stack.callback(stream.close)
-        logger = stack.enter_context(MetricsLogger(run_dir, cfg, enabled=dist.is_main, start_step=step))
-        engine.preemption = preemption = stack.enter_context(Preemption())
-        bar = stack.enter_context(ProgressBar(steps, step, enabled=cfg.log.progress, main=dist.is_main))
-        monitor = stack.enter_context(RunMonitor(cfg, run_dir, dist, logger, bar.print, start_step=step,
-                                                 total_steps=steps, started=started))
-        bar.print(f"run directory: {run_dir}")
+        run = Pretraining(cfg, dist, run_dir, engine, stream, eval_set, steps, step, accumulation, mlperf,
+                          data_fingerprint, saved.get("train_s", 0.0) if saved else 0.0, started, stack)
         ranks = f" × {dist.world_size} ranks ({cfg.execution.parallel})" if dist.world_size > 1 else ""
         if pipelined:
             ranks = (f" × {data_world} pipeline(s) of {cfg.execution.pipeline_stages} stages "
                      f"({cfg.execution.pipeline_schedule})")
-        bar.print(f"model: {n_params / 1e6:.2f}M parameters, "
-                  f"{cfg.model.num_hidden_layers} layers, hidden {cfg.model.hidden_size}; "
-                  f"{stream.num_sequences} training sequences of {cfg.data.seq_len}; "
-                  f"global batch {cfg.train.global_batch_size} = {cfg.train.micro_batch_size} × "
-                  f"{accumulation}{ranks}")
-        batch, target = cfg.train.global_batch_size, cfg.train.target_mlm_accuracy
-        mlperf.run_start(cfg, accumulation, steps, len(eval_set) if eval_set is not None else 0)
+        run.bar.print(f"model: {n_params / 1e6:.2f}M parameters, "
+                      f"{cfg.model.num_hidden_layers} layers, hidden {cfg.model.hidden_size}; "
+                      f"{stream.num_sequences} training sequences of {cfg.data.seq_len}; "
+                      f"global batch {cfg.train.global_batch_size} = {cfg.train.micro_batch_size} × "
+                      f"{accumulation}{ranks}")
+        return run.train(progress)
+
+
+class Pretraining:
+    """One rank's pre-training once its model, data and engine are set up: the steps, what their
+    reports say (logs, the divergence guard), evaluations and checkpoints.
+
+    Nothing here waits for the device between steps: a step's numbers arrive during the next
+    (``engine.report``, see engine.py). A checkpoint waits for its own step's (``engine.flush``),
+    and with the divergence guard on it counts only once the step after it is seen to be normal:
+    the loss that reveals a bad update comes one step after the update (``ckpt.confirm``).
+    """
+
+    def __init__(self, cfg: Config, dist: DistContext, run_dir: Path, engine: Engine, stream: Any,
+                 eval_set: PretrainingDataset | None, steps: int, step: int, accumulation: int, mlperf: Any,
+                 data_fingerprint: str | None, trained_s: float, started: float, stack: contextlib.ExitStack):
+        self.cfg, self.dist, self.run_dir, self.engine, self.stream = cfg, dist, run_dir, engine, stream
+        self.eval_set, self.steps, self.step, self.accumulation = eval_set, steps, step, accumulation
+        self.mlperf, self.data_fingerprint, self.started = mlperf, data_fingerprint, started
+        self.logger = stack.enter_context(MetricsLogger(run_dir, cfg, enabled=dist.is_main, start_step=step))
+        engine.preemption = self.preemption = stack.enter_context(Preemption())
+        self.bar = stack.enter_context(ProgressBar(steps, step, enabled=cfg.log.progress, main=dist.is_main))
+        self.monitor = stack.enter_context(RunMonitor(cfg, run_dir, dist, self.logger, self.bar.print,
+                                                      start_step=step, total_steps=steps, started=started))
+        self.bar.print(f"run directory: {run_dir}")
         # Time to train: the timed region from here to the stop, summed over a resumed run's parts.
-        run_started, trained_s = time.perf_counter(), saved.get("train_s", 0.0) if saved else 0.0
-        evaluated_at = -1  # the step of the newest evaluation
+        self.run_started, self.trained_s = time.perf_counter(), trained_s
+        self.guard = DivergenceGuard(cfg.train.divergence_factor, cfg.train.divergence_steps)
+        self.unconfirmed: tuple[int, Path] | None = None  # (its step, the checkpoint awaiting the next loss)
+        self.throughput = Throughput()
+        self.learning_rates: dict[int, float] = {}  # of the steps whose reports have not arrived
+        self.first_loss: float | None = None
+        self.last_loss: float | None = None
+        self.evaluated_at = -1  # the step of the newest evaluation
 
-        def run_eval() -> dict[str, float] | None:
-            nonlocal evaluated_at
-            if eval_set is None:
-                return None
-            mlperf.eval_start(step * batch)
-            # Every rank evaluates the whole set: FSDP's forward needs all ranks.
-            with monitor.phase("eval"):
-                eval_batch = cfg.train.eval_batch_size or cfg.train.micro_batch_size
-                if isinstance(engine, pipeline_parallel.PipelineEngine):
-                    result = engine.evaluate(eval_set, eval_batch, cfg.train.eval_batches)
-                else:
-                    result = evaluate(model, eval_set, eval_batch, dist.device, cfg.execution.precision,
-                                      cfg.train.eval_batches)
-            mlperf.eval_stop(step * batch, result["mlm_accuracy"])
-            evaluated_at = step
-            logger.log({"step": step, "split": "eval", **result})
-            nsp = f"nsp_accuracy {result['nsp_accuracy']:.4f} " if "nsp_accuracy" in result else ""
-            bar.print(f"step {step}: eval mlm_accuracy {result['mlm_accuracy']:.4f} {nsp}loss {result['loss']:.4f}")
-            return result
+    # -------- the loop
 
-        def reached(result: dict[str, float] | None) -> bool:
-            return target > 0 and result is not None and result["mlm_accuracy"] >= target
-
-        def save() -> Path:
-            return ckpt.save(run_dir, step, engine, cfg, {"data": stream.state(), "data_fingerprint": data_fingerprint,
-                                                          "train_s": trained_s + time.perf_counter() - run_started})
-
-        first_eval = last_eval = run_eval() if step == 0 and cfg.train.eval_at_start else None
-        first_loss = last_loss = None
-        throughput = Throughput()
-        guard = DivergenceGuard(cfg.train.divergence_factor, cfg.train.divergence_steps)
-        final_checkpoint: Path | None = None
-        micro_batches: Iterable[dict[str, torch.Tensor]]
-        while step < steps and not reached(last_eval):  # (the target may be reached at 0 samples)
-            lr = engine.lr
-            mlperf.train(step * batch)
-            if step == 0 and cfg.data.vocab and not cfg.data.synthetic:  # what the model is fed, for a person
-                first = stream.next()
-                bar.print(f"sample: {decode_sample(first, cfg.data.vocab)[:400]}")
-                micro_batches = itertools.chain([first], (stream.next() for _ in range(accumulation - 1)))
-            else:
-                micro_batches = (stream.next() for _ in range(accumulation))
-            with monitor.step(step):  # memory, step times and the --profile window
+    def train(self, progress: dict[str, int]) -> dict[str, Any]:
+        cfg, engine, batch, target = self.cfg, self.engine, self.cfg.train.global_batch_size, self.target
+        self.mlperf.run_start(cfg, self.accumulation, self.steps, len(self.eval_set) if self.eval_set else 0)
+        first_eval = last_eval = self.evaluate() if self.step == 0 and cfg.train.eval_at_start else None
+        final: Path | None = None  # the checkpoint a signal made the run write
+        while self.step < self.steps and not self.reached(last_eval):  # (the target may be reached at 0)
+            self.learning_rates[self.step + 1] = engine.lr
+            self.mlperf.train(self.step * batch)
+            with self.monitor.step(self.step):  # memory, step times and the --profile window
                 # On CUDA each micro-batch's copy overlaps the compute of the one before.
-                out = engine.step(copied_ahead(micro_batches, dist.device), accumulation, step)
-            step += 1
+                engine.step(copied_ahead(self.micro_batches(), self.dist.device), self.accumulation, self.step)
+            self.step += 1
             progress["steps"] += 1
-            if _fail_here(dist.rank, step):
+            if _fail_here(self.dist.rank, self.step):
                 os._exit(1)
-            sequences = out.pop("sequences", None)  # packed rows: real sequences per micro-batch, averaged
-            throughput.add(cfg.train.global_batch_size if sequences is None else
-                           round(sequences.item() * cfg.train.global_batch_size / cfg.train.micro_batch_size))
-            if step % cfg.log.every == 0 or step == steps or step == 1:
-                values = {k: v.item() for k, v in out.items()}
-                first_loss = values["loss"] if first_loss is None else first_loss
-                last_loss = values["loss"]
-                seq_per_s = throughput.rate()
-                logger.log({"step": step, **values, "lr": lr, "seq_per_s": seq_per_s, "epoch": stream.epoch,
-                            **monitor.row()})
-                nsp = f"nsp {values['nsp_loss']:.3f} " if "nsp_loss" in values else ""
-                bar.update(step, f"loss {values['loss']:.3f} mlm {values['mlm_loss']:.3f} {nsp}{seq_per_s:.0f} seq/s")
-            else:
-                bar.update(step)
-            if guard.enabled:  # one more host sync per step, only when asked for
-                guard.update(step, out["loss"].item())
-            if eval_due(cfg, step) and step < steps:  # (the last step's evaluation comes after the loop)
-                last_eval = run_eval()
-                if reached(last_eval):
+            self.on_report(engine.report)  # the step before's numbers
+            if eval_due(cfg, self.step) and self.step < self.steps:  # (the last step's comes after the loop)
+                last_eval = self.evaluate()
+                if self.reached(last_eval):
                     break
-            if engine.stop_requested and step < steps:  # every rank stops after this same step
-                final_checkpoint = save()
-                bar.print(preemption.message(step, final_checkpoint, run_dir))
+            if engine.stop_requested and self.step < self.steps:  # every rank stops after this same step
+                final = self.save()
+                self.bar.print(self.preemption.message(self.step, final, self.run_dir))
                 break
-            if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < steps and not guard.spiking:
-                save()  # (none during a spike: the newest checkpoint stays one from before it)
-        preempted = final_checkpoint is not None
+            every = cfg.checkpoint.every
+            if every and self.step % every == 0 and self.step < self.steps:
+                self.checkpoint()
+        preempted = final is not None
         status = time_to_train = None
-        if final_checkpoint is None:
-            if evaluated_at != step:
-                last_eval = run_eval() or last_eval
-            time_to_train = round(trained_s + time.perf_counter() - run_started, 3)
+        if final is None:
+            self.on_report(engine.flush())
+            if self.evaluated_at != self.step:
+                last_eval = self.evaluate() or last_eval
+            time_to_train = round(self.trained_s + time.perf_counter() - self.run_started, 3)
             if target > 0:  # success: an evaluation reached the target; aborted: the steps ran out first
-                status = "success" if reached(last_eval) else "aborted"
-                logger.log({"step": step, "split": "result", "status": status, "time_to_train_s": time_to_train,
-                            "samples_to_train": step * batch})
-                bar.print(f"{status}: masked-LM accuracy target {target} "
-                          f"{'reached' if status == 'success' else 'not reached'} after {step * batch} samples "
-                          f"({step} steps); time to train {time_to_train} s")
-            mlperf.run_stop(step * batch, status or "aborted")
-            final_checkpoint = save()
+                status = "success" if self.reached(last_eval) else "aborted"
+                self.logger.log({"step": self.step, "split": "result", "status": status,
+                                 "time_to_train_s": time_to_train, "samples_to_train": self.step * batch})
+                self.bar.print(f"{status}: masked-LM accuracy target {target} "
+                               f"{'reached' if status == 'success' else 'not reached'} after {self.step * batch} "
+                               f"samples ({self.step} steps); time to train {time_to_train} s")
+            self.mlperf.run_stop(self.step * batch, status or "aborted")
+            final = self.save()
         summary = {
-            "run_dir": str(run_dir), "checkpoint": str(final_checkpoint), "steps": step, "preempted": preempted,
-            "status": status, "time_to_train_s": time_to_train, "samples_to_train": step * batch,
-            "first_loss": first_loss, "last_loss": last_loss,
+            "run_dir": str(self.run_dir), "checkpoint": str(final), "steps": self.step, "preempted": preempted,
+            "status": status, "time_to_train_s": time_to_train, "samples_to_train": self.step * batch,
+            "first_loss": self.first_loss, "last_loss": self.last_loss,
             "first_eval": first_eval, "last_eval": last_eval,
-            "wall_s": round(time.perf_counter() - started, 1),
-            "rank": dist.rank, "world_size": dist.world_size,
+            "wall_s": round(time.perf_counter() - self.started, 1),
+            "rank": self.dist.rank, "world_size": self.dist.world_size,
         }
         if not preempted:
-            bar.print(f"done in {summary['wall_s']} s; checkpoint: {final_checkpoint}")
-    return summary
+            self.bar.print(f"done in {summary['wall_s']} s; checkpoint: {final}")
+        return summary
+
+    def micro_batches(self) -> Iterable[dict[str, torch.Tensor]]:
+        """This step's micro-batches, read as the step reaches them; the first step shows the first
+        one decoded (what the model is fed, for a person)."""
+        stream, vocab = self.stream, self.cfg.data.vocab
+        for i in range(self.accumulation):
+            batch = stream.next()
+            if self.step == 0 and i == 0 and vocab and not self.cfg.data.synthetic:
+                self.bar.print(f"sample: {decode_sample(batch, vocab)[:400]}")
+            yield batch
+
+    @property
+    def target(self) -> float:
+        return self.cfg.train.target_mlm_accuracy
+
+    def reached(self, result: dict[str, float] | None) -> bool:
+        return self.target > 0 and result is not None and result["mlm_accuracy"] >= self.target
+
+    # -------- what a step's report says
+
+    def on_report(self, report: StepReport | None) -> None:
+        """Log a finished step's numbers, watch its loss, and confirm or reject the checkpoint
+        written the step before it (whose weights made this loss)."""
+        if report is None:
+            return
+        cfg, step, values = self.cfg, report.step, dict(report.values)
+        sequences = values.pop("sequences", None)  # packed rows: real sequences per micro-batch, averaged
+        self.throughput.add(cfg.train.global_batch_size if sequences is None else
+                            round(sequences * cfg.train.global_batch_size / cfg.train.micro_batch_size))
+        lr = self.learning_rates.pop(step)
+        if step % cfg.log.every == 0 or step == self.steps or step == 1:
+            self.first_loss = values["loss"] if self.first_loss is None else self.first_loss
+            self.last_loss = values["loss"]
+            seq_per_s = self.throughput.rate()
+            self.logger.log({"step": step, **values, "lr": lr, "seq_per_s": seq_per_s, "epoch": self.stream.epoch,
+                             **self.monitor.row()})
+            nsp = f"nsp {values['nsp_loss']:.3f} " if "nsp_loss" in values else ""
+            self.bar.update(step, f"loss {values['loss']:.3f} mlm {values['mlm_loss']:.3f} {nsp}"
+                                  f"{seq_per_s:.0f} seq/s")
+        else:
+            self.bar.update(step)
+        try:
+            self.guard.update(step, values["loss"])
+        except DivergenceError as err:
+            self.settle_unconfirmed(spiked=True)
+            newest = from_main(self.dist, lambda: runs.complete_checkpoints(self.run_dir))
+            where = (f"the newest checkpoint, {newest[-1]}, is from before the spike: resume from it with a "
+                     f"lower train.lr, say" if newest else "no checkpoint was written before the spike")
+            raise DivergenceError(f"{err}; {where}") from None
+        if self.unconfirmed is not None and self.unconfirmed[0] + 1 == step:
+            self.settle_unconfirmed(spiked=self.guard.spiking)
+
+    def settle_unconfirmed(self, spiked: bool) -> None:
+        if self.unconfirmed is None:
+            return
+        (_, path), self.unconfirmed = self.unconfirmed, None
+        if spiked:
+            ckpt.reject(self.dist, path)
+        else:
+            ckpt.confirm(self.dist, self.run_dir, path, self.cfg.checkpoint.keep)
+
+    # -------- evaluations and checkpoints
+
+    def evaluate(self) -> dict[str, float] | None:
+        if self.eval_set is None:
+            return None
+        self.on_report(self.engine.flush())  # (the last step's numbers first: they may stop the run)
+        cfg, step, engine = self.cfg, self.step, self.engine
+        self.mlperf.eval_start(step * cfg.train.global_batch_size)
+        # Every rank evaluates the whole set: FSDP's forward needs all ranks.
+        with self.monitor.phase("eval"):
+            eval_batch = cfg.train.eval_batch_size or cfg.train.micro_batch_size
+            if isinstance(engine, pipeline_parallel.PipelineEngine):
+                result = engine.evaluate(self.eval_set, eval_batch, cfg.train.eval_batches)
+            else:
+                result = evaluate(engine.model, self.eval_set, eval_batch, self.dist.device,
+                                  cfg.execution.precision, cfg.train.eval_batches)
+        self.mlperf.eval_stop(step * cfg.train.global_batch_size, result["mlm_accuracy"])
+        self.evaluated_at = step
+        self.logger.log({"step": step, "split": "eval", **result})
+        nsp = f"nsp_accuracy {result['nsp_accuracy']:.4f} " if "nsp_accuracy" in result else ""
+        self.bar.print(f"step {step}: eval mlm_accuracy {result['mlm_accuracy']:.4f} {nsp}loss {result['loss']:.4f}")
+        return result
+
+    def checkpoint(self) -> None:
+        """The checkpoint every ``checkpoint.every`` steps; none during a spike of the loss, and with the
+        divergence guard on, one that counts only once the next step's loss is seen (on_report)."""
+        self.on_report(self.engine.flush())  # its own step must be finite, and its loss seen
+        if self.guard.spiking:
+            return  # (the newest checkpoint stays one from before the spike)
+        self.settle_unconfirmed(spiked=False)  # (an older one waiting still: its next step was normal)
+        path = self.save(confirmed=not self.guard.enabled)
+        if self.guard.enabled:
+            self.unconfirmed = (self.step, path)
+
+    def save(self, confirmed: bool = True) -> Path:
+        if confirmed:
+            self.on_report(self.engine.flush())
+            self.settle_unconfirmed(spiked=self.guard.spiking)
+        state = {"data": self.stream.state(), "data_fingerprint": self.data_fingerprint,
+                 "train_s": self.trained_s + time.perf_counter() - self.run_started}
+        return ckpt.save(self.run_dir, self.step, self.engine, self.cfg, state, confirmed)

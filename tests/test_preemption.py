@@ -531,30 +531,53 @@ def test_the_divergence_guard_counts_spikes_in_a_row_against_the_median_before()
 
 
 def test_a_diverged_run_stops_and_keeps_its_checkpoint_from_before_the_spike(tmp_path, monkeypatch, capsys):
-    """The loss explodes from step 13 (×1e6, finite): the run stops at step 15 with one line, exit 2, and
-    checkpoint rotation (keep 1) still holds step 12, from before the spike. About 4 s."""
-    from bertforge.engine import Engine
+    """The loss explodes from step 13 (×1e6, finite): the run stops when step 15's loss is read, with
+    one line, exit 2. The loss of step 13 is that of the weights after step 12, so step_12 never
+    counts (it is removed); rotation (keep 1) holds step 10, whose next loss was normal. About 4 s."""
+    import bertforge.train
 
-    step_of = Engine.step
+    training_loss, calls = bertforge.train.training_loss, []
 
-    def exploding(self, micro_batches, accumulation, step):
-        out = step_of(self, micro_batches, accumulation, step)
-        if step >= 12:
-            out["loss"] = out["loss"] * 1e6
-        return out
+    def exploding(model, batch):  # two micro-batches a step
+        out = training_loss(model, batch)
+        calls.append(None)
+        return {**out, "loss": out["loss"] * 1e6} if len(calls) > 2 * 12 else out
 
-    monkeypatch.setattr(Engine, "step", exploding)
+    monkeypatch.setattr(bertforge.train, "training_loss", exploding)
     argv = run_args(tmp_path, "d", 20, "--checkpoint.every", "2", "--checkpoint.keep", "1",
                     "--train.divergence_factor", "10", "--train.divergence_steps", "3")
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert [line for line in err.splitlines() if line.startswith("error:")] == [err.splitlines()[-1]]
-    assert err.splitlines()[-1].startswith("error: step 15: the loss (") and " × its running median (" in err
-    assert checkpoints(tmp_path / "d") == ["step_00000012"]
+    last = err.splitlines()[-1]
+    assert last.startswith("error: step 15: the loss (") and " × its running median (" in last
+    assert last.endswith(f"the run diverged (train.divergence_factor); the newest checkpoint, "
+                         f"{tmp_path / 'd' / 'checkpoints' / 'step_00000010'}, is from before the spike: resume "
+                         f"from it with a lower train.lr, say")
+    assert checkpoints(tmp_path / "d") == ["step_00000010"]
+    assert not list((tmp_path / "d" / "checkpoints").glob(".*"))  # step_12, unconfirmed, was removed
     assert [r["step"] for r in train_rows(tmp_path / "d")][-1] == 15
     # The guard is off by default: the same run trains on to the end and exits 0.
+    monkeypatch.setattr(bertforge.train, "training_loss", training_loss)
     assert main(run_args(tmp_path, "off", 20, "--checkpoint.every", "2", "--checkpoint.keep", "1")) == 0
     assert checkpoints(tmp_path / "off") == ["step_00000020"]
+
+
+def test_a_learning_rate_spike_never_leaves_its_checkpoint_behind(tmp_path, capsys):
+    """Issue 27's run: lr 30 from update 35 on, a checkpoint every 5 steps (keep 2). The update of
+    step 35 ruins the weights, but only step 36's loss shows it: step_35 is removed and the error
+    names step_30, whose weights are the sound ones (3397f00 kept step_35 and named it)."""
+    argv = run_args(tmp_path, "lr", 60, "--checkpoint.every", "5", "--checkpoint.keep", "2",
+                    "--train.schedule", "table", "--train.lr_table", "{0: 0.001, 34: 30.0}",
+                    "--train.divergence_factor", "5", "--train.divergence_steps", "3")
+    assert main(argv) == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    step_30 = tmp_path / "lr" / "checkpoints" / "step_00000030"
+    assert f"the newest checkpoint, {step_30}, is from before the spike" in last
+    assert checkpoints(tmp_path / "lr") == ["step_00000025", "step_00000030"]
+    rows = {r["step"]: r["loss"] for r in train_rows(tmp_path / "lr")}
+    assert rows[36] > 5 * rows[35]  # the first loss of the ruined weights
+    assert max(p.abs().max().item() for p in load_model(step_30).parameters()) < 2.0
 
 
 def test_a_refused_squad_run_leaves_no_directory_and_no_lock(qa_model, tmp_path, capsys):

@@ -66,7 +66,7 @@ from ..dist import (
     unwrap,
     write_error,
 )
-from ..engine import Batches, BatchStream, Engine, LossFn, Preemption, autocast, set_threads
+from ..engine import Batches, BatchStream, Engine, LossFn, Preemption, StepReport, autocast, set_threads
 from ..fileio import atomic_file
 from ..log import MetricsLogger, ProgressBar, Throughput
 from ..optim import build_optimizer, build_scheduler
@@ -476,7 +476,7 @@ def train(cfg: Config, job: Job, dist: DistContext, out_dir: Path, resume_from: 
         f"{t.global_batch_size} = {t.micro_batch_size} × {accumulation}{ranks} on {dist.device}; "
         f"run directory {out_dir}")
 
-    losses: list[torch.Tensor] = []
+    losses: list[float] = []
     with contextlib.ExitStack() as stack:
         logger = stack.enter_context(MetricsLogger(out_dir, cfg, enabled=dist.is_main, start_step=step))
         engine.preemption = preemption = stack.enter_context(Preemption())
@@ -498,34 +498,50 @@ def train(cfg: Config, job: Job, dist: DistContext, out_dir: Path, resume_from: 
 
         throughput = Throughput()
         preempted: Path | None = None  # the checkpoint written when a signal stopped the run
-        while step < total:
-            lr, epoch = engine.lr, stream.epoch  # the epoch this step reads (the stream moves on after it)
-            with monitor.step(step):  # memory, step times and the --profile window
-                out = engine.step((stream.next() for _ in range(accumulation)), accumulation, step)
-            step += 1
-            losses.append(out["loss"])
+        # The lr and epoch of the steps whose numbers have not arrived (they come a step later).
+        started_at: dict[int, tuple[float, int]] = {}
+
+        def on_report(report: StepReport | None) -> None:
+            """A finished step's numbers, read without waiting (see engine.py): logged when due."""
+            if report is None:
+                return
+            done, values = report.step, report.values
+            lr, epoch = started_at.pop(done)
+            losses.append(values["loss"])
             throughput.add(t.global_batch_size)
-            if step % cfg.log.every == 0 or step == total or step == 1:
-                values = {k: v.item() for k, v in out.items()}
+            if done % cfg.log.every == 0 or done == total or done == 1:
                 seq_per_s = throughput.rate()
-                logger.log({"step": step, **values, "lr": lr, "seq_per_s": seq_per_s, "epoch": epoch,
+                logger.log({"step": done, **values, "lr": lr, "seq_per_s": seq_per_s, "epoch": epoch,
                             **monitor.row()})
-                bar.update(step, f"loss {values['loss']:.4f} lr {lr:.3g} {seq_per_s:.1f} seq/s")
+                bar.update(done, f"loss {values['loss']:.4f} lr {lr:.3g} {seq_per_s:.1f} seq/s")
                 if bar.progress is None:  # no bar: a line per logged step
-                    log(f"step {step}/{total} epoch {epoch + 1} loss {values['loss']:.4f} lr {lr:.3g}")
+                    log(f"step {done}/{total} epoch {epoch + 1} loss {values['loss']:.4f} lr {lr:.3g}")
             else:
-                bar.update(step)
+                bar.update(done)
+
+        def save() -> Path:
+            on_report(engine.flush())  # its own step's numbers first: a non-finite step stops the run
+            return ckpt.save(out_dir, step, engine, cfg, state())
+
+        while step < total:
+            # the epoch this step reads (the stream moves on after it)
+            started_at[step + 1] = engine.lr, stream.epoch
+            with monitor.step(step):  # memory, step times and the --profile window
+                engine.step((stream.next() for _ in range(accumulation)), accumulation, step)
+            step += 1
+            on_report(engine.report)
             if t.eval_every and step % t.eval_every == 0 and step < total:
+                on_report(engine.flush())
                 run_eval()
             if engine.stop_requested and step < total:  # every rank stops after this same step
-                preempted = ckpt.save(out_dir, step, engine, cfg, state())
+                preempted = save()
                 bar.print(preemption.message(step, preempted, out_dir))
                 break
             if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < total:
-                ckpt.save(out_dir, step, engine, cfg, state())
-        final_checkpoint = preempted or ckpt.save(out_dir, step, engine, cfg, state())
+                save()
+        final_checkpoint = preempted or save()
         summary: dict[str, Any] = {"out_dir": str(out_dir), "checkpoint": str(final_checkpoint), "steps": step,
-                                   "losses": torch.stack(losses).tolist() if losses else [],
+                                   "losses": losses,
                                    "rank": dist.rank, "world_size": dist.world_size,
                                    "preempted": preempted is not None, **job.counts}
         if preempted is None:  # the model and predictions wait for the run to finish
