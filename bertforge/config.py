@@ -42,6 +42,9 @@ Schedule = Literal["poly", "poly_tf", "exp", "exp_staircase", "table", "constant
 HiddenAct = Literal["gelu", "relu", "gelu_new"]
 # SDPA kernels, or FlexAttention with block masks for masked batches; see dist.attention_backends
 Attention = Literal["auto", "flash", "cudnn", "efficient", "math", "flex"]
+# torch.compile's modes without CUDA graphs (the optimizer step runs outside the compiled model):
+# max-autotune-no-cudagraphs benchmarks GEMM kernels and fuses their epilogues (bias, GELU) into them
+CompileMode = Literal["default", "max-autotune-no-cudagraphs"]
 # What a checkpoint is loaded or exported as.
 Head = Literal["pretraining", "qa", "classification", "token_classification", "encoder"]
 
@@ -170,6 +173,7 @@ class ExecutionConfig:
     # SDPA kernel; auto = flash, cudnn, efficient, math on CUDA; torch's on the CPU. flex: padded and packed
     # batches through FlexAttention's block masks (CUDA, no attention dropout), the rest through SDPA
     attention: Attention = "auto"
+    compile_mode: CompileMode = "default"  # torch.compile's mode for the model (max-autotune: minutes more)
     compile_cache: str = ""  # persistent compile cache directory; "" = ~/.cache/bertforge/compile
     threads: int = 0  # CPU threads for torch; 0 = torch's default
     dist_timeout: int = 1800  # seconds a rank waits for the others in a collective (torch's default)

@@ -326,7 +326,7 @@ def prepare_model(model: nn.Module, execution: ExecutionConfig, ctx: DistContext
         use_compile_cache(execution.compile_cache)
         # Static shapes: a batch shape compiles once, and is not traced again as a dynamic one.
         # torch's stub says a callable; compiling a module gives a module (an OptimizedModule)
-        model = torch.compile(model, dynamic=False)  # type: ignore[assignment]
+        model = torch.compile(model, dynamic=False, mode=execution.compile_mode)  # type: ignore[assignment]
     return model
 
 

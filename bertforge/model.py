@@ -490,16 +490,18 @@ class BertForTokenClassification(_Classifier):
 
 
 def pretraining_loss(mlm_logits: torch.Tensor, nsp_logits: torch.Tensor | None,
-                     batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+                     batch: dict[str, torch.Tensor], accuracy: bool = True) -> dict[str, torch.Tensor]:
     """MLM cross-entropy averaged over real (weight 1) predictions, plus NSP cross-entropy
     averaged over real sequences.
 
     A packed batch's ``next_sentence_weights`` (B, S) marks the real sequences
     among the slots of the (B, S, 2) NSP logits; so a packed batch gives the
-    losses of the same sequences unpacked. Also returns the counts of correct
-    predictions, for accuracy without a second pass. Without NSP logits (a
-    masked-LM-only model) the loss is the MLM loss, ``nsp_loss`` and
-    ``nsp_correct`` are 0 and ``nsp_count`` still counts the sequences.
+    losses of the same sequences unpacked. With ``accuracy`` (evaluation) also
+    the counts of correct predictions (``mlm_correct``, ``nsp_correct``), for
+    accuracy without a second pass; training leaves them out, and with them an
+    argmax over the (B, P, V) logits. Without NSP logits (a masked-LM-only
+    model) the loss is the MLM loss, ``nsp_loss`` and ``nsp_correct`` are 0 and
+    ``nsp_count`` still counts the sequences.
     """
     weights = batch["masked_lm_weights"].float()  # (B, P); 0 marks padding predictions
     token_loss = F.cross_entropy(mlm_logits.float().flatten(0, 1), batch["masked_lm_ids"].flatten(),
@@ -507,36 +509,25 @@ def pretraining_loss(mlm_logits: torch.Tensor, nsp_logits: torch.Tensor | None,
     n_pred = weights.sum()
     mlm_loss = (token_loss * weights.flatten()).sum() / n_pred.clamp(min=1.0)
     nsp_labels = batch["next_sentence_labels"].flatten()
+    # Packed rows: (B, S, 2) logits, of which only the real sequences count; else one per row.
+    # (A fill on the device, not a tensor from a Python number: no host-to-device copy per micro-batch.)
+    nsp_weights = (batch["next_sentence_weights"].flatten().float() if "next_sentence_weights" in batch
+                   else torch.ones(nsp_labels.shape, device=mlm_logits.device))
+    nsp_count = nsp_weights.sum()
     if nsp_logits is None:
-        zero = torch.zeros((), device=mlm_logits.device)
-        nsp_loss, nsp_correct = zero, zero
-        nsp_count = (batch["next_sentence_weights"].float().sum() if "next_sentence_weights" in batch
-                     else torch.full((), float(nsp_labels.numel()), device=mlm_logits.device))
-    elif "next_sentence_weights" in batch:  # packed rows: (B, S, 2) logits; only the real sequences count
-        nsp_logits = nsp_logits.flatten(0, 1)
-        nsp_weights = batch["next_sentence_weights"].flatten().float()
-        nsp_count = nsp_weights.sum()
+        nsp_loss = torch.zeros((), device=mlm_logits.device)
+    else:
+        nsp_logits = nsp_logits.flatten(0, -2)
         nsp_loss = ((F.cross_entropy(nsp_logits.float(), nsp_labels, reduction="none") * nsp_weights).sum()
                     / nsp_count.clamp(min=1.0))
+    out = {"loss": mlm_loss + nsp_loss, "mlm_loss": mlm_loss, "nsp_loss": nsp_loss,
+           "mlm_count": n_pred, "nsp_count": nsp_count}
+    if accuracy:
         with torch.no_grad():
-            nsp_correct = ((nsp_logits.argmax(-1) == nsp_labels).float() * nsp_weights).sum()
-    else:
-        nsp_loss = F.cross_entropy(nsp_logits.float(), nsp_labels)
-        with torch.no_grad():
-            nsp_correct = (nsp_logits.argmax(-1) == nsp_labels).float().sum()
-            # A fill on the device: no host-to-device copy, so no sync per micro-batch.
-            nsp_count = torch.full((), float(nsp_labels.numel()), device=nsp_logits.device)
-    with torch.no_grad():
-        mlm_correct = ((mlm_logits.argmax(-1) == batch["masked_lm_ids"]).float() * weights).sum()
-    return {
-        "loss": mlm_loss + nsp_loss,
-        "mlm_loss": mlm_loss,
-        "nsp_loss": nsp_loss,
-        "mlm_correct": mlm_correct,
-        "mlm_count": n_pred,
-        "nsp_correct": nsp_correct,
-        "nsp_count": nsp_count,
-    }
+            out["mlm_correct"] = ((mlm_logits.argmax(-1) == batch["masked_lm_ids"]).float() * weights).sum()
+            out["nsp_correct"] = (torch.zeros((), device=mlm_logits.device) if nsp_logits is None
+                                  else ((nsp_logits.argmax(-1) == nsp_labels).float() * nsp_weights).sum())
+    return out
 
 
 def eval_sums(out: dict[str, torch.Tensor]) -> list[float]:
@@ -562,9 +553,9 @@ def eval_result(sums: Sequence[float], next_sentence: bool = True) -> dict[str, 
 
 
 @functools.cache
-def compiled_pretraining_loss() -> Callable[..., dict[str, torch.Tensor]]:
-    """``pretraining_loss`` under torch.compile (made once, compiled at its first call)."""
-    return torch.compile(pretraining_loss, dynamic=False)
+def compiled_pretraining_loss(accuracy: bool = True) -> Callable[..., dict[str, torch.Tensor]]:
+    """``pretraining_loss`` under torch.compile (made once per ``accuracy``, compiled at its first call)."""
+    return torch.compile(functools.partial(pretraining_loss, accuracy=accuracy), dynamic=False)
 
 
 RECOMPUTE_POLICIES = ("none", "layer", "attention")

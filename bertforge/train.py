@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import os
 import random
 import shutil
@@ -90,8 +91,9 @@ from .optim import build_optimizer, build_scheduler
 from .profile import RunMonitor
 
 
-def forward_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The pre-training losses and accuracy counts of one batch (see ``pretraining_loss``).
+def forward_loss(model: nn.Module, batch: dict[str, torch.Tensor], accuracy: bool = True) -> dict[str, torch.Tensor]:
+    """The pre-training losses of one batch, and with ``accuracy`` the counts of correct predictions
+    (see ``pretraining_loss``).
 
     The batch may be compact (int32, as the loader makes it): it is widened
     here, on the device, where the loss needs int64. A batch without padding
@@ -100,7 +102,8 @@ def forward_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, 
     batch = widen(batch)
     # A compiled model comes with a compiled loss: fp32 cross-entropy over (B, P, V) logits
     # fused into a few kernels instead of materialising fp32 copies of the logits.
-    loss_fn = compiled_pretraining_loss() if is_compiled(model) else pretraining_loss
+    loss_fn = (compiled_pretraining_loss(accuracy) if is_compiled(model)
+               else functools.partial(pretraining_loss, accuracy=accuracy))
     if "sequence_ids" in batch:  # packed rows (see data/packing.py)
         mlm_logits, nsp_logits = model(batch["input_ids"], batch["token_type_ids"], None,
                                        batch["masked_lm_positions"], position_ids=batch["position_ids"],
@@ -113,8 +116,9 @@ def forward_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, 
 
 def training_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The engine's loss function: the losses a training step reports (and, for packed rows,
-    ``sequences``: the real sequences of the batch, for a throughput in real sequences)."""
-    out = forward_loss(model, batch)
+    ``sequences``: the real sequences of the batch, for a throughput in real sequences); no
+    accuracy counts, whose argmax over the logits training does not need."""
+    out = forward_loss(model, batch, accuracy=False)
     keys = ("loss", "mlm_loss", "nsp_loss") if has_nsp(model) else ("loss", "mlm_loss")
     losses = {key: out[key] for key in keys}
     if "sequence_ids" in batch:
@@ -227,10 +231,12 @@ def _fail_here(rank: int, step: int) -> bool:
 
 
 def load_data(cfg: Config, run_dir: Path, rank: int = 0, world_size: int = 1, *,
-              pin: bool = False) -> tuple[Callable[[dict], Any], PretrainingDataset | None]:
+              pin: bool = False, always_mask: bool = False) -> tuple[Callable[[dict], Any], PretrainingDataset | None]:
     """(a function making this rank's training stream from a data position, the eval set).
 
     ``pin``: the record prefetcher puts batches in pinned memory (for a CUDA device).
+    ``always_mask``: batches without padding keep their attention mask, so that a compiled
+    model has one graph for all (synthetic rows, which never have padding, have none).
 
     Training data is synthetic, a corpus of text (built here, see data/), or a
     directory or glob of record shards (streamed). Fixes ``data.vocab`` and
@@ -248,6 +254,7 @@ def load_data(cfg: Config, run_dir: Path, rank: int = 0, world_size: int = 1, *,
     files = record_files(d.input) if d.input and is_records(d.input) else None
     if files is None:
         train, eval_set, vocab = build_datasets(d, run_dir, mlm_only=cfg.train.objective == "mlm")
+        train.always_mask = eval_set.always_mask = always_mask
         # The saved config names the vocab actually used, so a resume rebuilds the same data.
         d.vocab = str(Path(vocab).resolve())
         cfg.model.vocab_size = vocab_size_of(vocab)
@@ -296,12 +303,12 @@ def load_data(cfg: Config, run_dir: Path, rank: int = 0, world_size: int = 1, *,
             check_vocab_fits(records, d.vocab)
     # Token ids ≥ the vocab size are refused, naming the file and record, by the readers.
     eval_set = (PretrainingDataset(read_eval_records(d.eval_input, (first, d.seq_len, d.max_predictions),
-                                                     cfg.model.vocab_size)) if d.eval_input else None)
+                                                     cfg.model.vocab_size), always_mask) if d.eval_input else None)
 
     def make_stream(position: dict) -> RecordStream | Prefetcher:
         # Every rank reads the same number of batches per epoch: none waits for another.
         stream = RecordStream(files, batch_size, seed, shuffle_buffer=d.shuffle_buffer, masking=masking,
-                              vocab_size=cfg.model.vocab_size, **position, **split)
+                              vocab_size=cfg.model.vocab_size, always_mask=always_mask, **position, **split)
         return Prefetcher(stream, d.prefetch, pin=pin) if d.prefetch > 0 else stream
     return make_stream, eval_set
 
@@ -328,7 +335,7 @@ def check_resume(checkpoint: Path, saved: dict[str, Any], world_size: int, strea
             f"in record shards is per rank, so resume with {saved_world} rank(s)")
 
 
-def pretrain(cfg: Config) -> dict[str, Any]:
+def pretrain(cfg: Config, compile_only: bool = False) -> dict[str, Any]:
     """Run (or resume) pre-training; returns a summary with the run directory and results.
 
     Under torchrun every rank calls this: rank 0 alone prints, logs and writes
@@ -346,7 +353,7 @@ def pretrain(cfg: Config) -> dict[str, Any]:
             resume_from, run_dir, created = from_main(dist, lambda: locate_run(cfg, held))
             progress = {"steps": 0}
             try:
-                summary = train(cfg, dist, run_dir, resume_from, started, progress)
+                summary = train(cfg, dist, run_dir, resume_from, started, progress, compile_only)
                 barrier(dist)  # no rank leaves the group while another still talks to it
                 return summary
             except Exception:
@@ -368,7 +375,9 @@ def compile_only(cfg: Config) -> dict[str, Any]:
 
     What is compiled is what the run compiles, by the run's own code: one training step on the
     first batch of the configured data and the evaluation, in a hidden run directory under
-    ``log.run_dir`` that is removed afterwards. No weights or logs are kept; the cache is
+    ``log.run_dir`` that is removed afterwards. One step covers every batch of the run: a
+    compiled run's batches of padded data all carry their mask (``always_mask``), so a batch
+    without padding takes the same graph. No weights or logs are kept; the cache is
     ``execution.compile_cache``. Under torchrun every rank compiles its own part (DDP, FSDP).
     """
     if not compiles(cfg.execution, resolve_device(cfg.execution.device)):
@@ -382,7 +391,7 @@ def compile_only(cfg: Config) -> dict[str, Any]:
     cfg.log.tensorboard = cfg.log.wandb = False
     cfg.log.mlperf = ""
     started = time.perf_counter()
-    summary = pretrain(cfg)
+    summary = pretrain(cfg, compile_only=True)
     if summary["rank"] == 0:
         shutil.rmtree(summary["run_dir"], ignore_errors=True)
     return {"rank": summary["rank"], "seconds": time.perf_counter() - started, "run_dir": summary["run_dir"],
@@ -390,7 +399,7 @@ def compile_only(cfg: Config) -> dict[str, Any]:
 
 
 def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | None,
-          started: float, progress: dict[str, int] | None = None) -> dict[str, Any]:
+          started: float, progress: dict[str, int] | None = None, compile_only: bool = False) -> dict[str, Any]:
     """The body of ``pretrain`` on one rank, given the run directory (and the checkpoint to
     resume, already verified). ``progress["steps"]`` counts the steps this call completed."""
     progress = {"steps": 0} if progress is None else progress
@@ -398,17 +407,19 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
     mlperf = open_log(cfg, dist, resumed=resume_from is not None)
     loaded = []
     pin = dist.device.type == "cuda"  # pinned batches copy to the GPU without the host waiting
+    always_mask = compiles(cfg.execution, dist.device)  # one graph for padded and unpadded batches
     # The ranks that split the data: every rank, or with pipeline stages the pipelines (a pipeline's stages read alike).
     data_rank, data_world = pipeline_parallel.data_split(cfg.execution, dist)
     pipelined = cfg.execution.pipeline_stages > 1
 
     def load_on_main() -> tuple[str, int]:
-        loaded.append(load_data(cfg, run_dir, data_rank, data_world, pin=pin))
+        loaded.append(load_data(cfg, run_dir, data_rank, data_world, pin=pin, always_mask=always_mask))
         return cfg.data.vocab, cfg.model.vocab_size
 
     # Rank 0 loads first: it may train the vocab into the run directory, which the others then read.
     cfg.data.vocab, cfg.model.vocab_size = from_main(dist, load_on_main)
-    make_stream, eval_set = loaded[0] if loaded else load_data(cfg, run_dir, data_rank, data_world, pin=pin)
+    make_stream, eval_set = loaded[0] if loaded else load_data(cfg, run_dir, data_rank, data_world, pin=pin,
+                                                               always_mask=always_mask)
     data_fingerprint = from_main(dist, lambda: fingerprint_of(cfg.data))
     saved = ckpt.read_trainer_state(resume_from) if resume_from else None
     if resume_from is not None:
@@ -462,7 +473,7 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
                       f"{stream.num_sequences} training sequences of {cfg.data.seq_len}; "
                       f"global batch {cfg.train.global_batch_size} = {cfg.train.micro_batch_size} × "
                       f"{accumulation}{ranks}")
-        return run.train(progress)
+        return run.train(progress, save=not compile_only)
 
 
 class Pretraining:
@@ -499,7 +510,9 @@ class Pretraining:
 
     # -------- the loop
 
-    def train(self, progress: dict[str, int]) -> dict[str, Any]:
+    def train(self, progress: dict[str, int], save: bool = True) -> dict[str, Any]:
+        """Train to the end, a target accuracy or a signal; the summary. ``save`` false (compile-only)
+        writes no final checkpoint."""
         cfg, engine, batch, target = self.cfg, self.engine, self.cfg.train.global_batch_size, self.target
         self.mlperf.run_start(cfg, self.accumulation, self.steps, len(self.eval_set) if self.eval_set else 0)
         first_eval = last_eval = self.evaluate() if self.step == 0 and cfg.train.eval_at_start else None
@@ -541,16 +554,17 @@ class Pretraining:
                                f"{'reached' if status == 'success' else 'not reached'} after {self.step * batch} "
                                f"samples ({self.step} steps); time to train {time_to_train} s")
             self.mlperf.run_stop(self.step * batch, status or "aborted")
-            final = self.save()
+            final = self.save() if save else None
         summary = {
-            "run_dir": str(self.run_dir), "checkpoint": str(final), "steps": self.step, "preempted": preempted,
+            "run_dir": str(self.run_dir), "checkpoint": str(final) if final else None, "steps": self.step,
+            "preempted": preempted,
             "status": status, "time_to_train_s": time_to_train, "samples_to_train": self.step * batch,
             "first_loss": self.first_loss, "last_loss": self.last_loss,
             "first_eval": first_eval, "last_eval": last_eval,
             "wall_s": round(time.perf_counter() - self.started, 1),
             "rank": self.dist.rank, "world_size": self.dist.world_size,
         }
-        if not preempted:
+        if final is not None and not preempted:
             self.bar.print(f"done in {summary['wall_s']} s; checkpoint: {final}")
         return summary
 

@@ -47,8 +47,9 @@ class PretrainingDataset(torch.utils.data.Dataset):
     DataLoader collating ``__getitem__`` results one by one.
     """
 
-    def __init__(self, arrays: Rows):
+    def __init__(self, arrays: Rows, always_mask: bool = False):
         self.arrays = arrays
+        self.always_mask = always_mask  # batches without padding keep their mask (rows.to_torch)
 
     def __len__(self) -> int:
         return len(self.arrays)
@@ -57,7 +58,7 @@ class PretrainingDataset(torch.utils.data.Dataset):
         return {key: value[0] for key, value in self.batch([index]).items()}
 
     def batch(self, indices: Sequence[int] | np.ndarray) -> dict[str, torch.Tensor]:
-        return self.arrays.take(np.asarray(indices, dtype=np.int64)).to_torch()
+        return self.arrays.take(np.asarray(indices, dtype=np.int64)).to_torch(self.always_mask)
 
 
 class SyntheticDataset(PretrainingDataset):

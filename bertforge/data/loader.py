@@ -85,10 +85,11 @@ class RecordStream:
 
     def __init__(self, files: list[Path], batch_size: int, seed: int, *, rank: int = 0, world_size: int = 1,
                  shuffle_buffer: int = 10000, masking: MaskingSpec | None = None, verify: bool = True,
-                 vocab_size: int | None = None, epoch: int = 0, index: int = 0):
+                 vocab_size: int | None = None, epoch: int = 0, index: int = 0, always_mask: bool = False):
         if not files:
             raise DataError("no record files to read")
         self.files = [Path(f) for f in files]
+        self.always_mask = always_mask  # batches without padding keep their mask (rows.to_torch)
         self.readers: list[RecordFile] = []
         try:
             for f in self.files:
@@ -180,7 +181,7 @@ class RecordStream:
             assert isinstance(arrays, PretrainingArrays)  # packed records refuse masking (__init__)
             arrays = remask(arrays, self.masking, self._rng(self.epoch, 2, self.rank, self.index))
         self.index += 1
-        return arrays.to_torch()
+        return arrays.to_torch(self.always_mask)
 
     def state(self) -> dict[str, int]:
         return {"epoch": self.epoch, "index": self.index}

@@ -70,20 +70,23 @@ class PretrainingArrays(Columns):
                    masked_lm_weights=np.zeros((n, max_predictions), np.float32),
                    next_sentence_labels=np.zeros(n, np.int64))
 
-    def to_torch(self) -> dict[str, torch.Tensor]:
+    def to_torch(self, always_mask: bool = False) -> dict[str, torch.Tensor]:
         """The model's batch dict (see ``bertforge.model.pretraining_loss``), compact for the copy
         to the device: ids, positions and labels int32, the mask uint8, weights float32
         (``bertforge.feed.widen`` makes the int32 fields int64 on the device).
 
         A batch without padding has no ``attention_mask``: the model then runs
         attention without a mask (Flash on CUDA), and knowing it costs no device sync.
+        With ``always_mask`` it has one all the same: a compiled model then has one graph
+        for every batch of data that has padding somewhere (a second would be compiled
+        mid-run, at the first batch without padding).
 
         torch is imported here, not with the module: the ``bertforge data``
         commands use these arrays and never need torch.
         """
         batch = {"input_ids": host_tensor(self.input_ids, np.int32),
                  "token_type_ids": host_tensor(self.segment_ids, np.int32)}
-        if not np.all(self.input_mask):
+        if always_mask or not np.all(self.input_mask):
             batch["attention_mask"] = host_tensor(self.input_mask, np.uint8)
         batch.update({
             "masked_lm_positions": host_tensor(self.masked_lm_positions, np.int32),
@@ -122,8 +125,9 @@ class PackedArrays(Columns):
     def max_sequences_per_pack(self) -> int:
         return int(np.shape(self.next_sentence_labels)[1])
 
-    def to_torch(self) -> dict[str, torch.Tensor]:
-        """The model's packed batch (see ``bertforge.train.forward_loss``).
+    def to_torch(self, always_mask: bool = False) -> dict[str, torch.Tensor]:
+        """The model's packed batch (see ``bertforge.train.forward_loss``); it always has its mask
+        (``always_mask`` is for the signature :meth:`PretrainingArrays.to_torch` shares).
 
         ``sequence_ids`` (the per-token sequence index) makes the attention
         block-diagonal; ``cls_positions`` are the last S positions, where the
