@@ -55,7 +55,8 @@ def skipped(path: Path, block: int) -> dict[str, float]:
             counts = torch.stack([torch.bincount(row, minlength=int(ids.max()) + 1) for row in ids])
             scores += rows * T * T
             seen_scores += int((counts.double() ** 2).sum())
-    return {"blocks_skipped": round(1 - seen_blocks / blocks, 4), "scores_outside_sequences": round(1 - seen_scores / scores, 4)}
+    return {"blocks_skipped": round(1 - seen_blocks / blocks, 4),
+            "scores_outside_sequences": round(1 - seen_scores / scores, 4)}
 
 
 def main() -> None:

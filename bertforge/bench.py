@@ -110,10 +110,11 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def read_micro_batches(cfg: Config, pattern: str, batch_size: int, seq_len: int | None, count: int
-                       ) -> tuple[list[dict[str, torch.Tensor]], int]:
+def read_micro_batches(cfg: Config, pattern: str, batch_size: int, seq_len: int | None, count: int,
+                       always_mask: bool = False) -> tuple[list[dict[str, torch.Tensor]], int]:
     """``count`` micro-batches of the records at ``pattern`` (a directory, glob or file, as
-    ``data.input``), in training's order, and their sequence length.
+    ``data.input``), in training's order, and their sequence length. ``always_mask``: as
+    training's, for a compiled model (one graph for batches with and without padding).
 
     The records decide the sequence length and ``cfg.data.max_predictions``; a
     ``seq_len`` or an explicit ``data.max_predictions`` that differs is refused.
@@ -133,7 +134,7 @@ def read_micro_batches(cfg: Config, pattern: str, batch_size: int, seq_len: int 
     cfg.data.max_predictions = records_predictions
     # Token ids the model's vocab does not have are refused, naming the file and record.
     stream = RecordStream(files, batch_size, cfg.train.seed, shuffle_buffer=cfg.data.shuffle_buffer,
-                          vocab_size=cfg.model.vocab_size)
+                          vocab_size=cfg.model.vocab_size, always_mask=always_mask)
     try:
         return [stream.next() for _ in range(count)], records_len
     finally:
@@ -174,7 +175,8 @@ def bench_pretrain(cfg: Config, batch_size: int, seq_len: int | None, steps: int
     set_threads(cfg.execution.threads)
     device = resolve_device(cfg.execution.device)
     if data:
-        micro_batches, seq_len = read_micro_batches(cfg, data, batch_size, seq_len, (warmup + steps) * accumulation)
+        micro_batches, seq_len = read_micro_batches(cfg, data, batch_size, seq_len, (warmup + steps) * accumulation,
+                                                    always_mask=compiles(cfg.execution, device))
     else:
         seq_len = 128 if seq_len is None else seq_len
         synthetic = SyntheticDataset(size=batch_size, vocab_size=cfg.model.vocab_size, seq_len=seq_len,

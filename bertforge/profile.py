@@ -21,8 +21,11 @@ profiler's warm-up, untraced) and writes under ``RUN/profile/``:
 TensorBoard profiler plugin's layout), ``top_ops.txt`` (the operators with the
 most self time, CPU and on CUDA device time; also printed), ``memory.json``
 (peak memory per phase) and, on CUDA, ``memory_snapshot.pickle``
-(pytorch.org/memory_viz). Under torchrun every rank writes its own files,
-named ``trace.rankN.json`` and so on.
+(pytorch.org/memory_viz) and ``gpu_summary.json`` (per step: the GPU's span,
+busy time, optimizer time and top kernels; :func:`gpu_summary`). Only the
+window's last step waits for the device, as an unprofiled run never does.
+Under torchrun every rank writes its own files, named ``trace.rankN.json`` and
+so on.
 
 Peak host memory per phase (setup before the first step, training steps,
 profiled steps, evaluation) is the Linux high-water mark of the resident set,
@@ -181,8 +184,10 @@ class ProfileWindow:
 
     def after(self, step: int) -> None:
         if self.marker is not None:
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)  # the step's kernels end inside its marker
+            # Only the window's last step waits for the device: a wait after every step would leave
+            # the GPU idle while the host queues the next one, which an unprofiled run never does.
+            if self.device.type == "cuda" and step == self.end - 1:
+                torch.cuda.synchronize(self.device)
             self.marker.__exit__(None, None, None)
             self.marker = None
         if step == self.end - 1 and self.profiler is not None:
@@ -221,7 +226,12 @@ class ProfileWindow:
                           + averages.table(sort_by="self_device_time_total", row_limit=TOP_OPS))
             snapshot = self.out_dir / f"memory_snapshot{self.tag}.pickle"
             torch.cuda.memory._dump_snapshot(str(snapshot))
-            self.files.append(snapshot)
+            summary = gpu_summary(json.loads(trace.read_text(encoding="utf-8")), self.end - self.begin)
+            summary_file = self.out_dir / f"gpu_summary{self.tag}.json"
+            summary_file.write_text(json.dumps(summary, indent=1), encoding="utf-8")
+            self.files += [snapshot, summary_file]
+            self.echo(f"GPU per step: {summary['span_ms']:.1f} ms, busy {summary['busy_ms']:.1f} ms "
+                      f"({1 - summary['idle_fraction']:.0%}), optimizer {summary['optimizer_ms']:.1f} ms")
         table_file = self.out_dir / f"top_ops{self.tag}.txt"
         table_file.write_text("\n\n".join(tables), encoding="utf-8")
         self.files.append(table_file)
@@ -230,6 +240,47 @@ class ProfileWindow:
         self.echo("profile: " + ", ".join(str(f) for f in self.files)
                   + (" (open the trace in ui.perfetto.dev, the snapshot in pytorch.org/memory_viz)"
                      if self.device.type == "cuda" else " (open the trace in ui.perfetto.dev)"))
+
+
+GPU_WORK = ("kernel", "gpu_memcpy", "gpu_memset")  # the trace's categories of work on the GPU
+TOP_KERNELS = 15
+
+
+def _union_ms(intervals: list[tuple[float, float]]) -> float:
+    """The length of the union of (start, end) intervals in µs, in ms."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total / 1000
+
+
+def gpu_summary(trace: dict[str, Any], steps: int) -> dict[str, Any]:
+    """Where the GPU's time went over ``steps`` profiled steps of a Chrome trace (``trace.json``):
+    per step the span from its first to its last work, the time the GPU was busy (the union of its
+    kernels and copies), the optimizer's share (the kernels under torch's ``Optimizer.step#…``
+    annotations) and the kernels with the most time."""
+    events = trace.get("traceEvents", [])
+    work = [e for e in events if e.get("cat") in GPU_WORK and "dur" in e]
+    if not work:
+        raise ValueError("the trace holds no GPU work (was it profiled on CUDA?)")
+    spans = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in work]
+    optimizer = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in events
+                 if e.get("cat") == "gpu_user_annotation" and str(e.get("name", "")).startswith("Optimizer.step#")]
+    in_optimizer = [(a, b) for a, b in spans if any(start <= a and b <= end for start, end in optimizer)]
+    by_name: dict[str, float] = {}
+    for e in work:
+        by_name[e["name"]] = by_name.get(e["name"], 0.0) + float(e["dur"]) / 1000
+    span = (max(b for _, b in spans) - min(a for a, _ in spans)) / 1000
+    busy = _union_ms(spans)
+    return {
+        "steps": steps, "span_ms": span / steps, "busy_ms": busy / steps, "idle_fraction": 1 - busy / span,
+        "optimizer_ms": _union_ms(in_optimizer) / steps,
+        "kernels_per_step": len(work) / steps, "optimizer_kernels_per_step": len(in_optimizer) / steps,
+        "top_kernels": [{"name": name, "ms": ms / steps, "share": ms / busy}
+                        for name, ms in sorted(by_name.items(), key=lambda item: -item[1])[:TOP_KERNELS]],
+    }
 
 
 # ------------------------------------------------------------------ the monitor

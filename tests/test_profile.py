@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from bertforge.cli import main
-from bertforge.profile import PhaseMemory, check_window
+from bertforge.profile import PhaseMemory, check_window, gpu_summary
 
 TINY_RUN = ["pretrain", "--config", "tiny", "--data.synthetic", "--steps", "5", "--no-progress",
             "--data.seq_len", "32", "--train.micro_batch_size", "4", "--train.global_batch_size", "8",
@@ -122,3 +122,26 @@ def test_a_run_resumed_after_the_window_is_not_profiled_again(caplog):
     with caplog.at_level("WARNING", logger="bertforge"):
         assert check_window("2:4", start_step=3, total_steps=10) is None
     assert "log.profile='2:4': this run resumes at step 3, after START; not profiling" in caplog.text
+
+
+def test_the_gpu_summary_counts_busy_idle_and_optimizer_time():
+    """Two steps of a made-up CUDA trace (µs): kernels at 0-40, 30-60 (overlapping: 60 busy), a copy at
+    80-90, and the optimizer's two kernels at 100-120 and 130-150 under its annotation; the window spans
+    0-150. Per step: span 75 µs, busy 55, optimizer 20 (its annotation's gaps are not busy)."""
+    def kernel(name, ts, dur, cat="kernel"):
+        return {"cat": cat, "name": name, "ts": ts, "dur": dur}
+
+    trace = {"traceEvents": [
+        kernel("gemm", 0, 40), kernel("gemm", 30, 30), kernel("Memcpy HtoD", 80, 10, "gpu_memcpy"),
+        {"cat": "gpu_user_annotation", "name": "Optimizer.step#Lamb.step", "ts": 95, "dur": 60},
+        kernel("lamb_update", 100, 20), kernel("lamb_update", 130, 20),
+        {"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 500},  # host work is not GPU time
+    ]}
+    summary = gpu_summary(trace, steps=2)
+    assert (summary["span_ms"], summary["busy_ms"], summary["optimizer_ms"]) == (0.075, 0.055, 0.02)
+    assert summary["idle_fraction"] == pytest.approx(1 - 110 / 150)
+    assert (summary["kernels_per_step"], summary["optimizer_kernels_per_step"]) == (2.5, 1.0)
+    assert [k["name"] for k in summary["top_kernels"]] == ["gemm", "lamb_update", "Memcpy HtoD"]
+    assert summary["top_kernels"][0] == {"name": "gemm", "ms": 0.035, "share": pytest.approx(70 / 110)}
+    with pytest.raises(ValueError, match="no GPU work"):
+        gpu_summary({"traceEvents": [trace["traceEvents"][-1]]}, steps=1)

@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# One command measures a GPU, in under 8 minutes on one H100/H200:
+#
+#   python benchmarks/gpu_data.py          # here, once: .gpu/ (packed Wikipedia rows) and .whl/ (google-crc32c)
+#   benchmarks/gpu.sh OUT                  # there (carry .gpu and .whl): every stage, then OUT/summary.json
+#   benchmarks/gpu.sh --dry-run OUT        # anywhere: the same stages at toy sizes on the CPU (CI runs it)
+#
+# Stages, each in its own time box, each one's output in OUT/STAGE.out and .err (a stage that fails is
+# recorded in the summary and the next one runs):
+#   cuda_tests           pytest -m cuda (kernels against math, no host syncs, bf16/fp16 against fp32, ...)
+#   phase1_ours          bench pretrain: BERT-large, bf16, 256 x 128, 20 predictions, compiled
+#   phase1_transformers  benchmarks/transformers_peer.py: the same batch, SDPA, bf16 autocast, fused AdamW,
+#                        clip 1.0, compiled
+#   phase2_packed        bench pretrain on .gpu/wiki-512-packed.bfrec (32 rows a step; synthetic 512/76
+#                        rows when .gpu is absent)
+#   pretrain_profiled    bertforge pretrain --config pretrain_large_128_phase1 at 256, synthetic, steps 0..7,
+#                        profiled over 5..6: the GPU's busy and idle time per step, the optimizer's, top kernels
+# OUT/summary.json gathers them: seq/s and MFU of both sides and their ratio, pretrain's seq/s against
+# bench's, the profile's numbers, each stage's exit status and seconds.
+set -uo pipefail
+
+dry_run=0
+if [[ "${1:-}" == "--dry-run" ]]; then
+    dry_run=1
+    shift
+fi
+out="${1:?usage: benchmarks/gpu.sh [--dry-run] OUT_DIR}"
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+cd "$(dirname "$0")/.." || exit
+python="${PYTHON:-python3}"
+
+# What the GPU machine lacks travels as wheels in .whl (benchmarks/gpu_data.py); installed beside torch.
+if compgen -G ".whl/*.whl" > /dev/null; then
+    "$python" -m pip install -q --no-index --no-deps --no-compile --target /tmp/bertforge-site .whl/*.whl \
+        && export PYTHONPATH="/tmp/bertforge-site:${PYTHONPATH:-}"
+fi
+export PYTHONPATH="$PWD:${PYTHONPATH:-}" PYTHONUNBUFFERED=1
+export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-/tmp/bertforge-inductor}"
+
+if (( dry_run )); then  # toy sizes on the CPU: every stage runs its code, in seconds
+    model=(--config tiny --execution.device cpu --execution.precision fp32 --execution.compile false)
+    phase1=(--seq-len 32 --batch-size 4 --steps 2 --warmup 1)
+    peer=(--preset tiny --seq-len 32 --batch-size 4 --steps 2 --warmup 1 --precision fp32 --device cpu)
+    phase2=(--seq-len 64 --max-predictions 10 --batch-size 2 --steps 2 --warmup 1)
+    pretrain=(--config pretrain_tiny --execution.device cpu --execution.compile false --train.micro_batch_size 4
+              --train.global_batch_size 4 --data.seq_len 32 --data.max_predictions 5 --train.steps 4
+              --log.profile 2:3)
+    limit=300
+else
+    model=(--config large --execution.precision bf16)
+    phase1=(--seq-len 128 --batch-size 256 --steps 10 --warmup 3)
+    peer=(--preset large --seq-len 128 --batch-size 256 --steps 10 --warmup 3 --precision bf16 --compile)
+    phase2=(--batch-size 32 --steps 10 --warmup 3)
+    if [[ -f .gpu/wiki-512-packed.bfrec ]]; then
+        phase2+=(--data .gpu/wiki-512-packed.bfrec)
+    else
+        phase2+=(--seq-len 512 --max-predictions 76)
+    fi
+    pretrain=(--config pretrain_large_128_phase1 --train.micro_batch_size 256 --train.global_batch_size 256
+              --train.steps 8 --log.profile 5:7)
+    limit=240
+fi
+
+printf 'stage\texit\tseconds\n' > "$out/stages.tsv"
+stage() {  # stage NAME SECONDS COMMAND...: run it in its time box, record its exit status and time
+    local name="$1" box="$2" started=$SECONDS
+    shift 2
+    echo "== $name (at most ${box} s)"
+    timeout "$box" "$@" > "$out/$name.out" 2> "$out/$name.err"
+    local status=$?
+    printf '%s\t%s\t%s\n' "$name" "$status" "$((SECONDS - started))" >> "$out/stages.tsv"
+    echo "   exit $status after $((SECONDS - started)) s"
+}
+
+mapfile -t cuda_files < <(grep -l "mark.cuda" tests/test_*.py)  # (collecting only these saves half a minute)
+stage cuda_tests "$limit" "$python" -m pytest -q -m cuda "${cuda_files[@]}" -p no:cacheprovider \
+    --junitxml="$out/cuda_tests.xml"
+stage phase1_ours "$limit" "$python" -m bertforge bench pretrain "${model[@]}" "${phase1[@]}" --json
+stage phase1_transformers "$limit" "$python" benchmarks/transformers_peer.py "${peer[@]}" --json
+stage phase2_packed "$limit" "$python" -m bertforge bench pretrain "${model[@]}" "${phase2[@]}" --json
+rm -rf "$out/runs"
+stage pretrain_profiled "$limit" "$python" -m bertforge pretrain "${pretrain[@]}" --data.synthetic true \
+    --train.eval_at_start false --train.eval_every 0 --checkpoint.every 0 --log.every 1 --log.tensorboard false \
+    --log.run_dir "$out/runs" --log.name profiled --no-progress
+
+"$python" - "$out" <<'PYTHON'
+"""OUT/summary.json from the stages' outputs (a missing or failed stage's part is null)."""
+import json
+import statistics
+import sys
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+out = Path(sys.argv[1])
+
+
+def last_json(name):
+    path = out / f"{name}.out"
+    lines = [line for line in path.read_text().splitlines() if line.startswith("{")] if path.exists() else []
+    return json.loads(lines[-1]) if lines else None
+
+
+def cuda_tests():
+    path = out / "cuda_tests.xml"
+    if not path.exists():
+        return None
+    suite = ElementTree.parse(path).getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
+    failed = [case.get("name") for case in suite.iter("testcase")
+              if case.find("failure") is not None or case.find("error") is not None]
+    return {**counts, "passed": counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"],
+            "failed": failed}
+
+
+def side(result):
+    keys = ("seq_per_s", "rows_per_s", "step_ms", "mfu", "peak_mem_mb", "device_name", "compile")
+    return None if result is None else {key: result.get(key) for key in keys}
+
+
+def pretrain():
+    run = out / "runs" / "profiled"
+    rows = ([json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+            if (run / "metrics.jsonl").exists() else [])
+    rates = [row["seq_per_s"] for row in rows if "split" not in row and 2 <= row["step"] <= 5]
+    profile = run / "profile" / "gpu_summary.json"
+    return (statistics.median(rates) if rates else None,
+            json.loads(profile.read_text()) if profile.exists() else None)
+
+
+ours, theirs = last_json("phase1_ours"), last_json("phase1_transformers")
+pretrain_rate, profile = pretrain()
+stages = [dict(zip(("stage", "exit", "seconds"), line.split("\t")))
+          for line in (out / "stages.tsv").read_text().splitlines()[1:]]
+summary = {
+    "stages": [{**s, "exit": int(s["exit"]), "seconds": int(s["seconds"])} for s in stages],
+    "cuda_tests": cuda_tests(),
+    "phase1": {"ours": side(ours), "transformers": side(theirs),
+               "ratio": ours["seq_per_s"] / theirs["seq_per_s"] if ours and theirs else None},
+    "phase2_packed": side(last_json("phase2_packed")),
+    "pretrain": {"seq_per_s": pretrain_rate,
+                 "of_bench": pretrain_rate / ours["seq_per_s"] if pretrain_rate and ours else None},
+    "profile": profile,
+}
+(out / "summary.json").write_text(json.dumps(summary, indent=1))
+print(json.dumps(summary))
+PYTHON

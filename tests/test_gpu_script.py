@@ -1,0 +1,46 @@
+"""benchmarks/gpu.sh, the one command a session with a GPU runs: its CPU dry run (every stage at
+toy sizes, the summary assembled) and shellcheck. What it measures on a GPU is in docs/gpu.md."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "gpu.sh"
+
+
+def test_gpu_sh_passes_shellcheck():
+    shellcheck = shutil.which("shellcheck")
+    if shellcheck is None:
+        pytest.skip("shellcheck is not installed (pip install '.[test]')")
+    result = subprocess.run([shellcheck, str(SCRIPT)], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_dry_run_runs_every_stage_and_writes_the_summary(tmp_path):
+    """About a minute on 2 cores: the CUDA tests (all skipped here), both sides of phase 1, phase 2,
+    the profiled pretrain run, and summary.json from their outputs."""
+    out = tmp_path / "gpu"
+    result = subprocess.run(["bash", str(SCRIPT), "--dry-run", str(out)], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=900, check=False, env={**os.environ, "PYTHON": sys.executable})
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert [(s["stage"], s["exit"]) for s in summary["stages"]] == [
+        ("cuda_tests", 0), ("phase1_ours", 0), ("phase1_transformers", 0), ("phase2_packed", 0),
+        ("pretrain_profiled", 0)]
+    tests = summary["cuda_tests"]
+    assert tests["tests"] >= 8 and tests["skipped"] == tests["tests"] and tests["failed"] == []  # no CUDA here
+    ours, theirs = summary["phase1"]["ours"], summary["phase1"]["transformers"]
+    assert ours["seq_per_s"] > 0 and theirs["seq_per_s"] > 0
+    assert summary["phase1"]["ratio"] == pytest.approx(ours["seq_per_s"] / theirs["seq_per_s"])
+    assert summary["phase2_packed"]["seq_per_s"] > 0
+    assert summary["pretrain"]["seq_per_s"] > 0 and summary["pretrain"]["of_bench"] > 0
+    assert summary["profile"] is None  # a CPU trace holds no GPU work to sum up
+    assert (out / "runs" / "profiled" / "profile" / "trace.json").is_file()
