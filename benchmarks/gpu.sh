@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One command measures a GPU, in under 8 minutes on one H100/H200:
 #
-#   python benchmarks/gpu_data.py          # here, once: .gpu/ (packed Wikipedia rows) and .whl/ (google-crc32c)
+#   benchmarks/gpu.sh --prepare            # here, once: .gpu/ (packed Wikipedia rows from ../shared, a few MB)
+#                                          # and .whl/ (google-crc32c's cp312 wheel, which the GPU machine lacks)
 #   benchmarks/gpu.sh OUT                  # there (carry .gpu and .whl): every stage, then OUT/summary.json
 #   benchmarks/gpu.sh --dry-run OUT        # anywhere: the same stages at toy sizes on the CPU (CI runs it)
 #
@@ -18,19 +19,48 @@
 # OUT/summary.json gathers them: seq/s and MFU of both sides and their ratio, pretrain's seq/s against
 # bench's, the profile's numbers, each stage's exit status and seconds.
 set -uo pipefail
+cd "$(dirname "$0")/.." || exit
+python="${PYTHON:-python3}"
+
+if [[ "${1:-}" == "--prepare" ]]; then
+    # Phase 2's rows as benchmarks/packing.py makes them (data create --mode fast at 512/76, dupe factor 5,
+    # seed 12345, packed 3 a row), the first 1024 kept: 32 steps of 32 rows.
+    PYTHONPATH="$PWD/benchmarks:$PWD:${PYTHONPATH:-}" "$python" - <<'PYTHON' || exit
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from data_prep import DUMP, wiki_sample_text
+from packing import make_records
+
+from bertforge.data.record_reader import open_records
+from bertforge.data.record_writer import write_records
+
+with tempfile.TemporaryDirectory() as tmp:
+    text = Path(tmp) / "wiki.txt"
+    text.write_text(wiki_sample_text(DUMP), encoding="utf-8")
+    _, packed, stats = make_records(text, Path(tmp), 512, 76, 3)
+    with open_records(packed, verify=False) as records:
+        rows = records.take(np.arange(min(1024, len(records))))
+    path = write_records(Path(".gpu") / "wiki-512-packed.bfrec", rows, fmt="native", vocab_size=30522)
+print(f"{path}: {len(rows)} packed rows of 512 tokens (packing factor {stats['packing_factor']})")
+PYTHON
+    "$python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux2014_x86_64 -d .whl google-crc32c || exit
+    echo ".whl: $(ls .whl)"
+    exit 0
+fi
 
 dry_run=0
 if [[ "${1:-}" == "--dry-run" ]]; then
     dry_run=1
     shift
 fi
-out="${1:?usage: benchmarks/gpu.sh [--dry-run] OUT_DIR}"
+out="${1:?usage: benchmarks/gpu.sh [--prepare | --dry-run] OUT_DIR}"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
-cd "$(dirname "$0")/.." || exit
-python="${PYTHON:-python3}"
 
-# What the GPU machine lacks travels as wheels in .whl (benchmarks/gpu_data.py); installed beside torch.
+# What the GPU machine lacks travels as wheels in .whl (--prepare); installed beside torch.
 if compgen -G ".whl/*.whl" > /dev/null; then
     "$python" -m pip install -q --no-index --no-deps --no-compile --target /tmp/bertforge-site .whl/*.whl \
         && export PYTHONPATH="/tmp/bertforge-site:${PYTHONPATH:-}"
