@@ -26,6 +26,8 @@ from typing import Any, Literal
 import yaml
 
 CONFIG_DIR = Path(__file__).parent / "configs"
+# What `bertforge pretrain` runs without --config, and so what `config` and `plan` describe then.
+PRETRAIN_CONFIG = "pretrain_tiny"
 
 # The values a field may take: one definition each. The dataclass fields are
 # typed with them, set_value checks against them, and the command-line flags
