@@ -608,6 +608,9 @@ def validate(cfg: Config) -> None:
                           f"1..data.seq_len={cfg.data.seq_len}")
     if cfg.train.steps <= 0 and cfg.train.epochs <= 0:
         raise ConfigError("train.steps or train.epochs must be positive")
+    if cfg.train.lr_table and cfg.train.schedule != "table":  # else the table would be silently unused
+        raise ConfigError(f"train.lr_table is given but train.schedule={cfg.train.schedule}: the table is read only "
+                          f"with train.schedule table")
     samples = cfg.train.eval_every_samples
     if samples != "mlperf" and samples < 0:
         raise ConfigError(f"train.eval_every_samples={samples} must not be negative (0 = off, or mlperf)")
