@@ -337,6 +337,19 @@ def test_bad_input_is_one_line_naming_it(root, tmp_path, capsys):
         assert not (tmp_path / "out").exists()  # a refused run leaves no directory behind
 
 
+@pytest.mark.parametrize("flag, values, message", [
+    ("--seeds", ["1", "2", "1"], "error: --seeds 1 is given twice: each value is one run, and a run counts once\n"),
+    ("--lr", ["1e-4", "3e-4", "0.0001"],
+     "error: --lr 0.0001 is given twice: each value is one run, and a run counts once\n"),
+])
+def test_a_sweep_value_given_twice_is_refused(root, tmp_path, capsys, flag, values, message):
+    """``--seeds 1 1`` would train one run and report it as a median over two."""
+    out = tmp_path / "sweep"
+    assert main([*ft_args(root, "sst-2", out, epochs=1), flag, *values]) == 2
+    assert capsys.readouterr().err == message
+    assert not out.exists()
+
+
 def test_a_sweep_ranks_a_nan_score_below_every_number():
     """A constant prediction has no correlation (NaN, as scipy and GLUE's scorer give): it is the
     lowest of a sweep's seeds, and a learning rate whose median is NaN is never the best."""
