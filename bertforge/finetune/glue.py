@@ -23,7 +23,7 @@ Reading
     train/dev files start with one). The header must name the columns read
     (``sentence1`` where text_a is read...), which catches a file of another
     task or split. A row with too few columns, a label outside the task's
-    labels or a non-numeric STS-B score raises :class:`GlueError`:
+    labels or an STS-B score that is not a number from 0 to 5 raises :class:`GlueError`:
     ``MRPC/dev.tsv:7: label 'yes' is not one of 0, 1``. Except where the
     references skip: QQP's train file has rows with too few columns (broken
     by stray newlines in questions), which both references drop; they are
@@ -390,6 +390,8 @@ def _score(value: str, path: Path, line: int) -> float:
         score = math.nan
     if not math.isfinite(score):
         raise GlueError(f"{path}:{line}: score {value!r} is not a number")
+    if not 0.0 <= score <= 5.0:  # STS-B's similarity scale; the predictions are clipped to it too
+        raise GlueError(f"{path}:{line}: score {value!r} is outside STS-B's 0-5")
     return score
 
 
