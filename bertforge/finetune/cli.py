@@ -52,7 +52,7 @@ def _overrides(args: argparse.Namespace, extra: list[str]) -> list[tuple[str, An
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     from ..config import ConfigError
     from .run import overwrite_out_dir
-    from .train import finetune, load_task_config
+    from .train import finetune, load_task_config, require_main_dev
 
     _refuse_repeats("--seeds", args.seeds)
     _refuse_repeats("--lr", args.lr)
@@ -61,6 +61,10 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     if sweep and args.resume:
         raise ConfigError("a sweep resumes by running the same command again (without --resume)")
     cfg, task = load_task_config(args.kind, args.config, overrides, resume=args.resume)
+    if sweep:  # refused before --overwrite removes anything
+        if not args.out:
+            raise ConfigError("a sweep (several --seeds or --lr) needs --out DIR, the directory of its runs")
+        require_main_dev(task)
     if args.overwrite:
         overwrite_out_dir(cfg, args.out, {"--init": args.init, "--data": task.data, "--vocab": args.vocab})
     if not sweep:
@@ -72,8 +76,6 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
         if summary["rank"] == 0:
             _print_summary(summary)
         return 0
-    if not args.out:
-        raise ConfigError("a sweep (several --seeds or --lr) needs --out DIR, the directory of its runs")
     return _sweep(args, overrides)
 
 

@@ -282,11 +282,16 @@ def read_task(data_dir: str | Path, task: str | GlueTask, split: str) -> GlueExa
     """The examples of ``task``'s ``split`` ("train", "dev", "test"; MNLI's "dev_matched",
     "dev_mismatched", "test_matched", "test_mismatched"), from the GLUE directory (or the
     task's own directory) ``data_dir``; see :func:`read_file`."""
-    path, spec = task_file(data_dir, task, split), get_task(task)
+    path = task_file(data_dir, task, split)
     if not path.exists():
-        raise GlueError(f"{data_dir}: no {spec.files[split]} in it or in its {spec.directory}/ "
-                        f"({spec.name}'s {split} split)")
+        raise GlueError(missing_file(data_dir, task, split))
     return read_file(path, task, split)
+
+
+def missing_file(data_dir: str | Path, task: str | GlueTask, split: str) -> str:
+    """What to say when ``split``'s file is in neither place :func:`task_file` looks."""
+    spec = get_task(task)
+    return f"{data_dir}: no {spec.files[split]} in it or in its {spec.directory}/ ({spec.name}'s {split} split)"
 
 
 def _open_tsv(path: Path) -> Iterable[tuple[int, list[str]]]:
