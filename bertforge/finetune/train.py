@@ -350,10 +350,10 @@ def _finetune(cfg: Config, task_cfg: TaskConfig, dist: DistContext, out_dir: Pat
     task_cfg.data = str(Path(task_cfg.data).resolve())
     tokenizer = load_tokenizer(vocab_path, cfg.data.lowercase)
     task = Task.of(task_cfg, tokenizer, cfg.data.seq_len)
-    for split in task.dev_names:
+    features, files, description = task.training_data()  # sets the labels of a new run
+    for split in task.dev_names:  # (after the training file, whose absence is an error)
         if split not in task.dev_splits():
             logger.warning("%s: this run has no %s scores", task.missing(split), split)
-    features, files, description = task.training_data()  # sets the labels of a new run
     num_labels = len(task_cfg.labels)
     if resume_from is None:
         model = load_classifier(init, task, vocab_path)  # type: ignore[arg-type]  # checked above
