@@ -33,6 +33,7 @@ from pathlib import Path
 
 from .config import (
     MODEL_PRESETS,
+    PRETRAIN_CONFIG,
     ConfigError,
     Head,
     Precision,
@@ -58,7 +59,7 @@ OVERRIDES_HELP = ("Any config field can be set with a dotted flag, e.g. --train.
 def cmd_pretrain(args: argparse.Namespace, extra: list[str]) -> int:
     from .train import pretrain
 
-    cfg = config_from_args(args, extra, default="pretrain_tiny")
+    cfg = config_from_args(args, extra, default=PRETRAIN_CONFIG)
     if args.compile_only:
         from .train import compile_only
 
@@ -230,7 +231,7 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def cmd_config(args: argparse.Namespace, extra: list[str]) -> int:
-    cfg = config_from_args(args, extra, default=None)
+    cfg = config_from_args(args, extra, default=PRETRAIN_CONFIG)
     print(cfg.to_yaml(), end="")
     return 0
 
@@ -258,7 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=OVERRIDES_HELP,
                        description="Pre-train BERT. With no arguments: the tiny preset on the built-in "
                                    "corpus, offline, in a few minutes on a laptop CPU.")
-    p.add_argument("--config", help=config_help + " (default: pretrain_tiny)")
+    p.add_argument("--config", help=config_help + f" (default: {PRETRAIN_CONFIG})")
     p.add_argument("--steps", type=int, help="optimizer steps (train.steps)")
     p.add_argument("--epochs", type=int, help="passes over the data instead of --steps (train.epochs)")
     p.add_argument("--resume", help="run or checkpoint directory to continue exactly")
@@ -401,7 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_eval, takes_overrides=True)
 
     p = sub.add_parser("config", help="print a resolved config as YAML", epilog=OVERRIDES_HELP)
-    p.add_argument("--config", help=config_help + " (default: the built-in defaults)")
+    p.add_argument("--config", help=config_help + f" (default: {PRETRAIN_CONFIG}, what `bertforge pretrain` runs)")
     p.set_defaults(func=cmd_config, takes_overrides=True)
     add_plan_command(sub, config_help, OVERRIDES_HELP)
     return parser

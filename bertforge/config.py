@@ -26,6 +26,8 @@ from typing import Any, Literal
 import yaml
 
 CONFIG_DIR = Path(__file__).parent / "configs"
+# What `bertforge pretrain` runs without --config, and so what `config` and `plan` describe then.
+PRETRAIN_CONFIG = "pretrain_tiny"
 
 # The values a field may take: one definition each. The dataclass fields are
 # typed with them, set_value checks against them, and the command-line flags
@@ -613,6 +615,9 @@ def validate(cfg: Config) -> None:
                           f"1..data.seq_len={cfg.data.seq_len}")
     if cfg.train.steps <= 0 and cfg.train.epochs <= 0:
         raise ConfigError("train.steps or train.epochs must be positive")
+    if cfg.train.lr_table and cfg.train.schedule != "table":  # else the table would be silently unused
+        raise ConfigError(f"train.lr_table is given but train.schedule={cfg.train.schedule}: the table is read only "
+                          f"with train.schedule table")
     samples = cfg.train.eval_every_samples
     if samples != "mlperf" and samples < 0:
         raise ConfigError(f"train.eval_every_samples={samples} must not be negative (0 = off, or mlperf)")

@@ -56,7 +56,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .config import Config, ConfigError, ModelConfig, TrainConfig
+from .config import PRETRAIN_CONFIG, Config, ConfigError, ModelConfig, TrainConfig
 from .runs import config_from_args
 
 FP32 = 4
@@ -642,7 +642,7 @@ def add_plan_command(sub: Any, config_help: str, epilog: str) -> None:
                         "not fit; 2 for a mistake in the arguments.",
         description="Predict per-rank memory (parameters, gradients, optimizer state, "
                     "activations) of pre-training a config, from the config alone.")
-    p.add_argument("--config", help=config_help + " (default: the built-in defaults)")
+    p.add_argument("--config", help=config_help + f" (default: {PRETRAIN_CONFIG}, what `bertforge pretrain` runs)")
     p.add_argument("--world-size", type=int, default=1, help="ranks (processes), default 1")
     p.add_argument("--device-memory", help="memory of one device: 80GB, 80GiB, 81920MB or bytes")
     p.add_argument("--device", choices=("cuda", "cpu"),
@@ -655,7 +655,7 @@ def cmd_plan(args: Any, extra: list[str]) -> int:
     import json
 
     device_memory = parse_size(args.device_memory) if args.device_memory is not None else None
-    cfg = config_from_args(args, extra, default=None)
+    cfg = config_from_args(args, extra, default=PRETRAIN_CONFIG)
     plan = plan_memory(cfg, world_size=args.world_size, device=args.device)
     fits = plan.fits(device_memory) if device_memory is not None else None
     if args.json:

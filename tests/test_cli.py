@@ -58,6 +58,23 @@ def test_config_prints_the_resolved_yaml(capsys):
     assert cfg["train"]["global_batch_size"] == 256 and cfg["data"]["synthetic"] is True
 
 
+def test_config_and_plan_without_arguments_describe_what_pretrain_runs(capsys, monkeypatch):
+    """Look before you run: `config` and `plan` with no --config resolve the config that a bare
+    `bertforge pretrain` trains (BERT-tiny), not the dataclass defaults (BERT-base)."""
+    import bertforge.train
+    from bertforge.plan import plan_memory
+
+    runs = []
+    monkeypatch.setattr(bertforge.train, "pretrain", lambda cfg: runs.append(cfg) or {"rank": 1})
+    assert main(["pretrain", "--train.lr", "0.02"]) == 0
+    assert main(["config", "--train.lr", "0.02"]) == 0
+    (ran,) = runs
+    assert capsys.readouterr().out == ran.to_yaml()
+    assert (ran.model.num_hidden_layers, ran.model.hidden_size, ran.train.lr) == (2, 128, 0.02)
+    assert main(["plan", "--json", "--train.lr", "0.02"]) == 0
+    assert json.loads(capsys.readouterr().out)["config"] == plan_memory(ran).to_dict()["config"]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["config", "--train.nope", "1"], "error: unknown config key 'train.nope'"),
     (["config", "--config", "gigantic"], "error: unknown config 'gigantic'"),

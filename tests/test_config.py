@@ -63,11 +63,25 @@ def test_phase_configs_have_the_published_recipe():
 def test_overrides_convert_types_and_apply_last():
     cfg = load_config("base", parse_overrides([
         "--train.global_batch_size", "256", "--train.lr=1e-4", "--data.synthetic",
-        "--execution.precision", "bf16", "--train.lr_table", "{0: 1.0e-4, 100: 5.0e-5}"]))
+        "--execution.precision", "bf16", "--train.schedule", "table", "--train.lr_table", "{0: 1.0e-4, 100: 5.0e-5}"]))
     assert cfg.model.hidden_size == 768
     assert cfg.train.global_batch_size == 256 and cfg.train.lr == 1e-4
     assert cfg.data.synthetic is True and cfg.execution.precision == "bf16"
     assert cfg.train.lr_table == {0: 1e-4, 100: 5e-5}
+
+
+def test_an_lr_table_without_the_table_schedule_is_refused_naming_both_keys(capsys):
+    """train.lr_table is read only by schedule table: given with another, it would be silently unused."""
+    from bertforge.cli import main
+
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [("train.lr_table", "{0: 1.0e-4}")])
+    assert str(err.value) == ("train.lr_table is given but train.schedule=poly: the table is read only with "
+                              "train.schedule table")
+    assert main(["config", "--train.schedule", "exp", "--train.lr_table", "{0: 1.0e-4}"]) == 2
+    assert capsys.readouterr().err.startswith("error: train.lr_table is given but train.schedule=exp: ")
+    cfg = load_config(None, [("train.lr_table", "{0: 1.0e-4}"), ("train.schedule", "table")])
+    assert cfg.train.lr_table == {0: 1e-4}
 
 
 def test_model_preset_then_field_override():
@@ -286,7 +300,7 @@ def test_log_every_zero_is_refused_through_the_command(capsys):
     assert main(["pretrain", "--log.every", "0", "--data.synthetic"]) == 2
     assert capsys.readouterr().err == (f"error: log.every=0 must be at least 1 in {CONFIG_DIR / 'pretrain_tiny.yaml'} "
                                        "with the overrides\n")
-    assert main(["config", "--checkpoint.every", "-1"]) == 2
+    assert main(["config", "--config", "base", "--checkpoint.every", "-1"]) == 2  # a preset: no file to name
     assert capsys.readouterr().err == "error: checkpoint.every=-1 must not be negative\n"
 
 

@@ -915,3 +915,50 @@ def test_pretraining_on_text_masks_whole_words_and_records_need_dynamic_masking(
     assert capsys.readouterr().err == (
         "error: data.whole_word_mask on records needs data.dynamic_masking (records keep the masks they were "
         "made with: `data create --whole-word-mask` makes whole-word ones)\n")
+
+
+def test_whole_word_masking_with_a_vocab_without_word_pieces_is_warned_about(tmp_path, caplog, capsys):
+    """A vocab with no ## piece makes every word one token: whole-word masking then masks single tokens,
+    as masking without it does. `data create`, text input and dynamic masking each say so once (not
+    once per worker); a vocab with a ## piece is not warned about."""
+    from bertforge.cli import main
+    from bertforge.config import DataConfig
+    from bertforge.data.dataset import build_datasets
+    from bertforge.data.loader import masking_spec
+
+    words = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "far"]
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("".join(f"{t}\n" for t in ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]))
+    rng = random.Random(0)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join("".join(" ".join(rng.choice(words) for _ in range(12)) + "\n" for _ in range(20))
+                                for _ in range(8)), encoding="utf-8")
+    said = ("{where}: {vocab} has no ## pieces (the continuations of a word), so every word is one token and "
+            "whole-word masking masks single tokens, as masking without it does")
+
+    def warnings() -> list[str]:
+        found = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        caplog.clear()
+        return found
+
+    with caplog.at_level("WARNING", logger="bertforge"):
+        for mode, workers in (("reference", 1), ("fast", 2)):
+            create([corpus], vocab, tmp_path / f"{mode}.tfrecord", mode=mode, workers=workers, chunk_chars=200,
+                   seq_len=32, max_predictions=5, dupe_factor=1, whole_word_mask=True)
+            assert warnings() == [said.format(where="data create --whole-word-mask", vocab=vocab)], mode
+        masking_spec(vocab, 0.15, whole_word=True)
+        assert warnings() == [said.format(where="data.whole_word_mask", vocab=vocab)]
+        build_datasets(DataConfig(input=str(corpus), vocab=str(vocab), seq_len=32, max_predictions=5, dupe_factor=1,
+                                  eval_fraction=0.25, whole_word_mask=True), tmp_path / "work")
+        assert warnings() == [said.format(where="data.whole_word_mask", vocab=vocab)]
+        pieces = tmp_path / "pieces.txt"
+        pieces.write_text(vocab.read_text() + "##s\n")
+        create([corpus], pieces, tmp_path / "pieces.tfrecord", seq_len=32, max_predictions=5, dupe_factor=1,
+               whole_word_mask=True)
+        masking_spec(pieces, 0.15, whole_word=True)
+        assert warnings() == []
+    capsys.readouterr()
+    assert main(["data", "create", "--input", str(corpus), "--vocab", str(vocab), "--output",
+                 str(tmp_path / "cli.tfrecord"), "--seq-len", "32", "--max-predictions", "5", "--whole-word-mask"]) == 0
+    assert capsys.readouterr().err == "WARNING bertforge.data.errors: " + said.format(
+        where="data create --whole-word-mask", vocab=vocab) + "\n"

@@ -73,6 +73,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
 MARKERS = ("gpu-only", "long-running", "ci")
 SHELL_LANGUAGES = {"sh", "shell", "console", "zsh", "shell-session"}
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"  # torch's CPU-only wheels (PyPI's Linux ones carry CUDA)
 
 # Each marked block, by its page and a piece of its text: (marker, why it is not run here).
 MARKED = {
@@ -409,11 +410,22 @@ def test_install_commands_name_only_defined_extras():
                 seen += 1
                 if block.marker == "ci" and not target.startswith("."):
                     continue  # torch's pin: the ci block equals .ci/run (next test)
+                if argv == ["pip", "install", "torch", "--index-url", TORCH_CPU_INDEX]:
+                    continue  # torch's CPU build, before the project (test_install_names_torch_for_a_cpu_first)
                 match = re.fullmatch(r"\.(?:\[([a-z0-9_,-]+)\])?", target)
                 assert match, f"{block}: pip install {target!r}: only the project itself, with extras"
                 unknown = set((match.group(1) or "").split(",")) - {""} - defined
                 assert not unknown, f"{block}: extras {sorted(unknown)} are not in pyproject.toml ({sorted(defined)})"
     assert seen >= 4
+
+
+def test_install_names_torch_for_a_cpu_first():
+    """Where people install: PyPI's Linux torch brings CUDA (GBs), so the CPU build comes first."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    first = text.index("## Install") + 1
+    block = next(b for b in read_blocks("README.md") if b.line > text[:first].count("\n"))  # the section's
+    commands = [words(command, ROOT) for command in logical_lines(block.text)]
+    assert commands[:2] == [["pip", "install", "torch", "--index-url", TORCH_CPU_INDEX], ["pip", "install", "."]]
 
 
 def test_readme_test_command_is_what_ci_runs():

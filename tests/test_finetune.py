@@ -27,7 +27,8 @@ from test_preemption import checkpoints, sigterm_after_first_rows
 from test_squad_dist import cut_copy
 
 from bertforge.cli import main
-from bertforge.finetune import glue, ner
+from bertforge.finetune import FinetuneError, glue, ner
+from bertforge.finetune.train import TaskConfig, require_main_dev
 from bertforge.weights import load_model
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # never reach the network
@@ -335,6 +336,58 @@ def test_bad_input_is_one_line_naming_it(root, tmp_path, capsys):
         err = capsys.readouterr().err
         assert err == expected
         assert not (tmp_path / "out").exists()  # a refused run leaves no directory behind
+
+
+@pytest.mark.parametrize("flag, values, message", [
+    ("--seeds", ["1", "2", "1"], "error: --seeds 1 is given twice: each value is one run, and a run counts once\n"),
+    ("--lr", ["1e-4", "3e-4", "0.0001"],
+     "error: --lr 0.0001 is given twice: each value is one run, and a run counts once\n"),
+])
+def test_a_sweep_value_given_twice_is_refused(root, tmp_path, capsys, flag, values, message):
+    """``--seeds 1 1`` would train one run and report it as a median over two."""
+    out = tmp_path / "sweep"
+    assert main([*ft_args(root, "sst-2", out, epochs=1), flag, *values]) == 2
+    assert capsys.readouterr().err == message
+    assert not out.exists()
+
+
+def test_a_task_without_its_dev_file_says_so(root, tmp_path, capsys):
+    """A run without dev.tsv trains and warns that it has no dev scores; a sweep, which ranks its runs
+    by them, is refused before it trains. MNLI without dev_matched.tsv keeps the mismatched scores'
+    names (they are not taken for the matched ones)."""
+    sst2 = shutil.copytree(root / "data" / "sst-2", tmp_path / "sst-2")
+    (sst2 / "dev.tsv").unlink()
+    out = tmp_path / "run"
+    argv = ft_args(root, "sst-2", out, epochs=1)
+    argv[argv.index("--data") + 1] = str(sst2)
+    assert main(argv) == 0
+    assert capsys.readouterr().err.splitlines()[0] == (  # then the leaderboard's warning of a short test set
+        f"WARNING bertforge.finetune.train: {sst2}: no dev.tsv in it or in its SST-2/ (SST-2's dev split): this run "
+        f"has no dev scores")
+    assert json.loads((out / "scores.json").read_text()) == {}
+    argv[argv.index("--out") + 1] = str(tmp_path / "sweep")
+    assert main([*argv, "--seeds", "1", "2"]) == 2
+    assert capsys.readouterr().err == (f"error: a sweep ranks its runs by their dev accuracy: {sst2}: no dev.tsv in "
+                                       f"it or in its SST-2/ (SST-2's dev split)\n")
+    assert not (tmp_path / "sweep").exists()
+
+    mnli = shutil.copytree(root / "data" / "mnli", tmp_path / "mnli")
+    (mnli / "dev_matched.tsv").unlink()
+    argv = ft_args(root, "mnli", tmp_path / "mnli-run", epochs=1)
+    argv[argv.index("--data") + 1] = str(mnli)
+    assert main(argv) == 0
+    assert capsys.readouterr().err.splitlines()[0] == (
+        f"WARNING bertforge.finetune.train: {mnli}: no dev_matched.tsv in it or in its MNLI/ (MNLI's dev_matched "
+        f"split): this run has no dev_matched scores")
+    assert set(json.loads((tmp_path / "mnli-run" / "scores.json").read_text())) == {
+        "accuracy_dev_mismatched", "score_dev_mismatched"}
+
+    conll = shutil.copytree(root / "data" / "ner", tmp_path / "ner")
+    (conll / "dev.txt").unlink()
+    with pytest.raises(FinetuneError) as err:
+        require_main_dev(TaskConfig(task="ner", data=str(conll)))
+    assert str(err.value) == (f"a sweep ranks its runs by their dev f1: {conll}: no dev file (dev.txt, valid.txt or "
+                              f"eng.testa)")
 
 
 def test_a_sweep_ranks_a_nan_score_below_every_number():

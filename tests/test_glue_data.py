@@ -256,6 +256,11 @@ def test_malformed_rows_name_the_file_and_line(tmp_path):
     write(sts, [STSB_TEST_HEADER + "\tscore", "0\tg\tf\ty\t1\tn\tn\ta\tb\tnan"])
     with pytest.raises(GlueError, match=r"train\.tsv:2: score 'nan' is not a number"):
         glue.read_task(tmp_path, "STS-B", "train")
+    for score in ("5.2", "-0.5"):  # STS-B's scale is 0 (unrelated) to 5 (the same meaning), both ends included
+        write(sts, [STSB_TEST_HEADER + "\tscore", "0\tg\tf\ty\t1\tn\tn\ta\tb\t5.000", "1\tg\tf\ty\t1\tn\tn\ta\tb\t0",
+                    f"2\tg\tf\ty\t1\tn\tn\ta\tb\t{score}"])
+        with pytest.raises(GlueError, match=rf"STS-B/train\.tsv:4: score '{score}' is outside STS-B's 0-5$"):
+            glue.read_task(tmp_path, "STS-B", "train")
     write(sts, [STSB_TEST_HEADER + "\tscore", "0\tg\tf\ty\t1\tn\tn\ta\t4.2"])  # 9 columns
     with pytest.raises(GlueError, match=r"train\.tsv:2: 9 columns, STS-B train rows need at least 10"):
         glue.read_task(tmp_path, "STS-B", "train")

@@ -9,6 +9,7 @@ changed, one without the other.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -110,3 +111,25 @@ def test_run_directories_are_resolved_without_torch():
     code = "import sys, bertforge.runs; print(sorted(m for m in ('torch', 'safetensors') if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_the_module_list_names_every_module():
+    """docs/layout.md's module list (its tree under "## The modules") names every module of the package
+    (a subpackage's __init__.py aside) and no module that is gone."""
+    text = (PACKAGE.parent / "docs" / "layout.md").read_text(encoding="utf-8")
+    tree = text.split("## The modules", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    listed: set[str] = set()
+    folders: list[str] = []  # the directories the current line is in, from the root of the tree
+    for line in tree.splitlines():
+        entry = re.match(r"( *)([\w.]+\.py|\w+/)(\s|$)", line)
+        depth = len(entry.group(1)) // 2 if entry else -1
+        if not entry or depth > len(folders):  # not an entry: a description's second line
+            continue
+        del folders[depth:]
+        if entry.group(2).endswith("/"):
+            folders.append(entry.group(2))
+        else:
+            listed.add("".join(folders) + entry.group(2))
+    modules = {str(p.relative_to(PACKAGE.parent)) for p in PACKAGE.rglob("*.py")
+               if p.name != "__init__.py" or p.parent == PACKAGE}
+    assert sorted(modules - listed) == [] and sorted(listed - modules) == []

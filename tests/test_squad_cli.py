@@ -211,3 +211,23 @@ def test_a_binary_questions_file_is_one_line(tiny, tmp_path, capsys):
     assert main(["squad", "ask", "--model", str(tiny), "--context", CONTEXT, "--questions-file",
                  str(tmp_path / "q.txt")]) == 2
     assert capsys.readouterr().err == f"error: {tmp_path / 'q.txt'}: not UTF-8 text (byte offset 12)\n"
+
+
+def test_training_answers_not_at_their_answer_start_are_skipped_and_named(tiny, tmp_path, capsys):
+    """As run_squad.py ("Could not find answer"), and said once: the count and the first ids, why."""
+    moved = [{"id": f"m{i}", "question": "Where?", "answers": [{"text": "France", "answer_start": 0}]}
+             for i in range(1, 5)]  # in range, but the words at offset 0 are "Paris"
+    train = tmp_path / "train.json"
+    train.write_text(json.dumps({"data": [{"title": "t", "paragraphs": [
+        {"context": CONTEXT, "qas": DEV["data"][0]["paragraphs"][0]["qas"] + moved}]}]}))
+    argv = ["squad", "train", "--init", str(tiny), "--train-file", str(train), "--out", str(tmp_path / "run"),
+            "--data.seq_len", "32", "--squad.max_query_length", "8", "--train.global_batch_size", "2",
+            "--train.micro_batch_size", "2", "--train.steps", "1", "--train.epochs", "0", "--no-progress",
+            "--log.tensorboard", "false"]
+    assert main(argv) == 0
+    why = "answer 'France' not found at answer_start 0 (words there: 'Paris')"
+    out, err = capsys.readouterr()
+    assert err == (f"WARNING bertforge.squad.train: {train}: 4 of 6 training questions skipped, their answer text "
+                   f"not at their answer_start (as google-research/bert's run_squad.py skips them, \"Could not find "
+                   f"answer\"): question m1: {why}; question m2: {why}; question m3: {why}; and 1 more\n")
+    assert "2 questions (2 features, 4 answers skipped)" in out

@@ -398,6 +398,12 @@ def squad_v2(qa: dict) -> dict:
      r"qas\[0\] \(question q1\): missing field 'answers'$"),
     ({"id": "q1", "question": "?", "answers": [], "is_impossible": False}, True,
      r"\(question q1\): a training question needs exactly 1 answer, has 0$"),
+    # Training would ignore the answer (as run_squad.py does) and scoring would count it: refused in both.
+    ({"id": "q1", "question": "?", "answers": [{"text": "France", "answer_start": 12}], "is_impossible": True}, True,
+     r"/x\.json: data\[0\]\.paragraphs\[0\]\.qas\[0\] \(question q1\): is_impossible is true but it has 1 "
+     r"answer; an unanswerable question has none \(SQuAD v2.0 keeps guesses in plausible_answers\)$"),
+    ({"id": "q1", "question": "?", "answers": [{"text": "Paris"}, {"text": "France"}], "is_impossible": True}, False,
+     r"qas\[0\] \(question q1\): is_impossible is true but it has 2 answers; "),
 ])
 def test_malformed_v2_questions_are_named(tmp_path, qa, is_training, message):
     path = tmp_path / "x.json"

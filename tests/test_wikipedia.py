@@ -385,6 +385,16 @@ def test_command_line_helpers(extracted, tmp_path, capsys):
     args = parser.parse_args(["vocab", str(tmp_path / "corpus" / "train"), str(tmp_path / "v.txt"),
                               "--vocab-size", "1000", "--cased"])
     assert args.func(args, []) == 0 and len(read_vocab(tmp_path / "v.txt")) == 1000
+    # The count and the time, as its sibling commands print theirs; fewer tokens than asked are said.
+    written = re.escape(str(tmp_path / "v.txt"))
+    assert re.fullmatch(rf"1000 tokens -> {written} \(\d+\.\d s\)\n", capsys.readouterr().out)
+    (tmp_path / "few.txt").write_text("one two three\n", encoding="utf-8")
+    args = parser.parse_args(["vocab", str(tmp_path / "few.txt"), str(tmp_path / "few-vocab.txt"),
+                              "--vocab-size", "1000"])
+    assert args.func(args, []) == 0
+    size = len(read_vocab(tmp_path / "few-vocab.txt"))
+    assert size < 1000 and capsys.readouterr().out.startswith(
+        f"{size} tokens (of --vocab-size 1000: the corpus gave no more) -> {tmp_path / 'few-vocab.txt'} (")
 
     args = parser.parse_args(["extract", str(tmp_path / "nope.xml"), str(tmp_path / "o.jsonl")])
     with pytest.raises(DataError, match=r"dump not found: .*nope\.xml"):

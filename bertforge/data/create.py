@@ -76,7 +76,7 @@ from pathlib import Path
 import numpy as np
 
 from ..fileio import atomic_files
-from .errors import DataError, warn_one_document, warn_prediction_cap
+from .errors import DataError, warn_no_word_pieces, warn_one_document, warn_prediction_cap
 from .instances import create_arrays_fast, create_arrays_mlm, create_instances, to_arrays
 from .record_schema import FORMATS
 from .record_writer import EncodedRecords, RecordEncoder, RecordWriter
@@ -471,7 +471,7 @@ def create(inputs: Sequence[str | Path], vocab: str | Path, output: str | Path, 
         raise DataError(f"workers={workers}: reference mode runs in one process (use mode fast)")
     _check(options, mode, workers, chunk_chars)
     vocab = Path(vocab)
-    vocab_size = len(read_vocab(vocab))  # a missing or empty vocab fails here, before any work
+    vocab_size = len(_read_checked_vocab(vocab, options))  # a missing or empty vocab fails here, before any work
     files = expand_inputs(inputs, saved_datasets=True)
     paths = output_paths(output, num_output_files)
     stats = CreateStats(mode=mode, files=paths)
@@ -523,7 +523,7 @@ def generate(inputs: Sequence[str | Path], vocab: str | Path, *, seq_len: int = 
     options = CreateOptions(seq_len, max_predictions, masked_lm_prob, short_seq_prob,
                             dupe_factor, seed, lowercase, whole_word_mask, mlm_only)
     _check(options, "fast", workers, chunk_chars)
-    read_vocab(vocab)  # a missing or empty vocab fails here, before any work
+    _read_checked_vocab(vocab, options)  # a missing or empty vocab fails here, before any work
     stats = stats if stats is not None else CreateStats(mode="fast", files=[])
     results = _generate(expand_inputs(inputs, saved_datasets=True), Path(vocab), options, None,
                         workers, chunk_chars, start_method, stats, text_column=text_column)
@@ -544,6 +544,14 @@ def _check(options: CreateOptions, mode: str, workers: int, chunk_chars: int) ->
         raise DataError(f"seed={options.seed} must be at least 0 in fast mode")
     if chunk_chars < 1:
         raise DataError(f"chunk_chars={chunk_chars} must be at least 1")
+
+
+def _read_checked_vocab(vocab: str | Path, options: CreateOptions) -> list[str]:
+    """The vocab's tokens, read once in the parent (the workers read it again) and checked."""
+    tokens = read_vocab(vocab)
+    if options.whole_word_mask:
+        warn_no_word_pieces(vocab, tokens, "data create --whole-word-mask")
+    return tokens
 
 
 def _generate(files: list[Path], vocab: Path, options: CreateOptions,

@@ -22,7 +22,7 @@ import torch
 
 from ..config import DataConfig
 from .corpus import builtin_corpus, read_text_corpus
-from .errors import DataError, warn_one_document, warn_prediction_cap
+from .errors import DataError, warn_no_word_pieces, warn_one_document, warn_prediction_cap
 from .instances import create_arrays_mlm, create_instances, to_arrays
 from .rows import PretrainingArrays, Rows
 from .tokenizer import (
@@ -147,7 +147,11 @@ def build_datasets(data: DataConfig, work_dir: Path, mlm_only: bool = False,
         vocab_path = train_wordpiece(train_docs, data.vocab_size, Path(work_dir) / "vocab.txt",
                                      lowercase=data.lowercase)
     tokenizer = load_tokenizer(vocab_path, lowercase=data.lowercase)
-    subword = subword_flags(read_vocab(vocab_path)) if data.whole_word_mask else None
+    subword = None
+    if data.whole_word_mask:
+        tokens = read_vocab(vocab_path)
+        warn_no_word_pieces(vocab_path, tokens, "data.whole_word_mask")
+        subword = subword_flags(tokens)
     options: dict[str, Any] = dict(seq_len=data.seq_len, max_predictions=data.max_predictions,
                                    masked_lm_prob=data.masked_lm_prob, vocab_size=vocab_size_of(vocab_path),
                                    specials=special_ids(tokenizer))

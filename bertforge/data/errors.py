@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterable
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -28,3 +30,11 @@ def warn_prediction_cap(seq_len: int, max_predictions: int, masked_lm_prob: floa
                     "max_predictions=%d caps them (%.1f%% masked): raise max_predictions to %d",
                     where, masked_lm_prob, round(wanted), seq_len, max_predictions,
                     100 * max_predictions / seq_len, math.ceil(wanted))
+
+
+def warn_no_word_pieces(vocab: str | Path, tokens: Iterable[str], where: str) -> None:
+    """Warn when whole-word masking meets a vocab without ``##`` pieces: every word is then one
+    token, so masking whole words masks single tokens, as masking without it does."""
+    if not any(token.startswith("##") for token in tokens):
+        log.warning("%s: %s has no ## pieces (the continuations of a word), so every word is one token and "
+                    "whole-word masking masks single tokens, as masking without it does", where, vocab)

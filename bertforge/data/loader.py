@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from ..feed import pinned
-from .errors import DataError
+from .errors import DataError, warn_no_word_pieces
 from .instances import mask_candidates
 from .record_reader import RecordFile, open_records
 from .record_schema import detect_format
@@ -271,6 +271,8 @@ def masking_spec(vocab_path: str | Path, masked_lm_prob: float, whole_word: bool
     missing = [t for t in ("[CLS]", "[SEP]", "[MASK]") if t not in index]
     if missing:
         raise DataError(f"{vocab_path}: no {', '.join(missing)} token")
+    if whole_word:
+        warn_no_word_pieces(vocab_path, vocab, "data.whole_word_mask")
     return MaskingSpec(len(vocab), index["[CLS]"], index["[SEP]"], index["[MASK]"], masked_lm_prob,
                        subword_flags(vocab) if whole_word else None)
 

@@ -49,7 +49,7 @@ from .corpus import iter_text_corpus
 from .errors import DataError
 from .text import expand_inputs, read_rows
 from .text import read_documents as read_text_documents
-from .tokenizer import train_wordpiece
+from .tokenizer import train_wordpiece, vocab_size_of
 
 SENTENCEX_VERSION = "1.0.32"
 TRAIN_DIR, EVAL_DIR, EVAL_FILE = "train", "eval", "eval.txt"
@@ -312,6 +312,9 @@ def add_vocab_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_vocab(args: argparse.Namespace, extra: list[str] | None = None) -> int:
+    start = time.perf_counter()
     path = train_vocab(args.corpus, args.out, args.vocab_size, lowercase=not args.cased)
-    print(path)
+    size = vocab_size_of(path)
+    short = f" (of --vocab-size {args.vocab_size}: the corpus gave no more)" if size < args.vocab_size else ""
+    print(f"{size} tokens{short} -> {path} ({time.perf_counter() - start:.1f} s)")
     return 0

@@ -52,13 +52,19 @@ def _overrides(args: argparse.Namespace, extra: list[str]) -> list[tuple[str, An
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     from ..config import ConfigError
     from .run import overwrite_out_dir
-    from .train import finetune, load_task_config
+    from .train import finetune, load_task_config, require_main_dev
 
+    _refuse_repeats("--seeds", args.seeds)
+    _refuse_repeats("--lr", args.lr)
     overrides = _overrides(args, extra)
     sweep = len(args.seeds or []) > 1 or len(args.lr or []) > 1
     if sweep and args.resume:
         raise ConfigError("a sweep resumes by running the same command again (without --resume)")
     cfg, task = load_task_config(args.kind, args.config, overrides, resume=args.resume)
+    if sweep:  # refused before --overwrite removes anything
+        if not args.out:
+            raise ConfigError("a sweep (several --seeds or --lr) needs --out DIR, the directory of its runs")
+        require_main_dev(task)
     if args.overwrite:
         overwrite_out_dir(cfg, args.out, {"--init": args.init, "--data": task.data, "--vocab": args.vocab})
     if not sweep:
@@ -70,9 +76,21 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
         if summary["rank"] == 0:
             _print_summary(summary)
         return 0
-    if not args.out:
-        raise ConfigError("a sweep (several --seeds or --lr) needs --out DIR, the directory of its runs")
     return _sweep(args, overrides)
+
+
+def _refuse_repeats(flag: str, values: list[int] | list[float] | None) -> None:
+    """A value given twice is one run (one directory, ``lr{lr:g}-seed{seed}``) that a sweep would
+    report as two: the median over ``--seeds 1 1`` is over one run. Values are compared as the run
+    directories spell them."""
+    from ..config import ConfigError
+
+    seen: set[str] = set()
+    for value in values or []:
+        name = f"{value:g}"
+        if name in seen:
+            raise ConfigError(f"{flag} {name} is given twice: each value is one run, and a run counts once")
+        seen.add(name)
 
 
 def _print_summary(summary: dict[str, Any]) -> None:

@@ -23,7 +23,7 @@ Reading
     train/dev files start with one). The header must name the columns read
     (``sentence1`` where text_a is read...), which catches a file of another
     task or split. A row with too few columns, a label outside the task's
-    labels or a non-numeric STS-B score raises :class:`GlueError`:
+    labels or an STS-B score that is not a number from 0 to 5 raises :class:`GlueError`:
     ``MRPC/dev.tsv:7: label 'yes' is not one of 0, 1``. Except where the
     references skip: QQP's train file has rows with too few columns (broken
     by stray newlines in questions), which both references drop; they are
@@ -282,11 +282,16 @@ def read_task(data_dir: str | Path, task: str | GlueTask, split: str) -> GlueExa
     """The examples of ``task``'s ``split`` ("train", "dev", "test"; MNLI's "dev_matched",
     "dev_mismatched", "test_matched", "test_mismatched"), from the GLUE directory (or the
     task's own directory) ``data_dir``; see :func:`read_file`."""
-    path, spec = task_file(data_dir, task, split), get_task(task)
+    path = task_file(data_dir, task, split)
     if not path.exists():
-        raise GlueError(f"{data_dir}: no {spec.files[split]} in it or in its {spec.directory}/ "
-                        f"({spec.name}'s {split} split)")
+        raise GlueError(missing_file(data_dir, task, split))
     return read_file(path, task, split)
+
+
+def missing_file(data_dir: str | Path, task: str | GlueTask, split: str) -> str:
+    """What to say when ``split``'s file is in neither place :func:`task_file` looks."""
+    spec = get_task(task)
+    return f"{data_dir}: no {spec.files[split]} in it or in its {spec.directory}/ ({spec.name}'s {split} split)"
 
 
 def _open_tsv(path: Path) -> Iterable[tuple[int, list[str]]]:
@@ -390,6 +395,8 @@ def _score(value: str, path: Path, line: int) -> float:
         score = math.nan
     if not math.isfinite(score):
         raise GlueError(f"{path}:{line}: score {value!r} is not a number")
+    if not 0.0 <= score <= 5.0:  # STS-B's similarity scale; the predictions are clipped to it too
+        raise GlueError(f"{path}:{line}: score {value!r} is outside STS-B's 0-5")
     return score
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -57,6 +58,8 @@ from .run import (
     write_run_files,
 )
 from .run import train as train_job
+
+logger = logging.getLogger(__name__)
 
 SECTION = "finetune"  # the config section and the settings file (finetune.yaml) that marks a run
 KINDS = ("glue", "ner")
@@ -158,12 +161,20 @@ class Task:
         return NerTask(task, tokenizer, seq_len) if task.kind == "ner" else GlueTask(task, tokenizer, seq_len)
 
     model_class: type[nn.Module] = BertForSequenceClassification
+    # Every labelled split the task has, whether its data has it or not; the first one's scores are
+    # the unprefixed keys (a sweep ranks by its main metric), the others' carry the split's name.
+    dev_names: tuple[str, ...] = ("dev",)
 
     def training_data(self) -> tuple[Any, list[Path], str]:
         """(features, files read, a description) of the training split; sets the labels when new."""
         raise NotImplementedError
 
     def dev_splits(self) -> list[str]:
+        """The splits of ``dev_names`` that the data has."""
+        raise NotImplementedError
+
+    def missing(self, split: str) -> str:
+        """What to say of a split that the data lacks."""
         raise NotImplementedError
 
     def test_splits(self) -> list[str]:
@@ -187,6 +198,7 @@ class GlueTask(Task):
         super().__init__(task, tokenizer, seq_len)
         self.spec = glue.get_task(task.task)
         self.data_dir = Path(task.data)
+        self.dev_names = self.spec.dev_splits
 
     def training_data(self) -> tuple[Any, list[Path], str]:
         examples = glue.read_task(self.data_dir, self.config.task, "train")
@@ -203,6 +215,9 @@ class GlueTask(Task):
 
     def dev_splits(self) -> list[str]:
         return [s for s in self.spec.dev_splits if glue.task_file(self.data_dir, self.config.task, s).is_file()]
+
+    def missing(self, split: str) -> str:
+        return glue.missing_file(self.data_dir, self.spec, split)
 
     def test_splits(self) -> list[str]:
         return [s for s in self.spec.test_splits if glue.task_file(self.data_dir, self.config.task, s).is_file()]
@@ -249,6 +264,10 @@ class NerTask(Task):
     def dev_splits(self) -> list[str]:
         return ["dev"] if "dev" in self.files else []
 
+    def missing(self, split: str) -> str:
+        *names, last = ner.FILE_NAMES[split]
+        return f"{self.config.data}: no {split} file ({', '.join(names)} or {last})"
+
     def test_splits(self) -> list[str]:
         return ["test"] if "test" in self.files else []
 
@@ -275,12 +294,22 @@ class NerTask(Task):
 
 
 def split_scores(task: Task, model: nn.Module, device: torch.device | str, precision: str) -> dict[str, float]:
-    """Every dev split's scores; a second split's keys carry its name (MNLI: ``accuracy_dev_mismatched``)."""
+    """Every dev split's scores; a second split's keys carry its name (MNLI: ``accuracy_dev_mismatched``),
+    also when the first split is missing."""
     scores: dict[str, float] = {}
-    for i, split in enumerate(task.dev_splits()):
+    for split in task.dev_splits():
         result, _ = task.score(model, split, device, precision)
-        scores.update({(k if i == 0 else f"{k}_{split}"): float(v) for k, v in result.items()})
+        scores.update({(k if split == task.dev_names[0] else f"{k}_{split}"): float(v) for k, v in result.items()})
     return scores
+
+
+def require_main_dev(task_cfg: TaskConfig) -> None:
+    """Refuse a sweep whose data lacks the split it ranks its runs by (else its runs train and
+    then cannot be ranked)."""
+    task = Task.of(task_cfg, None, 0)  # only the files are looked at
+    main = task.dev_names[0]
+    if main not in task.dev_splits():
+        raise FinetuneError(f"a sweep ranks its runs by their {main} {task_cfg.main_metric}: {task.missing(main)}")
 
 
 # ------------------------------------------------------------------ models
@@ -322,6 +351,9 @@ def _finetune(cfg: Config, task_cfg: TaskConfig, dist: DistContext, out_dir: Pat
     tokenizer = load_tokenizer(vocab_path, cfg.data.lowercase)
     task = Task.of(task_cfg, tokenizer, cfg.data.seq_len)
     features, files, description = task.training_data()  # sets the labels of a new run
+    for split in task.dev_names:  # (after the training file, whose absence is an error)
+        if split not in task.dev_splits():
+            logger.warning("%s: this run has no %s scores", task.missing(split), split)
     num_labels = len(task_cfg.labels)
     if resume_from is None:
         model = load_classifier(init, task, vocab_path)  # type: ignore[arg-type]  # checked above
@@ -339,7 +371,7 @@ def _finetune(cfg: Config, task_cfg: TaskConfig, dist: DistContext, out_dir: Pat
             tmp.write_text(json.dumps(scores, indent=2) + "\n", encoding="utf-8")
         files = [str(task.write_test(whole, split, run_dir, device, precision)) for split in task.test_splits()]
         return {**scores, "scores": scores, "prediction_files": files,
-                "main_score": scores[task_cfg.main_metric] if scores else None}
+                "main_score": scores.get(task_cfg.main_metric)}
 
     job = Job(kind=task_cfg.task, model=model, rows=FeatureRows(features), loss_fn=classifier_loss,
               data_files=files, description=description,

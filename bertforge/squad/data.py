@@ -30,13 +30,14 @@ Tokenization
 SQuAD v2.0 (``version_2_with_negative``, run_squad's flag of that name)
     For training every question needs a boolean ``is_impossible``; an
     impossible one becomes an example with answer ``""`` at word -1 (the
-    reference's values) whose windows all point at [CLS] (start = end = 0),
-    and its ``answers`` (a list, usually empty) are not read. A possible
+    reference's values) whose windows all point at [CLS] (start = end = 0);
+    its ``answers`` must be an empty list (the reference does not read them,
+    the official v2.0 scorer does: a question with both is refused). A possible
     question is read as in v1.1. Without the flag ``is_impossible`` is not
     read, as in the reference: a SQuAD 2.0 training file then fails on its
     first unanswerable question (it has no answer), with a hint to pass the
     flag. Not for training, ``is_impossible`` is only checked (a boolean when
-    present); the reference does not read it there either.
+    present, and no answers when true); the reference does not read it there either.
 
 Bad input
     Missing or mistyped fields, an empty context, duplicate question ids, a
@@ -264,8 +265,14 @@ def parse_examples(dataset: Any, is_training: bool = False, source: str = "<squa
                 if version_2_with_negative and (is_training or "is_impossible" in qa):
                     # Training needs it (run_squad reads qa["is_impossible"]); elsewhere only checked.
                     impossible = get_field(qa, "is_impossible", bool, source, path_q, qas_id)
+                    if impossible and (is_training or "answers" in qa):
+                        # Training would ignore the answers and scoring would count them: refuse both.
+                        count = len(get_field(qa, "answers", list, source, path_q, qas_id))
+                        if count:
+                            raise SquadError(f"{location(source, path_q, qas_id)}: is_impossible is true but it has "
+                                             f"{count} answer{'s' if count > 1 else ''}; an unanswerable question "
+                                             f"has none (SQuAD v2.0 keeps guesses in plausible_answers)")
                     if is_training and impossible:
-                        get_field(qa, "answers", list, source, path_q, qas_id)  # the reference takes its len()
                         example.answer_text, example.start_word, example.end_word = "", -1, -1
                         example.is_impossible = True
                         examples.append(example)

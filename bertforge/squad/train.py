@@ -56,6 +56,7 @@ position, exactly as the reference.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -102,7 +103,10 @@ from .postprocess import (
     write_predictions,
 )
 
+logger = logging.getLogger(__name__)
+
 DEFAULT_CONFIG = "squad_base"
+SKIPS_SHOWN = 3  # skipped training questions named in the warning, with why
 # Logit of a padding position that was not computed: below any computed logit.
 PADDING_LOGIT = float(np.finfo(np.float32).min)
 
@@ -247,6 +251,12 @@ def training_features(cfg: Config, squad: SquadConfig, train_file: str | Path, t
     """(features, questions used, answers skipped) of the training file."""
     examples, skipped = read_examples(train_file, is_training=True,
                                       version_2_with_negative=squad.version_2_with_negative)
+    if skipped:
+        named = "; ".join(f"question {s.qas_id}: {s.reason}" for s in skipped[:SKIPS_SHOWN])
+        more = f"; and {len(skipped) - SKIPS_SHOWN} more" if len(skipped) > SKIPS_SHOWN else ""
+        logger.warning("%s: %d of %d training questions skipped, their answer text not at their answer_start (as "
+                       "google-research/bert's run_squad.py skips them, \"Could not find answer\"): %s%s",
+                       train_file, len(skipped), len(examples) + len(skipped), named, more)
     if squad.max_questions > 0:
         examples = examples[:squad.max_questions]
     if not examples:
@@ -346,8 +356,6 @@ def check_squad_resume(run_dir: Path, squad: SquadConfig, with_changes: bool) ->
     ``runs.check_resume`` compares the run config, which holds no SQuAD settings:
     they are in the run's ``squad.yaml``.
     """
-    import logging
-
     path = run_dir / "squad.yaml"
     if not path.is_file():
         return
@@ -360,4 +368,4 @@ def check_squad_resume(run_dir: Path, squad: SquadConfig, with_changes: bool) ->
         raise ConfigError(f"resuming {run_dir} with changes that break continuing it exactly: "
                           f"{'; '.join(breaking)}; pass --resume-with-changes to go on with them")
     for key, old, new in changes:
-        logging.getLogger(__name__).warning("resuming with a change: squad.%s: %r → %r", key, old, new)
+        logger.warning("resuming with a change: squad.%s: %r → %r", key, old, new)
