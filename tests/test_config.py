@@ -57,7 +57,7 @@ def test_phase_configs_have_the_published_recipe():
     assert shape == (128, 20, 65536, 0.006)
     shape = (p2.data.seq_len, p2.data.max_predictions, p2.train.global_batch_size, p2.train.lr)
     assert shape == (512, 76, 32768, 0.004)
-    assert p1.accumulation_steps == 1024 and p2.accumulation_steps == 2048
+    assert p1.accumulation_steps == 256 and p2.accumulation_steps == 2048  # micro-batches of 256 and 16
 
 
 def test_overrides_convert_types_and_apply_last():
