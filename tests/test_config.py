@@ -163,7 +163,8 @@ def test_choices_are_the_literal_types_of_the_fields():
         "execution.parallel": ("none", "ddp", "fsdp"),
         "execution.recompute": ("none", "layer", "attention"),
         "execution.fsdp_grad_sync": ("auto", "step", "micro_batch"),
-        "execution.attention": ("auto", "flash", "cudnn", "efficient", "math"),
+        "execution.attention": ("auto", "flash", "cudnn", "efficient", "math", "flex"),
+        "execution.compile_mode": ("default", "max-autotune-no-cudagraphs"),
         "execution.pipeline_schedule": ("1f1b", "gpipe"),
     }
 
