@@ -172,11 +172,9 @@ def find_vocab(model_path: str | Path, vocab: str | Path | None = None) -> Path:
         if not vocab.is_file():
             raise FinetuneError(f"vocab not found: {vocab}")
         return vocab
-    path = weights.resolve_model(model_path)
+    path = weights.find_model(model_path, FinetuneError)
     candidates = [path / "vocab.txt"]
     prefix = tf1.find_prefix(path)
-    if prefix is None and not path.exists():
-        raise FinetuneError(f"model not found: {path}")
     if prefix is not None:  # a TF1 checkpoint: its vocab sits beside it, or one directory up (MLPerf's layout)
         candidates = [prefix.parent / "vocab.txt", prefix.parent.parent / "vocab.txt"]
     elif not (path / "config.json").is_file() and not (path / "model.safetensors").is_file():
@@ -193,9 +191,7 @@ def find_vocab(model_path: str | Path, vocab: str | Path | None = None) -> Path:
 def load_checked(path: str | Path, vocab: Path, head: str, num_labels: int | None = None) -> nn.Module:
     """The model at ``path`` with ``head`` (new when the source has none: a warning is expected and
     silenced), checked against the vocab; on the CPU."""
-    path = weights.resolve_model(path)
-    if not path.exists() and tf1.find_prefix(path) is None:
-        raise FinetuneError(f"model not found: {path}")
+    path = weights.find_model(path, FinetuneError)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a new head is expected when fine-tuning an encoder
         model = weights.load_model(path, head=head, num_labels=num_labels)
