@@ -58,7 +58,7 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     sweep = len(args.seeds or []) > 1 or len(args.lr or []) > 1
     if sweep and args.resume:
         raise ConfigError("a sweep resumes by running the same command again (without --resume)")
-    cfg, task = load_task_config(args.kind, args.config, overrides, resume=args.resume)
+    cfg, task = load_task_config(args.kind, args.config, overrides, resume=args.resume, out_dir=args.out)
     if args.overwrite:
         overwrite_out_dir(cfg, args.out, {"--init": args.init, "--data": task.data, "--vocab": args.vocab})
     if not sweep:

@@ -47,6 +47,7 @@ from ..config import (
     _coerce,
     accumulation_steps,
     apply_dict,
+    given_length_wins,
     load_yaml,
     resolve_config_path,
     set_value,
@@ -88,17 +89,22 @@ def set_section(section: Any, prefix: str, key: str, value: Any, source: str = "
 
 
 def load_config(section: Any, prefix: str, default: str, name: str | None = None,
-                overrides: Sequence[tuple[str, Any]] = (), resume: str | Path | None = None) -> Config:
+                overrides: Sequence[tuple[str, Any]] = (), resume: str | Path | None = None,
+                out_dir: str | Path | None = None) -> Config:
     """Defaults, then a YAML config, then dotted overrides; ``prefix.*`` keys go to ``section``.
 
     The YAML is ``name``, else (with ``resume``) the resumed run's own
-    ``config.yaml`` and ``{prefix}.yaml``, else ``default``. ``section`` (a
+    ``config.yaml`` and ``{prefix}.yaml``, else ``default``. ``resume: auto``
+    resumes the run in ``out_dir`` when it is one of this kind with a checkpoint
+    (:func:`locate_run`), so its files are read then too. ``section`` (a
     dataclass) is filled in place; the Config is returned, not yet validated
     against the section (the caller checks what depends on both).
     """
     cfg = Config()
     path: Path | None
-    if name is None and resume and resume != runs.AUTO:  # auto: the launch command's config
+    if name is None and resume == runs.AUTO and out_dir and (Path(out_dir) / f"{prefix}.yaml").is_file():
+        resume = runs.find_resumable(Path(out_dir), only=["config.yaml"], warn=False)  # None: a fresh start
+    if name is None and resume and resume != runs.AUTO:  # auto without a run to resume: the command's config
         checkpoint = runs.find_checkpoint(resume)
         path = checkpoint / "config.yaml"
         data = dict(load_yaml(path) or {})
@@ -124,6 +130,7 @@ def load_config(section: Any, prefix: str, default: str, name: str | None = None
             set_section(section, prefix, key[len(prefix) + 1:], value)
         else:
             set_value(cfg, key, value)
+    given_length_wins(cfg, [key for key, _ in overrides])
     validate(cfg)
     return cfg
 
