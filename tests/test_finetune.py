@@ -28,6 +28,7 @@ from test_squad_dist import cut_copy
 
 from bertforge.cli import main
 from bertforge.finetune import glue, ner
+from bertforge.log import rounded
 from bertforge.weights import load_model
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # never reach the network
@@ -102,7 +103,7 @@ def test_each_task_learns_and_writes_its_files(root, learned, name):
     assert np.mean(loss[-8:]) < 0.5 * np.mean(loss[:8])
     # The dev scores during training and at the end go to metrics.jsonl, the last equal to scores.json.
     assert [r["step"] for r in evals(out)] == ([16, 32, 48, 64, 80, 96] if name == "mnli" else [16, 32, 48, 64])
-    assert {k: round(v, 6) for k, v in scores.items()} == {
+    assert {k: rounded(v) for k, v in scores.items()} == {
         k: v for k, v in evals(out)[-1].items() if k in scores}
     assert {p.name for p in out.iterdir()} >= {"config.yaml", "finetune.yaml", "vocab.txt", "config.json",
                                                 "model.safetensors", "scores.json", "metrics.jsonl"}
