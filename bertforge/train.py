@@ -166,16 +166,17 @@ def absolute_paths(cfg: Config) -> None:
     """Make the paths a run reads absolute, so that the saved config resumes from any directory.
 
     ``checkpoint.init`` may be a Hugging Face model id: it becomes the model's snapshot in the
-    local Hugging Face cache. An init found nowhere stays as given, for the load of a new run to
+    local Hugging Face cache. An id found nowhere stays as given, for the load of a new run to
     say where it was looked for (a resume does not read it)."""
     for section, key in (("data", "input"), ("data", "eval_input"), ("data", "vocab"), ("log", "mlperf")):
         part = getattr(cfg, section)
         value = getattr(part, key)
         if value:
             setattr(part, key, os.path.abspath(os.path.expanduser(value)))
-    init = weights.resolve_model(cfg.checkpoint.init) if cfg.checkpoint.init else None
-    if init is not None and weights.is_model(init):
-        cfg.checkpoint.init = os.path.abspath(init)
+    init = cfg.checkpoint.init
+    found = weights.resolve_model(init) if init else None
+    if found is not None and (weights.is_model(found) or not weights.HF_MODEL_ID.match(init)):
+        cfg.checkpoint.init = os.path.abspath(found)
 
 
 def locate_run(cfg: Config, held: contextlib.ExitStack) -> tuple[Path | None, Path, bool]:
