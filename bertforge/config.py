@@ -19,6 +19,7 @@ import json
 import math
 import types
 import typing
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -457,6 +458,14 @@ def parse_overrides(args: list[str]) -> list[tuple[str, str]]:
     return pairs
 
 
+def given_length_wins(cfg: Config, overrides: Collection[str]) -> None:
+    """Of ``train.steps`` and ``train.epochs``, the two ways to say how long a run goes (epochs
+    win when both are set), the one the overrides give wins over the config file's other:
+    ``--train.steps 100`` with a config that counts epochs trains 100 steps."""
+    if "train.steps" in overrides and "train.epochs" not in overrides:
+        cfg.train.epochs = 0
+
+
 def load_config(name: str | None = None, overrides: list[tuple[str, Any]] | None = None) -> Config:
     """Defaults, then the named YAML config or model preset, then dotted overrides."""
     cfg = Config()
@@ -469,6 +478,7 @@ def load_config(name: str | None = None, overrides: list[tuple[str, Any]] | None
             apply_dict(cfg, load_yaml(path), source=str(path))
     for key, value in overrides or []:
         set_value(cfg, key, value)
+    given_length_wins(cfg, [key for key, _ in overrides or []])
     try:
         validate(cfg)
     except ConfigError as err:

@@ -397,4 +397,7 @@ def config_from_args(args: argparse.Namespace, extra: list[str], default: str | 
     elif name is None and resume:
         # A resumed run continues with the config it was saved with, plus the overrides.
         name = str(find_checkpoint(resume) / "config.yaml")
-    return load_config(name or default, overrides)
+    cfg = load_config(name or default, overrides)
+    if cfg.checkpoint.resume == AUTO:  # unnamed, refused here: before torch loads, on every rank torchrun starts
+        auto_run_dir(cfg.log.run_dir, cfg.log.name)
+    return cfg

@@ -176,13 +176,20 @@ def _make_dir(path: Path) -> None:
 
 
 def absolute_paths(cfg: Config) -> None:
-    """Make the paths a run reads absolute, so that the saved config resumes from any directory."""
-    for section, key in (("data", "input"), ("data", "eval_input"), ("data", "vocab"), ("checkpoint", "init"),
-                         ("log", "mlperf")):
+    """Make the paths a run reads absolute, so that the saved config resumes from any directory.
+
+    ``checkpoint.init`` may be a Hugging Face model id: it becomes the model's snapshot in the
+    local Hugging Face cache. An id found nowhere stays as given, for the load of a new run to
+    say where it was looked for (a resume does not read it)."""
+    for section, key in (("data", "input"), ("data", "eval_input"), ("data", "vocab"), ("log", "mlperf")):
         part = getattr(cfg, section)
         value = getattr(part, key)
         if value:
             setattr(part, key, os.path.abspath(os.path.expanduser(value)))
+    init = cfg.checkpoint.init
+    found = weights.resolve_model(init) if init else None
+    if found is not None and (weights.is_model(found) or not weights.HF_MODEL_ID.match(init)):
+        cfg.checkpoint.init = os.path.abspath(found)
 
 
 def locate_run(cfg: Config, held: contextlib.ExitStack) -> tuple[Path | None, Path, bool]:
@@ -403,6 +410,8 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
     """The body of ``pretrain`` on one rank, given the run directory (and the checkpoint to
     resume, already verified). ``progress["steps"]`` counts the steps this call completed."""
     progress = {"steps": 0} if progress is None else progress
+    if cfg.checkpoint.init and resume_from is None:
+        weights.find_model(cfg.checkpoint.init)  # one not found is named before the data loads
     # The MLPerf log's init phase starts here (rank 0 writes; without log.mlperf it logs nothing).
     mlperf = open_log(cfg, dist, resumed=resume_from is not None)
     loaded = []

@@ -86,3 +86,29 @@ def make_read_only(monkeypatch):
     yield make
     for step in reversed(undo):
         step()
+
+
+@pytest.fixture
+def hf_cache(tmp_path, monkeypatch):
+    """A function that puts a model directory into a local Hugging Face cache under ``tmp_path`` as
+    huggingface_hub lays one out (``models--ORG--NAME/snapshots/REVISION``, ``refs/main`` naming
+    it) and returns the snapshot; the cache is this test's (``HF_HUB_CACHE``), offline."""
+    import shutil
+
+    import huggingface_hub.constants
+
+    cache = tmp_path / "hf-cache"
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))  # read when a lookup runs
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))  # for commands run in a subprocess
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+    def put(model_dir: Path, model_id: str) -> Path:
+        repo = cache / f"models--{model_id.replace('/', '--')}"
+        revision = "0" * 40
+        snapshot = repo / "snapshots" / revision
+        shutil.copytree(model_dir, snapshot)
+        (repo / "refs").mkdir()
+        (repo / "refs" / "main").write_text(revision)
+        return snapshot
+
+    return put

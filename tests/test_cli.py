@@ -79,7 +79,7 @@ def test_config_and_plan_without_arguments_describe_what_pretrain_runs(capsys, m
     (["config", "--train.nope", "1"], "error: unknown config key 'train.nope'"),
     (["config", "--config", "gigantic"], "error: unknown config 'gigantic'"),
     (["pretrain", "--resume", "/no/such/run"], "error: checkpoint not found: /no/such/run"),
-    (["export", "/no/such/run", "/tmp/out"], "error: checkpoint not found: /no/such/run"),
+    (["export", "/no/such/run", "/tmp/out"], "error: model not found: /no/such/run"),
 ])
 def test_user_errors_are_one_line_and_exit_2(argv, message, capsys):
     assert main(argv) == 2
@@ -300,6 +300,38 @@ def test_export_refuses_a_non_empty_directory_unless_overwrite(tiny_run, tmp_pat
     err = capsys.readouterr().err
     assert err.startswith(f"error: {tiny_run.parent}: --overwrite would delete the checkpoint being exported")
     assert err.count("\n") == 1 and (tiny_run / "config.yaml").is_file()
+
+
+def test_export_reads_a_hugging_face_directory_or_a_model_id_in_the_cache(tmp_path, hf_cache, monkeypatch, capsys):
+    """A Hugging Face directory, or its id in the local Hugging Face cache, exports with the head its
+    config.json names (a QA model stays one); an id the cache lacks says where it was looked for."""
+    import torch
+
+    from bertforge.config import ModelConfig
+    from bertforge.model import BertForQuestionAnswering
+    from bertforge.weights import export_hf, load_model
+
+    torch.manual_seed(0)
+    qa = BertForQuestionAnswering(ModelConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1,
+                                              num_attention_heads=2, intermediate_size=32,
+                                              max_position_embeddings=32))
+    export_hf(qa, tmp_path / "qa-hf")
+    hf_cache(tmp_path / "qa-hf", "org/qa-bert")
+    monkeypatch.chdir(tmp_path)  # where org/qa-bert is no path
+    assert main(["export", "org/qa-bert", "from-id"]) == 0
+    assert main(["export", "qa-hf", "from-dir", "--format", "tf1"]) == 0
+    assert json.loads((tmp_path / "from-id" / "config.json").read_text())["architectures"] == [
+        "BertForQuestionAnswering"]
+    for out in ("from-id", "from-dir"):
+        theirs = load_model(tmp_path / out, head="qa").state_dict()
+        assert theirs.keys() == qa.state_dict().keys(), out
+        assert all(torch.equal(theirs[k], v) for k, v in qa.state_dict().items()), out
+    capsys.readouterr()
+    assert main(["export", "org/missing", "out"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: model not found: org/missing (no such path, and no model org/missing in the local Hugging Face "
+        f"cache {tmp_path / 'hf-cache'}: `hf download org/missing` puts it there)\n")
+    assert not (tmp_path / "out").exists()
 
 
 # ------------------------------------------------------------ a read-only directory: one line, nothing written

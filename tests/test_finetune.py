@@ -29,6 +29,7 @@ from test_squad_dist import cut_copy
 from bertforge.cli import main
 from bertforge.finetune import FinetuneError, glue, ner
 from bertforge.finetune.train import TaskConfig, require_main_dev
+from bertforge.log import rounded
 from bertforge.weights import load_model
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # never reach the network
@@ -103,7 +104,7 @@ def test_each_task_learns_and_writes_its_files(root, learned, name):
     assert np.mean(loss[-8:]) < 0.5 * np.mean(loss[:8])
     # The dev scores during training and at the end go to metrics.jsonl, the last equal to scores.json.
     assert [r["step"] for r in evals(out)] == ([16, 32, 48, 64, 80, 96] if name == "mnli" else [16, 32, 48, 64])
-    assert {k: round(v, 6) for k, v in scores.items()} == {
+    assert {k: rounded(v) for k, v in scores.items()} == {
         k: v for k, v in evals(out)[-1].items() if k in scores}
     assert {p.name for p in out.iterdir()} >= {"config.yaml", "finetune.yaml", "vocab.txt", "config.json",
                                                 "model.safetensors", "scores.json", "metrics.jsonl"}
@@ -403,19 +404,11 @@ def test_a_sweep_ranks_a_nan_score_below_every_number():
     assert max(medians, key=lambda lr: _rank(medians[lr])) == 3e-5
 
 
-def test_init_takes_a_hugging_face_model_id_from_the_local_cache(root, tmp_path, monkeypatch, capsys):
+def test_init_takes_a_hugging_face_model_id_from_the_local_cache(root, tmp_path, hf_cache, capsys):
     """``--init org/name`` is read from the Hugging Face cache (a snapshot as the hub lays it out,
-    written here): weights and vocab, with nothing downloaded; an id the cache lacks is "not found"."""
-    import huggingface_hub.constants
-
-    cache = tmp_path / "hub"
-    snapshot = cache / "models--bertforge--tiny-test" / "snapshots" / ("0" * 40)
-    shutil.copytree(root / "init", snapshot)
-    (cache / "models--bertforge--tiny-test" / "refs").mkdir()
-    (cache / "models--bertforge--tiny-test" / "refs" / "main").write_text("0" * 40)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-
+    written here): weights and vocab, with nothing downloaded; an id the cache lacks is "not found"
+    there, and the error says where that cache is."""
+    snapshot = hf_cache(root / "init", "bertforge/tiny-test")
     from_id, from_dir = load_model("bertforge/tiny-test").state_dict(), load_model(root / "init").state_dict()
     assert from_id.keys() == from_dir.keys() and all(torch.equal(from_id[k], v) for k, v in from_dir.items())
     out = tmp_path / "run"
@@ -428,4 +421,6 @@ def test_init_takes_a_hugging_face_model_id_from_the_local_cache(root, tmp_path,
     argv[argv.index("--out") + 1] = str(tmp_path / "run2")
     capsys.readouterr()
     assert main(argv) == 2
-    assert capsys.readouterr().err == "error: model not found: bertforge/not-cached\n"
+    assert capsys.readouterr().err == (
+        "error: model not found: bertforge/not-cached (no such path, and no model bertforge/not-cached in the "
+        f"local Hugging Face cache {tmp_path / 'hf-cache'}: `hf download bertforge/not-cached` puts it there)\n")

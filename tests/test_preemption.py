@@ -168,9 +168,10 @@ def test_resume_auto_needs_a_name_in_config_from_args():
 
     from bertforge.runs import config_from_args
 
-    args = argparse.Namespace(config=None, resume="auto", name=None, run_dir=None)
-    with pytest.raises(ConfigError, match="--resume auto needs a named run directory"):
-        config_from_args(args, [], default="tiny")
+    for config in (None, "tiny"):  # a config named too: refused before torch loads, not when the run starts
+        args = argparse.Namespace(config=config, resume="auto", name=None, run_dir=None)
+        with pytest.raises(ConfigError, match="--resume auto needs a named run directory"):
+            config_from_args(args, [], default="tiny")
     cfg = load_config("tiny", [("checkpoint.resume", "auto")])
     with pytest.raises(ConfigError, match="--resume auto needs a named run directory"):
         import contextlib

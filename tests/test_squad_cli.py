@@ -231,3 +231,25 @@ def test_training_answers_not_at_their_answer_start_are_skipped_and_named(tiny, 
                    f"not at their answer_start (as google-research/bert's run_squad.py skips them, \"Could not find "
                    f"answer\"): question m1: {why}; question m2: {why}; question m3: {why}; and 1 more\n")
     assert "2 questions (2 features, 4 answers skipped)" in out
+
+
+def test_squad_train_resume_auto_goes_on_with_the_runs_files_for_the_steps_given(tiny, tmp_path, capsys):
+    """``--train.steps 3`` over squad_base's 2 epochs (of 1 step each here) trains 3 steps; then
+    ``--resume auto --out RUN`` with neither --init nor --train-file continues that run (its
+    config, training file and version) to the 4 steps now given (about 5 s)."""
+    train = tmp_path / "train.json"
+    train.write_text(json.dumps({"data": DEV["data"]}))
+    run = tmp_path / "run"
+    common = ["--out", str(run), "--data.seq_len", "32", "--squad.max_query_length", "8",
+              "--train.global_batch_size", "2", "--train.micro_batch_size", "2", "--no-progress",
+              "--log.tensorboard", "false", "--log.every", "1"]
+    assert main(["squad", "train", "--init", str(tiny), "--train-file", str(train), "--train.steps", "3",
+                 *common]) == 0
+    assert "\n3 steps on 2 questions" in capsys.readouterr().out
+    assert main(["squad", "train", "--resume", "auto", "--train.steps", "4", *common]) == 0
+    assert "\n4 steps on 2 questions" in capsys.readouterr().out
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r and r.get("split") != "eval"] == [1, 2, 3, 4]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_00000003", "step_00000004"]
+    saved = load_config(str(run / "checkpoints" / "step_00000004" / "config.yaml"))
+    assert (saved.train.steps, saved.train.epochs) == (4, 0)

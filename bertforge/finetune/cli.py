@@ -60,7 +60,7 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     sweep = len(args.seeds or []) > 1 or len(args.lr or []) > 1
     if sweep and args.resume:
         raise ConfigError("a sweep resumes by running the same command again (without --resume)")
-    cfg, task = load_task_config(args.kind, args.config, overrides, resume=args.resume)
+    cfg, task = load_task_config(args.kind, args.config, overrides, resume=args.resume, out_dir=args.out)
     if sweep:  # refused before --overwrite removes anything
         if not args.out:
             raise ConfigError("a sweep (several --seeds or --lr) needs --out DIR, the directory of its runs")

@@ -47,6 +47,7 @@ from ..config import (
     _coerce,
     accumulation_steps,
     apply_dict,
+    given_length_wins,
     load_yaml,
     resolve_config_path,
     set_value,
@@ -88,17 +89,22 @@ def set_section(section: Any, prefix: str, key: str, value: Any, source: str = "
 
 
 def load_config(section: Any, prefix: str, default: str, name: str | None = None,
-                overrides: Sequence[tuple[str, Any]] = (), resume: str | Path | None = None) -> Config:
+                overrides: Sequence[tuple[str, Any]] = (), resume: str | Path | None = None,
+                out_dir: str | Path | None = None) -> Config:
     """Defaults, then a YAML config, then dotted overrides; ``prefix.*`` keys go to ``section``.
 
     The YAML is ``name``, else (with ``resume``) the resumed run's own
-    ``config.yaml`` and ``{prefix}.yaml``, else ``default``. ``section`` (a
+    ``config.yaml`` and ``{prefix}.yaml``, else ``default``. ``resume: auto``
+    resumes the run in ``out_dir`` when it is one of this kind with a checkpoint
+    (:func:`locate_run`), so its files are read then too. ``section`` (a
     dataclass) is filled in place; the Config is returned, not yet validated
     against the section (the caller checks what depends on both).
     """
     cfg = Config()
     path: Path | None
-    if name is None and resume and resume != runs.AUTO:  # auto: the launch command's config
+    if name is None and resume == runs.AUTO and out_dir and (Path(out_dir) / f"{prefix}.yaml").is_file():
+        resume = runs.find_resumable(Path(out_dir), only=["config.yaml"], warn=False)  # None: a fresh start
+    if name is None and resume and resume != runs.AUTO:  # auto without a run to resume: the command's config
         checkpoint = runs.find_checkpoint(resume)
         path = checkpoint / "config.yaml"
         data = dict(load_yaml(path) or {})
@@ -124,6 +130,7 @@ def load_config(section: Any, prefix: str, default: str, name: str | None = None
             set_section(section, prefix, key[len(prefix) + 1:], value)
         else:
             set_value(cfg, key, value)
+    given_length_wins(cfg, [key for key, _ in overrides])
     validate(cfg)
     return cfg
 
@@ -172,11 +179,9 @@ def find_vocab(model_path: str | Path, vocab: str | Path | None = None) -> Path:
         if not vocab.is_file():
             raise FinetuneError(f"vocab not found: {vocab}")
         return vocab
-    path = weights.resolve_model(model_path)
+    path = weights.find_model(model_path, FinetuneError)
     candidates = [path / "vocab.txt"]
     prefix = tf1.find_prefix(path)
-    if prefix is None and not path.exists():
-        raise FinetuneError(f"model not found: {path}")
     if prefix is not None:  # a TF1 checkpoint: its vocab sits beside it, or one directory up (MLPerf's layout)
         candidates = [prefix.parent / "vocab.txt", prefix.parent.parent / "vocab.txt"]
     elif not (path / "config.json").is_file() and not (path / "model.safetensors").is_file():
@@ -193,9 +198,7 @@ def find_vocab(model_path: str | Path, vocab: str | Path | None = None) -> Path:
 def load_checked(path: str | Path, vocab: Path, head: str, num_labels: int | None = None) -> nn.Module:
     """The model at ``path`` with ``head`` (new when the source has none: a warning is expected and
     silenced), checked against the vocab; on the CPU."""
-    path = weights.resolve_model(path)
-    if not path.exists() and tf1.find_prefix(path) is None:
-        raise FinetuneError(f"model not found: {path}")
+    path = weights.find_model(path, FinetuneError)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a new head is expected when fine-tuning an encoder
         model = weights.load_model(path, head=head, num_labels=num_labels)

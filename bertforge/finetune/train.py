@@ -91,11 +91,13 @@ class TaskConfig:
 
 
 def load_task_config(kind: str, name: str | None = None, overrides: Sequence[tuple[str, Any]] = (),
-                     resume: str | Path | None = None) -> tuple[Config, TaskConfig]:
-    """(Config, TaskConfig): defaults, the YAML config (``name``, else the resumed run's, else the
-    kind's recipe), then dotted overrides (``finetune.*`` to the task)."""
+                     resume: str | Path | None = None, out_dir: str | Path | None = None
+                     ) -> tuple[Config, TaskConfig]:
+    """(Config, TaskConfig): defaults, the YAML config (``name``, else the resumed run's, with
+    ``resume: auto`` the run's in ``out_dir`` when it has a checkpoint, else the kind's recipe),
+    then dotted overrides (``finetune.*`` to the task)."""
     task = TaskConfig()
-    cfg = load_config(task, SECTION, DEFAULT_CONFIGS[kind], name, overrides, resume)
+    cfg = load_config(task, SECTION, DEFAULT_CONFIGS[kind], name, overrides, resume, out_dir)
     if kind == "ner" and not task.task:
         task.task = "ner"
     check_task(task, kind)

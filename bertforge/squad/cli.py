@@ -49,7 +49,7 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
         raise ConfigError("--overwrite starts a new run; it cannot be used with --resume")
     if args.overwrite and not args.out:
         raise ConfigError("--overwrite needs --out DIR, the directory to replace")
-    cfg, squad = load_squad_config(args.config, overrides, resume=args.resume)
+    cfg, squad = load_squad_config(args.config, overrides, resume=args.resume, out_dir=args.out)
     if args.overwrite:
         from ..finetune.run import overwrite_out_dir
 

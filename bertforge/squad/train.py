@@ -149,15 +149,17 @@ def validate_squad(squad: SquadConfig, seq_len: int) -> None:
 
 
 def load_squad_config(name: str | None = None, overrides: Sequence[tuple[str, Any]] = (),
-                      resume: str | Path | None = None) -> tuple[Config, SquadConfig]:
+                      resume: str | Path | None = None, out_dir: str | Path | None = None
+                      ) -> tuple[Config, SquadConfig]:
     """Defaults, then a YAML config, then dotted overrides.
 
-    The YAML is ``name``, else (with ``resume``) the resumed run's own
-    ``config.yaml`` and ``squad.yaml``, else ``squad_base``. ``squad.*`` keys
-    go to the :class:`SquadConfig`; all others to the Config.
+    The YAML is ``name``, else (with ``resume``, or ``resume: auto`` and a run to
+    resume in ``out_dir``) the resumed run's own ``config.yaml`` and
+    ``squad.yaml``, else ``squad_base``. ``squad.*`` keys go to the
+    :class:`SquadConfig`; all others to the Config.
     """
     squad = SquadConfig()
-    cfg = load_config(squad, "squad", DEFAULT_CONFIG, name, overrides, resume)
+    cfg = load_config(squad, "squad", DEFAULT_CONFIG, name, overrides, resume, out_dir)
     validate_squad(squad, cfg.data.seq_len)
     return cfg, squad
 
