@@ -340,7 +340,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("checkpoint", help="run, step or model directory, a Hugging Face directory, or a Hugging Face "
                                       "model id in the local Hugging Face cache")
     p.add_argument("out", type=Path, help="output directory: new or empty, unless --overwrite")
-    p.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists and is not empty")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace OUT_DIR if it exists and is not empty (never a live run's)")
     p.add_argument("--head", choices=typing.get_args(Head), default=None,
                    help="default: the run's (classification or token_classification for finetune runs, qa for "
                         "squad runs, a Hugging Face model's from its config.json's architectures, else pretraining)")
@@ -365,7 +366,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out", type=Path, help="output directory: new or empty, unless --overwrite")
     p.add_argument("--bert-config", help="bert_config.json (default: the one beside the checkpoint)")
     p.add_argument("--vocab", help="vocab.txt to copy (default: the one beside the checkpoint, if any)")
-    p.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists and is not empty")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace OUT_DIR if it exists and is not empty (never a live run's)")
     p.set_defaults(func=cmd_import_tf1)
     p = import_sub.add_parser("tf2", help="a TensorFlow 2 object-based checkpoint (Model Garden's BertEncoder or "
                                           "BertPretrainerV2; MLPerf's tf2_ckpt)",
@@ -379,7 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
                                          "directory up)")
     p.add_argument("--vocab", help="vocab.txt to copy (default: the one beside the checkpoint or one directory up, "
                                    "if any)")
-    p.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists and is not empty")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace OUT_DIR if it exists and is not empty (never a live run's)")
     p.set_defaults(func=cmd_import_tf2)
 
     add_data_commands(sub)
@@ -391,7 +394,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "directories, overlaid, with a summary table and the config values they differ in.")
     p.add_argument("runs", nargs="+", metavar="RUN", help="run directories (pretrain or squad train)")
     p.add_argument("--out", required=True, type=Path, help="output directory: new or empty, unless --overwrite")
-    p.add_argument("--overwrite", action="store_true", help="write into a non-empty OUT (other files stay)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into a non-empty OUT (other files stay; never a live run's)")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("eval", help="masked-LM and NSP accuracy of checkpoints on an eval file",

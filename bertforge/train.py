@@ -158,21 +158,19 @@ FAULT_ENV = "BERTFORGE_TEST_FAIL_AT"
 
 
 def make_run_dir(cfg: Config) -> Path:
+    """A new run directory under ``log.run_dir``: ``log.name``, or the first of ``NAME-2``, ``NAME-3`` …
+    that no other run has made (never two runs in one directory, even when started at once)."""
     name = cfg.log.name or datetime.now().strftime("pretrain-%Y%m%d-%H%M%S")
-    run_dir = Path(cfg.log.run_dir) / name
-    suffix = 1
-    while run_dir.exists():  # never mix two runs in one directory
-        suffix += 1
-        run_dir = Path(cfg.log.run_dir) / f"{name}-{suffix}"
-    _make_dir(run_dir)
-    return run_dir
-
-
-def _make_dir(path: Path) -> None:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as err:  # a read-only or missing parent: the user's to fix
-        raise ConfigError(f"cannot create the run directory {path}: {err.strerror} (log.run_dir)") from None
+    run_dir, suffix = Path(cfg.log.run_dir) / name, 1
+    while True:
+        try:
+            run_dir.mkdir(parents=True)  # of two that start at once, one makes it
+            return run_dir
+        except FileExistsError:
+            suffix += 1
+            run_dir = Path(cfg.log.run_dir) / f"{name}-{suffix}"
+        except OSError as err:  # a read-only or missing parent: the user's to fix
+            raise ConfigError(f"cannot create the run directory {run_dir}: {err.strerror} (log.run_dir)") from None
 
 
 def absolute_paths(cfg: Config) -> None:
@@ -204,14 +202,12 @@ def locate_run(cfg: Config, held: contextlib.ExitStack) -> tuple[Path | None, Pa
     resume = cfg.checkpoint.resume
     if resume == runs.AUTO:
         run_dir = runs.auto_run_dir(cfg.log.run_dir, cfg.log.name)
-        created = not run_dir.exists()
-        _make_dir(run_dir)
+        lock = held.enter_context(runs.RunLock(run_dir, create=True))  # of runs started at once, one goes on
         try:
-            held.enter_context(runs.RunLock(run_dir))
-            return runs.checkpoint_to_resume(resume, run_dir), run_dir, created
+            return runs.checkpoint_to_resume(resume, run_dir), run_dir, lock.created
         except Exception:
-            if created:  # nothing of a run is in it: leave nothing behind
-                shutil.rmtree(run_dir, ignore_errors=True)
+            if lock.created:  # made and locked here, nothing of a run is in it: leave nothing behind
+                runs.remove_run_dir(run_dir)
             raise
     if resume:
         run_dir = runs.find_checkpoint(resume).parent.parent
@@ -368,7 +364,7 @@ def pretrain(cfg: Config, compile_only: bool = False) -> dict[str, Any]:
                         and not runs.complete_checkpoints(run_dir)):
                     # Nothing to keep: the error on the console says it all. Under torchrun the
                     # directory stays, holding every rank's error log.
-                    shutil.rmtree(run_dir, ignore_errors=True)
+                    runs.remove_run_dir(run_dir)
                 else:
                     write_error(run_dir, dist)
                 raise

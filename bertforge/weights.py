@@ -61,7 +61,7 @@ from torch import nn
 from . import tf1
 from .config import Config, ConfigError, Head, ModelConfig, config_from_dict, load_yaml, validate
 from .dist import is_sharded, unwrap
-from .fileio import atomic_directory
+from .fileio import atomic_directory, refuse_live_runs
 from .model import (
     ACTIVATIONS,
     BertForMaskedLM,
@@ -647,9 +647,13 @@ def hf_labels(path: Path | str) -> list[str] | None:
 
 
 def check_export_target(out_dir: Path | str, overwrite: bool = False) -> None:
-    """Refuse to export into an existing file or non-empty directory unless ``overwrite``."""
+    """Refuse to export into an existing file or non-empty directory unless ``overwrite``, and
+    even then when a live run writes in it, below it or above it."""
     out_dir = Path(out_dir)
-    if overwrite or not (out_dir.exists() or out_dir.is_symlink()):
+    if not (out_dir.exists() or out_dir.is_symlink()):
+        return
+    if overwrite:
+        refuse_live_runs(out_dir)
         return
     if out_dir.is_dir() and not out_dir.is_symlink() and not any(out_dir.iterdir()):
         return  # an empty directory holds nothing to lose

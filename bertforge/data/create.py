@@ -44,7 +44,8 @@ Output: ``num_output_files`` files in ``fmt`` (``tfrecord`` with the reference
 feature schema, or ``native``), filled round-robin as the reference does. One
 file is ``output`` itself; several are ``NAME-00000-of-00004.EXT`` next to it.
 Every file is written under a temporary name and renamed when complete. The
-command refuses to replace existing files unless ``--overwrite`` (:func:`check_outputs`).
+command refuses to replace existing files unless ``--overwrite`` (:func:`check_outputs`), and
+even then in the directory of a live run.
 
 Bad input is a :class:`.errors.DataError` naming the file or value, and no
 output: a missing input or vocab, bytes that are not UTF-8 (with the byte
@@ -75,7 +76,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..fileio import atomic_files
+from ..fileio import atomic_files, refuse_live_runs
 from .errors import DataError, warn_no_word_pieces, warn_one_document, warn_prediction_cap
 from .instances import create_arrays_fast, create_arrays_mlm, create_instances, to_arrays
 from .record_schema import FORMATS
@@ -380,6 +381,8 @@ def check_outputs(output: str | Path, num_output_files: int, overwrite: bool) ->
         which = "" if len(paths) == 1 else f" ({len(existing)} of the {len(paths)} output files)"
         raise DataError(f"{existing[0]} exists{which}; pass --overwrite to replace "
                         f"{'it' if len(existing) == 1 else 'them'}")
+    if existing:
+        refuse_live_runs(existing[0])  # all in one directory
     return paths
 
 
@@ -641,7 +644,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", dest="fmt", choices=("tfrecord", "native"), default="tfrecord")
     parser.add_argument("--num-output-files", type=int, default=1)
     parser.add_argument("--overwrite", action="store_true",
-                        help="replace output files that exist (refused otherwise)")
+                        help="replace output files that exist (refused otherwise, and in a live run's directory)")
     parser.add_argument("--pack", type=int, default=0, metavar="N",
                         help="pack up to N sequences per record (see `bertforge data pack`)")
     parser.add_argument("--chunk-chars", type=int, default=CHUNK_CHARS,
