@@ -393,9 +393,11 @@ class AdamWNoBiasCorrection(_AdamMoments):
 #      without storing u (16 + 8 bytes per fp32 parameter);
 #   2. ``_fused_lamb_update``: read m, v, w and write w, u computed again (12 + 4 bytes);
 # with the all-reduce of sharded tensors' norms between them. Where r = 1 (AdamW's update) one
-# pass, ``_fused_adam``, does it all (16 + 12 bytes). What changes from step to step (lr, bias
-# corrections) comes in as 0-dim CPU tensors, which Inductor passes to its kernels as scalar
-# arguments: a bucket's functions compile once, and never wait for the device.
+# pass, ``_fused_adam``, does it all (16 + 12 bytes). Inductor's count of its CPU code is that;
+# on CUDA it stores the outputs of multi-tensor kernels that a reduction reads, so pass 1 may
+# store u there (``benchmarks/optimizer.py --traffic --device cuda`` says). What changes from
+# step to step (lr, bias corrections) comes in as 0-dim CPU tensors, which Inductor passes to
+# its kernels as scalar arguments: a bucket's functions compile once, and never wait for the device.
 
 
 _TRACED_TOGETHER = 16  # tensors per group of ops in _fused_lamb_norms
