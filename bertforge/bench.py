@@ -34,6 +34,7 @@ from .data.loader import RecordStream, record_files, records_shape
 from .dist import (
     DistContext,
     compiles,
+    compiles_optimizer,
     destroy_distributed,
     prepare_model,
     resolve_device,
@@ -199,7 +200,7 @@ def bench_pretrain(cfg: Config, batch_size: int, seq_len: int | None, steps: int
     try:
         # The execution settings (recompute, fsdp, offload, compile) as pretrain applies them.
         model = prepare_model(BertForPreTraining(cfg.model).train(), cfg.execution, dist)
-        optimizer = build_optimizer(unwrap(model), cfg.train)
+        optimizer = build_optimizer(unwrap(model), cfg.train, compiled=compiles_optimizer(cfg.execution, device))
         engine = Engine(model, optimizer, build_scheduler(optimizer, cfg.train, steps + warmup), training_loss,
                         cfg.execution.precision, cfg.train.grad_clip, dist)
         for indices in order[:warmup]:

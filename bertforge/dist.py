@@ -336,6 +336,13 @@ def compiles(execution: ExecutionConfig, device: torch.device) -> bool:
     return device.type == "cuda" if execution.compile == "auto" else bool(execution.compile)
 
 
+def compiles_optimizer(execution: ExecutionConfig, device: torch.device) -> bool:
+    """Whether our optimizers take their compiled step (``optim.py``): where the model compiles
+    on CUDA. Not on the CPU, where Inductor writes a C++ loop per tensor (BERT-base's take about
+    ten minutes to compile), nor with ``offload``, which steps on the host."""
+    return compiles(execution, device) and device.type == "cuda" and not execution.offload
+
+
 def attention_backends(execution: ExecutionConfig, device: torch.device,
                        attention_dropout: float = 0.0) -> list[str] | None:
     """The attention kernels in order of preference (``model.set_attention_backends``) for

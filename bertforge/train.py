@@ -54,6 +54,7 @@ from .dist import (
     barrier,
     check_execution,
     compiles,
+    compiles_optimizer,
     destroy_distributed,
     from_main,
     init_distributed,
@@ -461,7 +462,8 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
         model = engine.model
     else:
         model = prepare_model(model.train(), cfg.execution, dist)
-        optimizer = build_optimizer(unwrap(model), cfg.train)
+        optimizer = build_optimizer(unwrap(model), cfg.train,
+                                    compiled=compiles_optimizer(cfg.execution, dist.device))
         engine = Engine(model, optimizer, build_scheduler(optimizer, cfg.train, steps), training_loss,
                         cfg.execution.precision, cfg.train.grad_clip, dist, seed=cfg.train.seed)
     step = ckpt.resume(resume_from, engine, verified=True)["step"] if resume_from is not None else 0
