@@ -276,8 +276,8 @@ class StepReport:
 
 def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
     """Whether ``optimizer.step()`` reads ``found_inf`` (a 0-dim device tensor, non-zero: leave the
-    weights and state as they are): torch's fused optimizers and ours do."""
-    return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+    weights and state as they are): torch's fused optimizers and ours (``optim.py``) do."""
+    return bool(getattr(optimizer, "_step_supports_amp_scaling", False) or getattr(optimizer, "skips_found_inf", False))
 
 
 class Engine:

@@ -160,23 +160,36 @@ class _AdamMoments(torch.optim.Optimizer):
     With ``compiled`` a bucket whose tensors are all at one step runs
     ``_step_compiled`` instead: the same update in torch.compile'd passes (a
     bucket with tensors at different steps, rare, takes the eager path).
+
+    A step whose gradients are not finite is skipped on the device, as torch's
+    fused optimizers skip one: the training engine sets ``found_inf`` (a 0-dim
+    device tensor, non-zero to skip) before ``step()``, and the step then leaves
+    weights and moments as they were without the host reading the flag: the
+    gradients are zeroed where they would be read, and the moments' and weights'
+    coefficients multiplied by ``keep`` (0 or 1). The step count still rises;
+    the engine stops the run after such a step. Without ``found_inf`` the step
+    is the plain one.
     """
+
+    skips_found_inf = True  # (engine.skips_on_device)
 
     def __init__(self, params: Iterable, defaults: dict, compiled: bool):
         super().__init__(params, defaults)
         # Not a group setting: a state dict saved by either step loads into either.
         self.compiled = compiled
+        self.found_inf: torch.Tensor | None = None  # set by the engine before a step (see above)
 
     def _apply(self, group: dict, params: list[torch.Tensor], updates: list[torch.Tensor],
-               scale: Scalars, shard_group) -> None:
+               scale: Scalars, shard_group, keep: torch.Tensor | None) -> None:
         raise NotImplementedError
 
-    def _step_compiled(self, group: dict, lists: _Lists, scale: float, eps: float, shard_group) -> None:
+    def _step_compiled(self, group: dict, lists: _Lists, scale: float, eps: float, shard_group,
+                       keep: torch.Tensor) -> None:
         """The compiled update of one bucket, ``scale`` (c) and ``eps`` (eps') as in ``_step_bucket``:
         here with r = 1 (AdamW's update), in one pass over memory."""
         coefficient = _coefficients(lists.params[0].dtype)
         _compiled(_fused_adam)(*lists, *group["betas"], coefficient(eps),
-                               coefficient(group["weight_decay"] / scale), coefficient(scale * -group["lr"]))
+                               coefficient(group["weight_decay"] / scale), coefficient(scale * -group["lr"]), keep)
 
     @torch.no_grad()
     def step(  # type: ignore[override]  # torch's stub says closures return a float; they return the loss tensor
@@ -188,7 +201,8 @@ class _AdamMoments(torch.optim.Optimizer):
         for group in self.param_groups:
             with_grad = [p for p in group["params"] if p.grad is not None]
             for bucket in _by_device_and_dtype(with_grad):
-                self._step_bucket(group, bucket)
+                keep = None if self.found_inf is None else (self.found_inf == 0).to(bucket[0].device)
+                self._step_bucket(group, bucket, keep)
         return loss
 
     def _state_lists(self, params: list[torch.Tensor]) -> tuple[list[torch.Tensor], ...]:
@@ -211,7 +225,8 @@ class _AdamMoments(torch.optim.Optimizer):
             exp_avg_sqs.append(_local(state["exp_avg_sq"]))
         return grads, exp_avgs, exp_avg_sqs
 
-    def _step_bucket(self, group: dict, params: list[torch.Tensor]) -> None:
+    def _step_bucket(self, group: dict, params: list[torch.Tensor], keep: torch.Tensor | None = None) -> None:
+        """One bucket's update; ``keep`` (a 0-dim bool device tensor, false: skip) from ``found_inf``."""
         beta1, beta2 = group["betas"]
         grads, exp_avgs, exp_avg_sqs = self._state_lists(params)
 
@@ -231,11 +246,18 @@ class _AdamMoments(torch.optim.Optimizer):
         local = [_local(p) for p in params]
         scale, eps_ = _scalars(scales), _scalars(eps)
         if self.compiled and isinstance(scale, float) and isinstance(eps_, float):
+            keep = _always(local[0].device) if keep is None else keep
             self._step_compiled(group, _Lists(grads, exp_avgs, exp_avg_sqs, local), scale, eps_,
-                                _shard_group(params[0]))
+                                _shard_group(params[0]), keep)
             return
-        torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)  # m += (1 - b1)(g - m)
-        torch._foreach_mul_(exp_avg_sqs, beta2)
+        if keep is None:
+            torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)  # m += (1 - b1)(g - m)
+            torch._foreach_mul_(exp_avg_sqs, beta2)
+        else:  # a skipped step: g zeroed (no NaN reaches the moments), m and v kept by their coefficients
+            for grad in grads:
+                grad.masked_fill_(~keep, 0.0)
+            torch._foreach_lerp_(exp_avgs, grads, [(1.0 - beta1) * keep] * len(grads))
+            torch._foreach_mul_(exp_avg_sqs, torch.where(keep, beta2, 1.0))
         torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
         updates = list(torch._foreach_sqrt(exp_avg_sqs))
         torch._foreach_add_(updates, eps_)
@@ -247,10 +269,16 @@ class _AdamMoments(torch.optim.Optimizer):
                 torch._foreach_add_(updates, local, alpha=decay)
             else:
                 torch._foreach_add_(updates, torch._foreach_mul(local, decay))
-        self._apply(group, local, updates, scale, _shard_group(params[0]))
+        self._apply(group, local, updates, scale, _shard_group(params[0]), keep)
 
 
 Scalars = float | list[float]  # one number for every tensor of a foreach call, or one each
+
+
+@functools.cache
+def _always(device: torch.device) -> torch.Tensor:
+    """``keep`` of a step that nothing skips, for the compiled functions (which take one always)."""
+    return torch.ones((), dtype=torch.bool, device=device)
 
 
 def _scalars(values: list[float]) -> Scalars:
@@ -258,8 +286,11 @@ def _scalars(values: list[float]) -> Scalars:
     return values[0] if all(v == values[0] for v in values) else values
 
 
-def _add_scaled(params: list[torch.Tensor], updates: list[torch.Tensor], coeff: Scalars) -> None:
-    """``params[i] += coeff[i] · updates[i]`` (``updates`` may be overwritten)."""
+def _add_scaled(params: list[torch.Tensor], updates: list[torch.Tensor], coeff: Scalars,
+                keep: torch.Tensor | None = None) -> None:
+    """``params[i] += coeff[i] · updates[i]``, nothing where ``keep`` is false (``updates`` may be overwritten)."""
+    if keep is not None:
+        torch._foreach_mul_(updates, keep.to(updates[0].dtype))
     if isinstance(coeff, float):
         torch._foreach_add_(params, updates, alpha=coeff)
     else:
@@ -296,11 +327,11 @@ class Lamb(_AdamMoments):
         super().__init__(params, defaults, compiled)
 
     def _apply(self, group: dict, params: list[torch.Tensor], updates: list[torch.Tensor],
-               scale: Scalars, shard_group) -> None:
+               scale: Scalars, shard_group, keep: torch.Tensor | None) -> None:
         lr = group["lr"]
         # (Optimizer states saved before these options existed adapt every tensor, 1 at zero norms.)
         if not group.get("layer_adaptation", True):
-            _add_scaled(params, updates, _times(scale, -lr))
+            _add_scaled(params, updates, _times(scale, -lr), keep)
             return
         # All ratios use the weights before this step, as in the paper.
         dtype = _norm_dtype(params)
@@ -308,20 +339,23 @@ class Lamb(_AdamMoments):
         scales = scale if isinstance(scale, float) else torch.tensor(scale, dtype=dtype).to(norms.device)
         coeffs = _trust_coefficients(_whole_norms(norms, shard_group), scales, -lr,
                                      group.get("ratio_at_zero_norm", 1.0), group["max_trust_ratio"])
+        if keep is not None:
+            coeffs = coeffs * keep
         # w -= lr · r · u, every tensor with its own r.
         torch._foreach_addcmul_(params, updates, coeffs.to(params[0].dtype).unbind())
 
-    def _step_compiled(self, group: dict, lists: _Lists, scale: float, eps: float, shard_group) -> None:
+    def _step_compiled(self, group: dict, lists: _Lists, scale: float, eps: float, shard_group,
+                       keep: torch.Tensor) -> None:
         if not group.get("layer_adaptation", True):
-            super()._step_compiled(group, lists, scale, eps, shard_group)
+            super()._step_compiled(group, lists, scale, eps, shard_group, keep)
             return
         coefficient = _coefficients(lists.params[0].dtype)
         eps_, decay = coefficient(eps), coefficient(group["weight_decay"] / scale)
-        norms = _compiled(_fused_lamb_norms)(*lists, *group["betas"], eps_, decay)
+        norms = _compiled(_fused_lamb_norms)(*lists, *group["betas"], eps_, decay, keep)
         _compiled(_fused_lamb_update)(lists.params, lists.exp_avgs, lists.exp_avg_sqs,
                                       _whole_norms(norms, shard_group), eps_, decay, coefficient(scale),
                                       coefficient(-group["lr"]), group.get("ratio_at_zero_norm", 1.0),
-                                      group["max_trust_ratio"])
+                                      group["max_trust_ratio"], keep)
 
 
 def _times(scale: Scalars, factor: float) -> Scalars:
@@ -379,9 +413,9 @@ class AdamWNoBiasCorrection(_AdamMoments):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay), compiled)
 
     def _apply(self, group: dict, params: list[torch.Tensor], updates: list[torch.Tensor],
-               scale: Scalars, shard_group) -> None:
+               scale: Scalars, shard_group, keep: torch.Tensor | None) -> None:
         # Elementwise: each rank updates its own shard, no communication needed.
-        _add_scaled(params, updates, _times(scale, -group["lr"]))
+        _add_scaled(params, updates, _times(scale, -group["lr"]), keep)
 
 
 # ------------------------------------------------------------ the compiled step
@@ -426,11 +460,13 @@ def _coefficients(dtype: torch.dtype) -> Callable[[float], torch.Tensor]:
 
 
 def _fused_moments_(grads: list[torch.Tensor], exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor],
-                    beta1: float, beta2: float) -> None:
-    torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)
+                    beta1: float, beta2: float, keep: torch.Tensor) -> None:
+    """The moments, left as they are where ``keep`` is false (a skipped step: its g may be NaN)."""
+    grads = [torch.where(keep, g, 0.0) for g in grads]
+    torch._foreach_lerp_(exp_avgs, grads, [(1.0 - beta1) * keep] * len(grads))
     # v = b2 v + (1 - b2) g² as a lerp towards g², like m: Inductor then stores both moments
     # in the loop that reduces the norms (with mul and addcmul it stores v in a pass of its own).
-    torch._foreach_lerp_(exp_avg_sqs, torch._foreach_mul(grads, grads), 1.0 - beta2)
+    torch._foreach_lerp_(exp_avg_sqs, torch._foreach_mul(grads, grads), [(1.0 - beta2) * keep] * len(grads))
 
 
 def _fused_directions(exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor], params: list[torch.Tensor],
@@ -446,14 +482,14 @@ def _fused_directions(exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tens
 
 def _fused_lamb_norms(grads: list[torch.Tensor], exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor],
                       params: list[torch.Tensor], beta1: float, beta2: float, eps: torch.Tensor,
-                      decay: torch.Tensor) -> torch.Tensor:
+                      decay: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """LAMB's first pass: the moments, and (||w||, ||u / c||) of every tensor, ``(2, tensors)``."""
     dtype = _norm_dtype(params)
     norms = []
     # Inductor fuses two reductions of one tensor only where the graph has them close together (at
     # most 64 nodes apart): the ops of a few tensors at a time keep them so.
     for part in (slice(i, i + _TRACED_TOGETHER) for i in range(0, len(params), _TRACED_TOGETHER)):
-        _fused_moments_(grads[part], exp_avgs[part], exp_avg_sqs[part], beta1, beta2)
+        _fused_moments_(grads[part], exp_avgs[part], exp_avg_sqs[part], beta1, beta2, keep)
         updates = _fused_directions(exp_avgs[part], exp_avg_sqs[part], params[part], eps, decay)
         # One reduction per tensor, which Inductor fuses with what it reads (its _foreach_norm
         # would be a library call on u stored in full).
@@ -464,20 +500,21 @@ def _fused_lamb_norms(grads: list[torch.Tensor], exp_avgs: list[torch.Tensor], e
 
 def _fused_lamb_update(params: list[torch.Tensor], exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor],
                        norms: torch.Tensor, eps: torch.Tensor, decay: torch.Tensor, scale: torch.Tensor,
-                       neg_lr: torch.Tensor, ratio_at_zero_norm: float, max_trust_ratio: float) -> None:
+                       neg_lr: torch.Tensor, ratio_at_zero_norm: float, max_trust_ratio: float,
+                       keep: torch.Tensor) -> None:
     """LAMB's second pass: w -= lr · r · u, the ratios from the (whole tensors') ``norms``."""
     updates = _fused_directions(exp_avgs, exp_avg_sqs, params, eps, decay)
-    coeffs = _trust_coefficients(norms, scale, neg_lr, ratio_at_zero_norm, max_trust_ratio)
+    coeffs = _trust_coefficients(norms, scale, neg_lr, ratio_at_zero_norm, max_trust_ratio) * keep
     torch._foreach_addcmul_(params, updates, coeffs.to(params[0].dtype).unbind())
 
 
 def _fused_adam(grads: list[torch.Tensor], exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor],
                 params: list[torch.Tensor], beta1: float, beta2: float, eps: torch.Tensor, decay: torch.Tensor,
-                coeff: torch.Tensor) -> None:
+                coeff: torch.Tensor, keep: torch.Tensor) -> None:
     """The whole update with r = 1 in one pass: w += coeff · u / c, with coeff = -lr · c."""
-    _fused_moments_(grads, exp_avgs, exp_avg_sqs, beta1, beta2)
+    _fused_moments_(grads, exp_avgs, exp_avg_sqs, beta1, beta2, keep)
     updates = _fused_directions(exp_avgs, exp_avg_sqs, params, eps, decay)
-    torch._foreach_add_(params, torch._foreach_mul(updates, coeff))
+    torch._foreach_add_(params, torch._foreach_mul(updates, coeff * keep))
 
 
 LAMB_VARIANTS: tuple[LambVariant, ...] = typing.get_args(LambVariant)

@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from bertforge.config import ConfigError, ExecutionConfig, ModelConfig, TrainConfig
 from bertforge.dist import compiles_optimizer
-from bertforge.engine import Engine
+from bertforge.engine import Engine, skips_on_device
 from bertforge.model import BertForPreTraining
 from bertforge.optim import AdamWNoBiasCorrection, Lamb, build_optimizer, build_scheduler, lr_at, param_groups
 
@@ -951,6 +951,43 @@ def test_compiled_and_eager_steps_resume_each_other(tmp_path, first, then):
     whole, whole_opt, _ = adapted_run(train, False, range(6))
     assert worst_units(whole, whole_opt, model2, opt2) <= BOUND
     assert opt2.compiled == then and [s["step"] for s in opt2.state.values()] == [6] * 6
+
+
+# ------------------------------------------------------------ skipping a step on the device
+
+# (train changes, compiled): ours in both steps, torch's fused AdamW and SGD
+SKIPPING_CASES = {
+    **{f"{name}_{kind}": (COMPILED_CASES[name], kind == "compiled")
+       for name in ("bertforge", "mlperf", "adamw_no_bias_correction") for kind in ("eager", "compiled")},
+    "torch_adamw": (dict(optimizer="adamw"), False),
+    "torch_sgd": (dict(optimizer="sgd", momentum=0.9), False),
+}
+
+
+@pytest.mark.parametrize("case", SKIPPING_CASES)
+def test_found_inf_skips_the_step_on_the_device(case):
+    """The engine's way to skip a non-finite step without reading the flag on the host (found_inf, as
+    torch's fused optimizers take it): clear, the step is the step without it, bit for bit; set, NaN
+    gradients leave weights and moments exactly as they were."""
+    change, compiled = SKIPPING_CASES[case]
+    train = compiled_train(**change)
+    model, opt, sched = adapted_run(train, compiled, range(2))
+    assert skips_on_device(opt)
+    opt.found_inf, opt.grad_scale = torch.zeros(()), None
+    adapted_run(train, compiled, range(2, 3), model, opt, sched)
+    plain, plain_opt, _ = adapted_run(train, compiled, range(3))
+
+    def state(model, opt):
+        return [t.detach().clone() for p in model.parameters() for t in (p, *opt.state[p].values())
+                if isinstance(t, torch.Tensor) and t.dim() > 0]
+
+    assert all(torch.equal(a, b) for a, b in zip(state(model, opt), state(plain, plain_opt), strict=True))
+    before = state(model, opt)
+    for p in model.parameters():
+        p.grad = torch.full_like(p, float("nan"))
+    opt.found_inf = torch.ones(())
+    opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(state(model, opt), before, strict=True))
 
 
 # ------------------------------------------------------------ SGD and momentum
