@@ -202,7 +202,7 @@ def bench_pretrain(cfg: Config, batch_size: int, seq_len: int | None, steps: int
         model = prepare_model(BertForPreTraining(cfg.model).train(), cfg.execution, dist)
         optimizer = build_optimizer(unwrap(model), cfg.train, compiled=compiles_optimizer(cfg.execution, device))
         engine = Engine(model, optimizer, build_scheduler(optimizer, cfg.train, steps + warmup), training_loss,
-                        cfg.execution.precision, cfg.train.grad_clip, dist)
+                        cfg.execution.precision, cfg.train.grad_clip, dist, grad_sync=cfg.execution.grad_sync)
         for indices in order[:warmup]:
             engine.step([micro_batches[i] for i in indices], accumulation)
         synchronize(device)

@@ -153,9 +153,6 @@ def evaluate(model: nn.Module, dataset: PretrainingDataset, batch_size: int, dev
     return eval_result(sums, has_nsp(model))
 
 
-# A test-only fault: "RANK:STEP" makes that rank exit hard after that step on a job's first
-# attempt (torchrun's TORCHELASTIC_RESTART_COUNT 0), as a machine failure would.
-FAULT_ENV = "BERTFORGE_TEST_FAIL_AT"
 
 
 def make_run_dir(cfg: Config) -> Path:
@@ -227,11 +224,6 @@ def fingerprint_of(d: DataConfig) -> str | None:
     if d.synthetic or not d.input:
         return None
     return fingerprint(record_files(d.input))
-
-
-def _fail_here(rank: int, step: int) -> bool:
-    fault = os.environ.get(FAULT_ENV, "")
-    return (fault == f"{rank}:{step}" and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0")
 
 
 def load_data(cfg: Config, run_dir: Path, rank: int = 0, world_size: int = 1, *,
@@ -465,7 +457,8 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
         optimizer = build_optimizer(unwrap(model), cfg.train,
                                     compiled=compiles_optimizer(cfg.execution, dist.device))
         engine = Engine(model, optimizer, build_scheduler(optimizer, cfg.train, steps), training_loss,
-                        cfg.execution.precision, cfg.train.grad_clip, dist, seed=cfg.train.seed)
+                        cfg.execution.precision, cfg.train.grad_clip, dist, seed=cfg.train.seed,
+                        grad_sync=cfg.execution.grad_sync)
     step = ckpt.resume(resume_from, engine, verified=True)["step"] if resume_from is not None else 0
     with contextlib.ExitStack() as stack:
         stack.callback(stream.close)
@@ -532,8 +525,6 @@ class Pretraining:
                 engine.step(copied_ahead(self.micro_batches(), self.dist.device), self.accumulation, self.step)
             self.step += 1
             progress["steps"] += 1
-            if _fail_here(self.dist.rank, self.step):
-                os._exit(1)
             self.on_report(engine.report)  # the step before's numbers
             if eval_due(cfg, self.step) and self.step < self.steps:  # (the last step's comes after the loop)
                 last_eval = self.evaluate()

@@ -222,13 +222,15 @@ def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step(tmp_path):
 @pytest.mark.dist
 def test_torchrun_restarts_a_killed_rank_and_continues_exactly(tmp_path):
     """torchrun --max-restarts 1, 2 gloo ranks: rank 1 exits hard after step 3 on the first
-    attempt; the group restarts with --resume auto from step 2 and ends with the weights
+    attempt (tests/faults/sitecustomize.py); the group restarts with --resume auto from step 2 and ends with the weights
     and losses of an uninterrupted torchrun run. About 40 s."""
     args = ["--execution.parallel", "ddp", "--checkpoint.every", "2", "--resume", "auto"]
     launcher = torchrun(run_args(tmp_path, "restarted", 6, *args), "--standalone", "--max-restarts", "1",
-                        extra_env={"BERTFORGE_TEST_FAIL_AT": "1:3"})
+                        extra_env={"BERTFORGE_TEST_FAIL_AT": "1:3", "PYTHONPATH": os.pathsep.join(
+                            [str(REPO / "tests" / "faults"), env()["PYTHONPATH"]])})
     stderr = finish(launcher)
     assert launcher.returncode == 0, stderr[-3000:]
+    assert "will restart worker group" in stderr  # the fault struck: rank 1 died and the group restarted
     whole = torchrun(run_args(tmp_path, "whole", 6, *args), "--standalone")
     stderr = finish(whole)
     assert whole.returncode == 0, stderr[-3000:]

@@ -468,7 +468,7 @@ def train(cfg: Config, job: Job, dist: DistContext, out_dir: Path, resume_from: 
     wrapped = prepare_model(job.model.train(), cfg.execution, dist)
     optimizer = build_optimizer(unwrap(wrapped), t)
     engine = Engine(wrapped, optimizer, build_scheduler(optimizer, t, total), job.loss_fn,
-                    cfg.execution.precision, t.grad_clip, dist, seed=t.seed)
+                    cfg.execution.precision, t.grad_clip, dist, seed=t.seed, grad_sync=cfg.execution.grad_sync)
     step = ckpt.resume(resume_from, engine, verified=True)["step"] if resume_from is not None else 0
 
     def state() -> dict[str, Any]:  # what a checkpoint adds to the engine's: the data position and fingerprint
