@@ -230,7 +230,9 @@ def test_torchrun_restarts_a_killed_rank_and_continues_exactly(tmp_path):
                             [str(REPO / "tests" / "faults"), env()["PYTHONPATH"]])})
     stderr = finish(launcher)
     assert launcher.returncode == 0, stderr[-3000:]
-    assert "will restart worker group" in stderr  # the fault struck: rank 1 died and the group restarted
+    metadata = (tmp_path / "restarted" / "metadata.jsonl").read_text().splitlines()
+    starts = [row["step"] for row in map(json.loads, metadata) if row["event"] == "start"]
+    assert starts == [0, 2]  # the fault struck: rank 1 died after step 3 and the group restarted from step 2
     whole = torchrun(run_args(tmp_path, "whole", 6, *args), "--standalone")
     stderr = finish(whole)
     assert whole.returncode == 0, stderr[-3000:]
