@@ -379,8 +379,8 @@ def test_a_seq_len_given_equal_to_the_default_must_agree_with_the_records(tmp_pa
     with pytest.raises(ConfigError, match=rf"^data.seq_len={default}, but the records have seq_len 16 "):
         load_data(cfg, tmp_path)
     cfg = records_config(tmp_path, **{"data.input": str(path)})
-    load_data(cfg, tmp_path)
-    assert (cfg.data.seq_len, cfg.data.max_predictions) == (16, 3)
+    decided = load_data(cfg, tmp_path).decided
+    assert (decided["data.seq_len"], decided["data.max_predictions"]) == (16, 3)
 
 
 # ------------------------------------------------------------ one run per run directory (issue 21)

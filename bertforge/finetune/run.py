@@ -46,6 +46,7 @@ from ..config import (
     _coerce,
     accumulation_steps,
     apply_dict,
+    freeze,
     given_length_wins,
     load_yaml,
     resolve_config_path,
@@ -447,8 +448,10 @@ def train(cfg: Config, job: Job, dist: DistContext, out_dir: Path, resume_from: 
 
     Returns a summary: out_dir, checkpoint, steps, losses (one per optimizer
     step of this process), rank, world_size, preempted, minutes, and what
-    ``job.finish`` returned (scores, prediction files).
+    ``job.finish`` returned (scores, prediction files). ``cfg`` is the resolved config, read
+    frozen from here on.
     """
+    cfg = freeze(cfg)
     t = cfg.train
     accumulation = accumulation_steps(t, world_size=dist.world_size)
     steps_per_epoch = len(job.rows) // t.global_batch_size
