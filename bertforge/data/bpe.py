@@ -1,0 +1,410 @@
+"""Hugging Face ``tokenizer.json`` vocabs (a byte-level BPE, as ModernBERT's): training, special
+tokens, word boundaries, and :class:`FastBPE`, their ids for many lines at once.
+
+A ``tokenizer.json`` holds ``tokenizers``' whole pipeline (normalizer,
+pre-tokenizer, model, added tokens, post-processor). Nothing about it is
+assumed to be BERT's: the roles of the special tokens are read from the file
+(:func:`special_roles`), and so is what marks the start of a word
+(:func:`word_continuations`). :func:`train_bpe` trains one (``bertforge data
+vocab --kind bpe``).
+
+Text is encoded as ``tokenizers`` encodes it, with one difference: special
+tokens written in the text (a literal "[MASK]" or "<s>") are encoded as the
+text they are, never as the special ids, which only the pipeline places.
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+import os
+import re
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+from .errors import DataError
+from .tokenizer import CLS, SEP, SPECIAL_TOKENS, SpecialIds
+from .wordpiece import IdStore, TokenizedChunk
+
+
+def _byte_chars() -> list[str]:
+    """The character byte-level BPE writes for each byte (GPT-2's table): the printable Latin-1
+    bytes stand for themselves, every other byte for chr(256 + its rank among those others)."""
+    printable = {*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
+    chars, others = [], 0
+    for byte in range(256):
+        if byte in printable:
+            chars.append(chr(byte))
+        else:
+            chars.append(chr(256 + others))
+            others += 1
+    return chars
+
+
+BYTE_CHARS = _byte_chars()  # BYTE_CHARS[ord(" ")] is "Ġ", the space marker
+_BYTE_OF = {char: byte for byte, char in enumerate(BYTE_CHARS)}
+_ASCII_TO_BYTE_CHARS = {byte: BYTE_CHARS[byte] for byte in range(128)}  # str.translate table
+_SPACE_BYTES = frozenset(b" \t\n\r\x0b\x0c")
+
+# Roles of special tokens by name, where the post-processor does not say (the names of
+# BERT, ModernBERT and RoBERTa).
+ROLE_NAMES = {"cls": ("[CLS]", "<s>", "<cls>"), "sep": ("[SEP]", "</s>", "<sep>"), "mask": ("[MASK]", "<mask>"),
+              "pad": ("[PAD]", "<pad>", "<|padding|>"), "unk": ("[UNK]", "<unk>")}
+_ROLE_WORDS = {"cls": "classifier", "sep": "separator", "mask": "mask"}  # the roles records need
+
+# The pre-tokenizer regex of byte-level BPE (GPT-2's, in tokenizers' ByteLevel) restricted to
+# ASCII, where \p{L} is [A-Za-z] and \p{N} is [0-9]: FastBPE splits plain ASCII lines with it.
+_BYTE_LEVEL_ASCII = re.compile(r"'s|'t|'re|'ve|'m|'ll|'d| ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+(?!\S)|\s+",
+                               re.ASCII)
+_NOT_PLAIN = re.compile(r"[^\t\x20-\x7e]")  # a segment with one of these goes through tokenizers
+# Where a line may be cut (see FastBPE._segments): before a space between a non-space and an ASCII
+# letter or digit. Python's whitespace includes all of the regex's (Unicode White_Space), so it
+# never cuts where the regex would see whitespace before the space.
+_CUTS = re.compile(r"(?<=\S)(?= [A-Za-z0-9])")
+# Normalizers that leave ASCII as it is.
+_ASCII_IDENTITY = ("NFC", "NFD", "NFKC", "NFKD")
+MAX_CACHED_PIECES = 1 << 18
+
+
+def read_tokenizer_json(path: str | Path) -> tuple[Tokenizer, dict]:
+    """(the tokenizer, its JSON) of a ``tokenizer.json``; a DataError naming the file otherwise."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+        spec = json.loads(text)
+        tokenizer = Tokenizer.from_str(text)
+    except FileNotFoundError:
+        raise DataError(f"vocab not found: {path}") from None
+    except IsADirectoryError:
+        raise DataError(f"{path}: is a directory, not a vocab file") from None
+    except Exception as err:  # not UTF-8, not JSON, or what tokenizers refuses (a bare Exception)
+        first_line = (str(err).splitlines() or [type(err).__name__])[0]
+        raise DataError(f"{path}: not a tokenizer.json that tokenizers reads ({first_line})") from None
+    if not isinstance(spec, dict) or not isinstance(spec.get("model"), dict):
+        raise DataError(f"{path}: not a tokenizer.json (no model)")
+    return tokenizer, spec
+
+
+def _processor_ends(processor: dict | None) -> tuple[int | None, int | None]:
+    """(classifier, separator) ids of a post-processor: the special tokens before and after the
+    single sequence of its template (BERT's and RoBERTa's processors name them)."""
+    if not isinstance(processor, dict):
+        return None, None
+    kind = processor.get("type")
+    if kind == "Sequence":
+        for inner in processor.get("processors") or []:
+            found = _processor_ends(inner)
+            if found != (None, None):
+                return found
+        return None, None
+    if kind in ("BertProcessing", "RobertaProcessing"):
+        return processor["cls"][1], processor["sep"][1]
+    if kind == "TemplateProcessing":
+        ids = {name: entry["ids"][0] for name, entry in (processor.get("special_tokens") or {}).items()
+               if entry.get("ids")}
+        before: list[int] = []
+        after: list[int] = []
+        seen = False  # the sequence, yet
+        for piece in processor.get("single") or []:
+            seen = seen or "Sequence" in piece
+            name = piece.get("SpecialToken", {}).get("id")
+            if name in ids:
+                (after if seen else before).append(ids[name])
+        return (before[0] if before else None), (after[0] if after else None)
+    return None, None
+
+
+def special_roles(tokenizer: Tokenizer, spec: dict) -> tuple[SpecialIds | None, str]:
+    """(the ids of the classifier, separator, mask, padding and unknown tokens; what is missing).
+
+    Classifier and separator are what the post-processor puts before and after
+    one sequence (its template, or BERT's and RoBERTa's processors); without
+    one, the special tokens named as in ``ROLE_NAMES``. The others are special
+    tokens of those names (unknown: the model's ``unk_token`` first). Without
+    a classifier, separator or mask token there are no ids (None) and the
+    message names the first missing role; padding and unknown may be None.
+    """
+    specials = {t.content: i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
+    found = {role: next((specials[n] for n in names if n in specials), None) for role, names in ROLE_NAMES.items()}
+    cls, sep = _processor_ends(spec.get("post_processor"))
+    found["cls"] = cls if cls is not None else found["cls"]
+    found["sep"] = sep if sep is not None else found["sep"]
+    unk = spec["model"].get("unk_token")
+    if isinstance(unk, str) and tokenizer.token_to_id(unk) is not None:
+        found["unk"] = tokenizer.token_to_id(unk)
+    cls, sep, mask = found["cls"], found["sep"], found["mask"]
+    if cls is None or sep is None or mask is None:
+        role = "cls" if cls is None else "sep" if sep is None else "mask"
+        where = {"cls": "first in the post-processor's template, or ",
+                 "sep": "after the sequence in the post-processor's template, or ", "mask": ""}[role]
+        return None, (f"the tokenizer has no {_ROLE_WORDS[role]} token ({where}a special token "
+                      f"{' or '.join(ROLE_NAMES[role])})")
+    return SpecialIds(pad=found["pad"], unk=found["unk"], cls=cls, sep=sep, mask=mask), ""
+
+
+def _pre_tokenizers(spec: dict) -> list[dict]:
+    pre = spec.get("pre_tokenizer")
+    if not isinstance(pre, dict):
+        return []
+    return list(pre.get("pretokenizers") or []) if pre.get("type") == "Sequence" else [pre]
+
+
+def word_continuations(spec: dict, tokens: list[str], added: dict[int, bool]) -> tuple[np.ndarray, str]:
+    """(per id, whether the token continues the word before it; what such tokens are, for messages).
+
+    A word starts where the text had whitespace before it, which each model
+    marks its own way: byte-level BPE (ModernBERT, RoBERTa, GPT-2) by a first
+    byte that is whitespace (the space marker "Ġ"), SentencePiece-style
+    Metaspace by "▁"; WordPiece continues a word with "##". ``added`` maps
+    the ids of added tokens to whether they are special: a special token is a
+    word of its own, another added token is its own text (not byte-mapped) and
+    starts a word when whitespace leads it. With none of these markers there
+    is no word information: every token starts a word.
+    """
+    pre = {p.get("type"): p for p in _pre_tokenizers(spec)}
+    model = spec["model"]
+    if model.get("type") == "WordPiece":
+        prefix = model.get("continuing_subword_prefix") or "##"
+        rule = f"{prefix} pieces"
+
+        def continues(token: str) -> bool:
+            return token.startswith(prefix)
+    elif "ByteLevel" in pre:
+        rule = "tokens without the space marker Ġ"
+
+        def continues(token: str) -> bool:
+            return _BYTE_OF.get(token[0], 0x20) not in _SPACE_BYTES
+    elif "Metaspace" in pre:
+        marker = pre["Metaspace"].get("replacement") or "▁"
+        rule = f"tokens without the word marker {marker}"
+
+        def continues(token: str) -> bool:
+            return not token.startswith(marker)
+    else:
+        return np.zeros(len(tokens), bool), "tokens that continue a word"
+    flags = np.zeros(len(tokens), bool)
+    for i, token in enumerate(tokens):
+        if token and i not in added:
+            flags[i] = continues(token)
+        elif token and not added[i]:
+            flags[i] = not token[0].isspace()
+    return flags, rule
+
+
+# ---------------------------------------------------------------- training
+
+def train_bpe(documents: Iterable[list[str]], vocab_size: int, out_path: str | Path) -> Path:
+    """Train a byte-level BPE of at most ``vocab_size`` tokens; write its ``tokenizer.json`` to ``out_path``.
+
+    ModernBERT's pipeline: NFC normalization, the byte-level pre-tokenizer
+    (GPT-2's split, no prefix space; case kept), BPE over the 256 bytes, and a
+    post-processor writing ``[CLS] A [SEP]`` (``[CLS] A [SEP] B [SEP]`` for
+    pairs). The special tokens are ModernBERT's names at ids 0-4: [PAD] 0 (the
+    records' padding id), [UNK] 1, [CLS] 2, [SEP] 3, [MASK] 4. Each document
+    is trained on as running text, its lines joined by spaces, as
+    :meth:`FastBPE.encode_documents` encodes it. The file is written under a
+    temporary name and renamed.
+    """
+    least = len(SPECIAL_TOKENS) + 256
+    if vocab_size <= least:
+        raise DataError(f"vocab_size={vocab_size} leaves no room beyond the {len(SPECIAL_TOKENS)} special "
+                        f"tokens and the 256 bytes (give more than {least})")
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(_running_texts(documents), trainer)
+    cls, sep = tokenizer.token_to_id(CLS), tokenizer.token_to_id(SEP)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{CLS} $A {SEP}", pair=f"{CLS} $A {SEP} $B:1 {SEP}:1", special_tokens=[(CLS, cls), (SEP, sep)])
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_name(f".{out_path.name}.{os.getpid()}.tmp")
+    tmp.write_text(tokenizer.to_str(pretty=True), encoding="utf-8")
+    os.replace(tmp, out_path)
+    return out_path
+
+
+def _running_texts(documents: Iterable[list[str]], size: int = 1000) -> Iterator[list[str]]:
+    """Batches of documents, each as its running text."""
+    batch: list[str] = []
+    for document in documents:
+        batch.append(" ".join(document))
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+# ---------------------------------------------------------------- fast ids
+
+def _ascii_split(spec: dict) -> tuple[re.Pattern, bool] | None:
+    """(the ASCII pre-token split, whether a space is put before a line) where the pipeline is
+    one :class:`FastBPE` reproduces on plain ASCII lines, else None."""
+    normalizer = spec.get("normalizer")
+    steps = ([] if normalizer is None else normalizer.get("normalizers") or []
+             if normalizer.get("type") == "Sequence" else [normalizer])
+    pre = _pre_tokenizers(spec)
+    model = spec["model"]
+    if (not all(step.get("type") in _ASCII_IDENTITY for step in steps) or len(pre) != 1
+            or pre[0].get("type") != "ByteLevel" or not pre[0].get("use_regex", True)
+            or model.get("type") != "BPE" or model.get("dropout")):
+        return None
+    return _BYTE_LEVEL_ASCII, bool(pre[0].get("add_prefix_space"))
+
+
+def _least_contents(contents: Iterable[str]) -> list[str]:
+    """The added tokens' texts that contain no other one: a line holds one of them exactly when it
+    holds any."""
+    kept: list[str] = []
+    for text in sorted(set(contents), key=len):
+        if text and not any(k in text for k in kept):
+            kept.append(text)
+    return kept
+
+
+class FastBPE:
+    """Ids of a ``tokenizer.json`` for many lines at once, as ``tokenizers`` gives them (special
+    tokens in the text encoded as text), with a cache of pre-tokens.
+
+    Byte-level BPE works within pre-tokens: the pre-tokenizer's regex cuts a
+    line into pieces (" word", " 123", " ,.", whitespace) and BPE merges
+    bytes within each. So a line's ids are its pieces' ids in order. A plain
+    ASCII line (tab and printable characters) that holds no added token's
+    text is cut with the same regex in Python (``re``, over ASCII), and each
+    piece is looked up in a cache; only pieces never seen go to the BPE model.
+    Every other line (non-ASCII, control characters, an added token's text),
+    and every line of a pipeline this class does not reproduce (see
+    :func:`_ascii_split`), is encoded by ``tokenizers`` whole. The cache is
+    cleared when it holds ``max_pieces`` entries; the ids never depend on it.
+    Tests compare the result with ``tokenizers``' own encoding on the shared
+    Wikipedia text and odd lines.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, spec: dict, max_pieces: int = MAX_CACHED_PIECES):
+        self.tokenizer = Tokenizer.from_str(tokenizer.to_str())  # a copy: its settings are ours
+        self.tokenizer.encode_special_tokens = True  # "[MASK]" in the text is text
+        self.max_pieces = max_pieces
+        self._split = _ascii_split(spec)
+        self._added = _least_contents(t.content for t in tokenizer.get_added_tokens_decoder().values())
+        self._clear()
+
+    def _clear(self) -> None:
+        self._entry: dict[str, int] = {}
+        self._store = IdStore()
+
+    def _pieces(self, text: str) -> list[str]:
+        """The pre-tokenizer's pieces of plain ASCII text."""
+        assert self._split is not None
+        return self._split[0].findall(text)
+
+    def _piece_ids(self, piece: str) -> list[int]:
+        """The BPE model's ids of one plain piece (mapped to byte-level characters, as the pre-tokenizer does)."""
+        return [t.id for t in self.tokenizer.model.tokenize(piece.translate(_ASCII_TO_BYTE_CHARS))]
+
+    def _with_added(self, texts: list[str]) -> np.ndarray:
+        """Which texts hold an added token's text (tokenizers then encodes them whole)."""
+        found = np.zeros(len(texts), bool)
+        if self._added:
+            text = "\n".join(texts)
+            ends = np.cumsum([len(t) + 1 for t in texts])
+            for content in self._added:
+                at = text.find(content)
+                while at >= 0:
+                    found[np.searchsorted(ends, at, "right")] = True
+                    at = text.find(content, at + 1)
+        return found
+
+    def _segments(self, lines: list[str]) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """(the lines cut into segments that encode on their own; the line of each; which are plain).
+
+        A line with an added token's text is one segment. Another line is cut
+        before each space that follows a non-space and precedes an ASCII letter
+        or digit: the pre-tokenizer's pieces never cross such a point (the space
+        opens the next piece), nor does NFC. A plain segment (ASCII: tab and
+        printable characters) goes through the cache, any other through tokenizers.
+        """
+        assert self._split is not None
+        _, prefix_space = self._split
+        if prefix_space:  # as ByteLevel(add_prefix_space=True): a space before a line without one
+            lines = [line if line.startswith(" ") else " " + line for line in lines]
+        whole = self._with_added(lines)
+        segments: list[str] = []
+        line_of: list[int] = []
+        for k, line in enumerate(lines):
+            parts = [line] if whole[k] or (line.isascii() and not _NOT_PLAIN.search(line)) else _CUTS.split(line)
+            segments.extend(parts)
+            line_of.extend([k] * len(parts))
+        line_of_segment = np.array(line_of, np.int64)
+        plain = np.array([s.isascii() and not _NOT_PLAIN.search(s) for s in segments], bool) & ~whole[line_of_segment]
+        return segments, line_of_segment, plain
+
+    def _fast_ids(self, segments: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(the ids of plain segments, concatenated; the number of each), through the cache.
+
+        The cache holds chunks: a segment cut before each space that follows a
+        non-space (the pre-tokenizer's pieces never cross such a point). Where
+        a segment's spaces are single and it has no tab, its chunks are its
+        words, " " + word after the first, found by ``str.split``; elsewhere its
+        pieces. A key is the word of a chunk that a space opens, else the chunk
+        after "\\x00" (which no plain segment holds).
+        """
+        keys: list[str] = []
+        counts = np.zeros(len(segments), np.int64)
+        for k, segment in enumerate(segments):
+            if "  " in segment or "\t" in segment:
+                chunks = ["\0" + piece for piece in self._pieces(segment)]
+            else:
+                chunks = segment.split(" ")
+                chunks[0] = "\0" + chunks[0]
+            keys.extend(chunks)
+            counts[k] = len(chunks)
+        new = list(set(keys).difference(self._entry))
+        if new:
+            self._entry.update(zip(new, range(len(self._store), len(self._store) + len(new))))
+            self._store.add([[i for piece in self._pieces(key[1:] if key[:1] == "\0" else " " + key)
+                              for i in self._piece_ids(piece)] for key in new])
+        entries = np.fromiter(operator.itemgetter(*keys)(self._entry) if len(keys) > 1 else
+                              [self._entry[key] for key in keys], np.int64, len(keys))
+        ids, id_counts = self._store.gather(entries)
+        return ids, np.bincount(np.repeat(np.arange(len(segments)), counts), weights=id_counts,
+                                minlength=len(segments)).astype(np.int64)
+
+    def encode_lines(self, lines: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(all token ids of the lines, concatenated; the number of ids of each line)."""
+        if len(self._store) > self.max_pieces:
+            self._clear()  # bound memory; the ids do not depend on what is cached
+        if self._split is None:
+            segments, line_of, plain = lines, np.arange(len(lines)), np.zeros(len(lines), bool)
+        else:
+            segments, line_of, plain = self._segments(lines)
+        fast, slow = np.flatnonzero(plain), np.flatnonzero(~plain)
+        lengths = np.zeros(len(segments), np.int64)
+        fast_ids, lengths[fast] = self._fast_ids([segments[k] for k in fast.tolist()])
+        slow_ids = [e.ids for e in self.tokenizer.encode_batch_fast([segments[k] for k in slow.tolist()],
+                                                                    add_special_tokens=False)]
+        lengths[slow] = list(map(len, slow_ids))
+        ids = np.zeros(int(lengths.sum()), np.int32)
+        starts = np.cumsum(lengths) - lengths
+        # The plain segments' ids go to their places in one scatter, the others one segment at a time.
+        fast_lengths = lengths[fast]
+        within = np.arange(len(fast_ids)) - np.repeat(np.cumsum(fast_lengths) - fast_lengths, fast_lengths)
+        ids[np.repeat(starts[fast], fast_lengths) + within] = fast_ids
+        for k, segment_ids in zip(slow.tolist(), slow_ids):
+            ids[starts[k]:starts[k] + len(segment_ids)] = segment_ids
+        return ids, np.bincount(line_of, weights=lengths, minlength=len(lines)).astype(np.int64)
+
+    def encode_documents(self, documents: list[list[str]]) -> TokenizedChunk:
+        """Documents as flat arrays, each encoded as its running text: every line but a document's
+        first after the space that joined it to the one before ("ĠThe", as mid-text), so that
+        a line's first word is marked as a word. Lines without tokens and documents without
+        lines are dropped."""
+        lines = [line if k == 0 or not line else " " + line for document in documents
+                 for k, line in enumerate(document)]
+        return TokenizedChunk.of(documents, *self.encode_lines(lines))
