@@ -216,7 +216,6 @@ def test_reference_mode_equals_the_reference_script_with_a_bpe(monkeypatch, tmp_
     non-special ones: its vocab_words)."""
     from bert_reference import reference
 
-    vocab = load_vocab(bpe)
     text = wiki_path.read_text(encoding="utf-8")
     corpus = tmp_path / "wiki.txt"
     corpus.write_text(text[:text.index("\n\n", 150_000)] + "\n", encoding="utf-8")
@@ -226,7 +225,9 @@ def test_reference_mode_equals_the_reference_script_with_a_bpe(monkeypatch, tmp_
     class BpeFullTokenizer:
         def __init__(self, vocab_file, do_lower_case=True):
             self.ids = tokenizer.get_vocab(with_added_tokens=True)
-            self.vocab = {vocab.tokens[i]: i for i in vocab.random_ids.tolist()}  # what a random token is drawn from
+            special = {t.content for t in tokenizer.get_added_tokens_decoder().values() if t.special}
+            ordinary = sorted((i, t) for t, i in self.ids.items() if t not in special)
+            self.vocab = {t: i for i, t in ordinary}  # vocab_words: what a random token is drawn from
             self.document_start = True
 
         def tokenize(self, line):
@@ -253,8 +254,9 @@ def test_reference_mode_equals_the_reference_script_with_a_bpe(monkeypatch, tmp_
 
 def test_fast_mode_and_mlm_only_rows_from_a_bpe(tmp_path, wiki_path, bpe, capsys):
     """Fast mode from a tokenizer.json: the tokenizer's [CLS] and [SEP] ids frame the rows, 80/10/10
-    masking with random tokens never special, the statistics of reference mode; --mlm-only at 30%
-    (ModernBERT's recipe) too; the native header names the tokenizer, and data inspect shows it."""
+    masking with random tokens never special, the statistics of reference mode, the same bytes from
+    one worker process or two; --mlm-only at 30% (ModernBERT's recipe) too; the native header names
+    the tokenizer, and data inspect shows it."""
     vocab = load_vocab(bpe)
     s = vocab.specials
     text = wiki_path.read_text(encoding="utf-8")
@@ -273,6 +275,9 @@ def test_fast_mode_and_mlm_only_rows_from_a_bpe(tmp_path, wiki_path, bpe, capsys
         assert len(replaced) > 1000 and replaced.max() < s.unk  # never a special token
         assert not np.isin(original, [s.cls, s.sep, s.mask]).any()
         assert abs((shown == s.mask).mean() - 0.8) < 0.01 and abs(len(replaced) / len(shown) - 0.1) < 0.01
+    by_workers = [create([corpus], bpe, tmp_path / f"w{w}.native", fmt="native", mode="fast", workers=w,
+                         chunk_chars=1 << 16, dupe_factor=1).files[0].read_bytes() for w in (1, 2)]
+    assert by_workers[0] == by_workers[1]  # the output does not depend on the worker processes
     fast, ref = statistics(runs["fast"]), statistics(runs["reference"])  # (its masking shares use BERT's ids)
     for name, bound in {"random_next": 0.03, "mean_length": 1.0, "full": 0.02, "a_share": 0.015}.items():
         assert abs(fast[name] - ref[name]) < bound, (name, fast[name], ref[name])

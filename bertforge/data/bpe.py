@@ -46,7 +46,6 @@ def _byte_chars() -> list[str]:
 
 BYTE_CHARS = _byte_chars()  # BYTE_CHARS[ord(" ")] is "Ġ", the space marker
 _BYTE_OF = {char: byte for byte, char in enumerate(BYTE_CHARS)}
-_ASCII_TO_BYTE_CHARS = {byte: BYTE_CHARS[byte] for byte in range(128)}  # str.translate table
 _SPACE_BYTES = frozenset(b" \t\n\r\x0b\x0c")
 
 # Roles of special tokens by name, where the post-processor does not say (the names of
@@ -293,20 +292,17 @@ class FastBPE:
         self.max_pieces = max_pieces
         self._split = _ascii_split(spec)
         self._added = _least_contents(t.content for t in tokenizer.get_added_tokens_decoder().values())
+        if self._split is not None:  # new chunks go through tokenizers in batches, as they are (no prefix space)
+            chunks = json.loads(self.tokenizer.to_str())
+            chunks["pre_tokenizer"]["add_prefix_space"] = False
+            self._chunk_tokenizer = Tokenizer.from_str(json.dumps(chunks))
+            self._chunk_tokenizer.encode_special_tokens = True
         self._clear()
 
     def _clear(self) -> None:
         self._entry: dict[str, int] = {}
         self._store = IdStore()
 
-    def _pieces(self, text: str) -> list[str]:
-        """The pre-tokenizer's pieces of plain ASCII text."""
-        assert self._split is not None
-        return self._split[0].findall(text)
-
-    def _piece_ids(self, piece: str) -> list[int]:
-        """The BPE model's ids of one plain piece (mapped to byte-level characters, as the pre-tokenizer does)."""
-        return [t.id for t in self.tokenizer.model.tokenize(piece.translate(_ASCII_TO_BYTE_CHARS))]
 
     def _with_added(self, texts: list[str]) -> np.ndarray:
         """Which texts hold an added token's text (tokenizers then encodes them whole)."""
@@ -334,16 +330,21 @@ class FastBPE:
         _, prefix_space = self._split
         if prefix_space:  # as ByteLevel(add_prefix_space=True): a space before a line without one
             lines = [line if line.startswith(" ") else " " + line for line in lines]
-        whole = self._with_added(lines)
+        whole = self._with_added(lines).tolist()
         segments: list[str] = []
         line_of: list[int] = []
+        plain: list[bool] = []
         for k, line in enumerate(lines):
-            parts = [line] if whole[k] or (line.isascii() and not _NOT_PLAIN.search(line)) else _CUTS.split(line)
-            segments.extend(parts)
-            line_of.extend([k] * len(parts))
-        line_of_segment = np.array(line_of, np.int64)
-        plain = np.array([s.isascii() and not _NOT_PLAIN.search(s) for s in segments], bool) & ~whole[line_of_segment]
-        return segments, line_of_segment, plain
+            if whole[k] or (line.isascii() and not _NOT_PLAIN.search(line)):
+                segments.append(line)
+                line_of.append(k)
+                plain.append(not whole[k])
+            else:
+                parts = _CUTS.split(line)
+                segments.extend(parts)
+                line_of.extend([k] * len(parts))
+                plain.extend(part.isascii() and not _NOT_PLAIN.search(part) for part in parts)
+        return segments, np.array(line_of, np.int64), np.array(plain, bool)
 
     def _fast_ids(self, segments: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """(the ids of plain segments, concatenated; the number of each), through the cache.
@@ -353,13 +354,15 @@ class FastBPE:
         a segment's spaces are single and it has no tab, its chunks are its
         words, " " + word after the first, found by ``str.split``; elsewhere its
         pieces. A key is the word of a chunk that a space opens, else the chunk
-        after "\\x00" (which no plain segment holds).
+        after "\\x00" (which no plain segment holds). New chunks are encoded by
+        tokenizers in one batch: its pieces of a chunk are those of the line.
         """
+        assert self._split is not None
         keys: list[str] = []
         counts = np.zeros(len(segments), np.int64)
         for k, segment in enumerate(segments):
             if "  " in segment or "\t" in segment:
-                chunks = ["\0" + piece for piece in self._pieces(segment)]
+                chunks = ["\0" + piece for piece in self._split[0].findall(segment)]
             else:
                 chunks = segment.split(" ")
                 chunks[0] = "\0" + chunks[0]
@@ -368,8 +371,8 @@ class FastBPE:
         new = list(set(keys).difference(self._entry))
         if new:
             self._entry.update(zip(new, range(len(self._store), len(self._store) + len(new))))
-            self._store.add([[i for piece in self._pieces(key[1:] if key[:1] == "\0" else " " + key)
-                              for i in self._piece_ids(piece)] for key in new])
+            texts = [key[1:] if key[:1] == "\0" else " " + key for key in new]
+            self._store.add([e.ids for e in self._chunk_tokenizer.encode_batch_fast(texts, add_special_tokens=False)])
         entries = np.fromiter(operator.itemgetter(*keys)(self._entry) if len(keys) > 1 else
                               [self._entry[key] for key in keys], np.int64, len(keys))
         ids, id_counts = self._store.gather(entries)
