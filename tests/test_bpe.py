@@ -331,22 +331,27 @@ def test_whole_word_masking_with_a_bpe(tmp_path, wiki_path, bpe):
     corpus.write_text(text[:text.index("\n\n", 200_000)] + "\n", encoding="utf-8")
 
     def check(arrays) -> float:
+        """Asserts whole words; returns the share of predictions in words of several tokens."""
         original = arrays.input_ids.copy()
         used = arrays.masked_lm_weights > 0
         original[np.nonzero(used)[0], arrays.masked_lm_positions[used]] = arrays.masked_lm_ids[used]
-        in_words = chosen = 0
+        in_words = chosen = apart = 0
         for r, groups in enumerate(bpe_words(dataclasses.replace(arrays, input_ids=original), vocab)):
             positions = set(arrays.masked_lm_positions[r][used[r]].tolist())
-            for group in groups:
+            for before, group in zip([None, *groups], groups):
                 assert set(group) <= positions or not set(group) & positions, (r, group, positions)
                 in_words += len(group) * (len(group) > 1 and set(group) <= positions)
+                # A word without the space marker just after [SEP], chosen apart from the word before the [SEP]
+                if before and before[-1] == group[0] - 2 and vocab.tokens[original[r, group[0]]][0] not in "Ġ ":
+                    apart += (group[0] in positions) != (before[-1] in positions)
             chosen += len(positions)
+        assert apart > 0  # no word spans a [SEP]: the words on either side are chosen on their own
         return in_words / chosen
 
     made = {}
     for mode, mlm_only in (("reference", False), ("fast", False), ("fast", True)):
-        stats = create([corpus], bpe, tmp_path / f"{mode}{mlm_only}.native", fmt="native", mode=mode,
-                       dupe_factor=1, whole_word_mask=True, mlm_only=mlm_only)
+        stats = create([wiki_path if mlm_only else corpus], bpe, tmp_path / f"{mode}{mlm_only}.native", fmt="native",
+                       mode=mode, dupe_factor=1, whole_word_mask=True, mlm_only=mlm_only)  # (all 103 articles: joins)
         made[mode, mlm_only] = read_records(stats.files[0])
         assert check(made[mode, mlm_only]) > 0.1, (mode, mlm_only)
     spec = masking_spec(bpe, 0.15, whole_word=True)
