@@ -109,7 +109,7 @@ def test_fast_bpe_equals_tokenizers(wiki_docs, bpe, tmp_path):
     assert lengths.tolist() == list(map(len, expected))
     assert ids.tolist() == [i for line in expected for i in line]
     assert len(ids) > 700_000 and (ids >= LEARNED).any()  # added tokens met
-    small = FastBPE(vocab.tokenizer, vocab.spec, max_pieces=2_000)
+    small = FastBPE(vocab.tokenizer, vocab.spec, max_words=2_000)
     for start in range(0, 3000, 1000):
         part = lines[start:start + 1000]
         assert small.encode_lines(part)[0].tolist() == [i for line in their_ids(bpe, part) for i in line]

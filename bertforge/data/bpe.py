@@ -15,11 +15,12 @@ text they are, never as the special ids, which only the pipeline places.
 
 from __future__ import annotations
 
+import itertools
 import json
 import operator
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -54,22 +55,20 @@ ROLE_NAMES = {"cls": ("[CLS]", "<s>", "<cls>"), "sep": ("[SEP]", "</s>", "<sep>"
               "pad": ("[PAD]", "<pad>", "<|padding|>"), "unk": ("[UNK]", "<unk>")}
 _ROLE_WORDS = {"cls": "classifier", "sep": "separator", "mask": "mask"}  # the roles records need
 
-# The pre-tokenizer regex of byte-level BPE (GPT-2's, in tokenizers' ByteLevel) restricted to
-# ASCII, where \p{L} is [A-Za-z] and \p{N} is [0-9]: FastBPE splits plain ASCII lines with it.
-_BYTE_LEVEL_ASCII = re.compile(r"'s|'t|'re|'ve|'m|'ll|'d| ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+(?!\S)|\s+",
-                               re.ASCII)
-_NOT_PLAIN = re.compile(r"[^\t\x20-\x7e]")  # a segment with one of these goes through tokenizers
-# Where a line may be cut (see FastBPE._segments): before a space between a non-space and an ASCII
-# letter or digit. Python's whitespace includes all of the regex's (Unicode White_Space), so it
-# never cuts where the regex would see whitespace before the space.
+# Where a line may be cut (see FastBPE): before a space between a non-space and an ASCII letter
+# or digit. Python's whitespace includes all of the byte-level regex's (Unicode White_Space), so it
+# never cuts where that regex would see whitespace before the space.
 _CUTS = re.compile(r"(?<=\S)(?= [A-Za-z0-9])")
 # Normalizers that leave ASCII as it is.
 _ASCII_IDENTITY = ("NFC", "NFD", "NFKC", "NFKD")
-MAX_CACHED_PIECES = 1 << 18
+MAX_CACHED_WORDS = 1 << 18
 
 
 def read_tokenizer_json(path: str | Path) -> tuple[Tokenizer, dict]:
-    """(the tokenizer, its JSON) of a ``tokenizer.json``; a DataError naming the file otherwise."""
+    """(the tokenizer, its JSON) of a ``tokenizer.json``; a DataError naming the file otherwise.
+
+    The tokenizer encodes special tokens written in the text as text (``encode_special_tokens``).
+    """
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -84,6 +83,7 @@ def read_tokenizer_json(path: str | Path) -> tuple[Tokenizer, dict]:
         raise DataError(f"{path}: not a tokenizer.json that tokenizers reads ({first_line})") from None
     if not isinstance(spec, dict) or not isinstance(spec.get("model"), dict):
         raise DataError(f"{path}: not a tokenizer.json (no model)")
+    tokenizer.encode_special_tokens = True
     return tokenizer, spec
 
 
@@ -243,9 +243,10 @@ def _running_texts(documents: Iterable[list[str]], size: int = 1000) -> Iterator
 
 # ---------------------------------------------------------------- fast ids
 
-def _ascii_split(spec: dict) -> tuple[re.Pattern, bool] | None:
-    """(the ASCII pre-token split, whether a space is put before a line) where the pipeline is
-    one :class:`FastBPE` reproduces on plain ASCII lines, else None."""
+def _prefix_space(spec: dict) -> bool | None:
+    """Whether the pre-tokenizer puts a space before a line, where the pipeline is one whose ids
+    :class:`FastBPE` may cache (NFC-like normalization, or none, which leaves ASCII as it is; the
+    byte-level split alone; BPE without dropout); None for any other pipeline."""
     normalizer = spec.get("normalizer")
     steps = ([] if normalizer is None else normalizer.get("normalizers") or []
              if normalizer.get("type") == "Sequence" else [normalizer])
@@ -255,7 +256,7 @@ def _ascii_split(spec: dict) -> tuple[re.Pattern, bool] | None:
             or pre[0].get("type") != "ByteLevel" or not pre[0].get("use_regex", True)
             or model.get("type") != "BPE" or model.get("dropout")):
         return None
-    return _BYTE_LEVEL_ASCII, bool(pre[0].get("add_prefix_space"))
+    return bool(pre[0].get("add_prefix_space"))
 
 
 def _least_contents(contents: Iterable[str]) -> list[str]:
@@ -268,41 +269,60 @@ def _least_contents(contents: Iterable[str]) -> list[str]:
     return kept
 
 
-class FastBPE:
-    """Ids of a ``tokenizer.json`` for many lines at once, as ``tokenizers`` gives them (special
-    tokens in the text encoded as text), with a cache of pre-tokens.
+def _plain(text: str) -> bool:
+    """Whether the cache may encode ``text`` word by word: printable ASCII with single spaces (a tab,
+    a control character or a double space sends it through tokenizers)."""
+    return text.isascii() and text.isprintable() and "  " not in text
 
-    Byte-level BPE works within pre-tokens: the pre-tokenizer's regex cuts a
-    line into pieces (" word", " 123", " ,.", whitespace) and BPE merges
-    bytes within each. So a line's ids are its pieces' ids in order. A plain
-    ASCII line (tab and printable characters) that holds no added token's
-    text is cut with the same regex in Python (``re``, over ASCII), and each
-    piece is looked up in a cache; only pieces never seen go to the BPE model.
-    Every other line (non-ASCII, control characters, an added token's text),
-    and every line of a pipeline this class does not reproduce (see
-    :func:`_ascii_split`), is encoded by ``tokenizers`` whole. The cache is
-    cleared when it holds ``max_pieces`` entries; the ids never depend on it.
-    Tests compare the result with ``tokenizers``' own encoding on the shared
-    Wikipedia text and odd lines.
+
+def _word_text(key: str) -> str:
+    """The text of a plain word's cache key (see FastBPE._plain_ids)."""
+    return key[1:] if key[:1] == "\0" else " " + key
+
+
+def _segment_text(key: str) -> str:
+    """The text of another segment's cache key: "\\x01" and the segment."""
+    return key[1:]
+
+
+class FastBPE:
+    """Ids of a ``tokenizer.json`` for many lines at once, as ``tokenizers`` gives them, with a cache
+    of words.
+
+    Byte-level BPE works within pre-tokens: its regex cuts a line into pieces
+    (" word", " 123", " ,.", whitespace) and BPE merges bytes within each; a
+    piece never spans a point where a space follows a non-space (the space
+    opens the next piece). So where a stretch of ASCII has single spaces and
+    no tab, its ids are those of its words, each with the space before it
+    (" word"; the first without), which ``str.split`` finds and a dict looks
+    up; only words never seen go to ``tokenizers``, in one batch. A line is cut
+    into such stretches and others (non-ASCII, control characters, double
+    spaces, tabs) before each space that follows a non-space and precedes an
+    ASCII letter or digit, where NFC cannot join characters either; the
+    others and every line that holds an added token's text go through
+    ``tokenizers`` whole, and are cached whole too (" café," recurs); every
+    line of a pipeline :func:`_prefix_space` does not cover goes through
+    ``tokenizers``. The cache is cleared when it holds ``max_words`` entries;
+    the ids never depend on it. Tests compare the result with ``tokenizers``' own
+    encoding on the shared Wikipedia text, raw wikitext, SQuAD and odd lines.
     """
 
-    def __init__(self, tokenizer: Tokenizer, spec: dict, max_pieces: int = MAX_CACHED_PIECES):
-        self.tokenizer = Tokenizer.from_str(tokenizer.to_str())  # a copy: its settings are ours
-        self.tokenizer.encode_special_tokens = True  # "[MASK]" in the text is text
-        self.max_pieces = max_pieces
-        self._split = _ascii_split(spec)
+    def __init__(self, tokenizer: Tokenizer, spec: dict, max_words: int = MAX_CACHED_WORDS):
+        self.tokenizer = tokenizer
+        self.max_words = max_words
+        self._prefix_space = _prefix_space(spec)
         self._added = _least_contents(t.content for t in tokenizer.get_added_tokens_decoder().values())
-        if self._split is not None:  # new chunks go through tokenizers in batches, as they are (no prefix space)
-            chunks = json.loads(self.tokenizer.to_str())
-            chunks["pre_tokenizer"]["add_prefix_space"] = False
-            self._chunk_tokenizer = Tokenizer.from_str(json.dumps(chunks))
-            self._chunk_tokenizer.encode_special_tokens = True
+        self._word_tokenizer = tokenizer  # encodes new words as they are: without a space put before them
+        if self._prefix_space:
+            words = json.loads(tokenizer.to_str())
+            words["pre_tokenizer"]["add_prefix_space"] = False
+            self._word_tokenizer = Tokenizer.from_str(json.dumps(words))
+            self._word_tokenizer.encode_special_tokens = True
         self._clear()
 
     def _clear(self) -> None:
         self._entry: dict[str, int] = {}
         self._store = IdStore()
-
 
     def _with_added(self, texts: list[str]) -> np.ndarray:
         """Which texts hold an added token's text (tokenizers then encodes them whole)."""
@@ -318,24 +338,16 @@ class FastBPE:
         return found
 
     def _segments(self, lines: list[str]) -> tuple[list[str], np.ndarray, np.ndarray]:
-        """(the lines cut into segments that encode on their own; the line of each; which are plain).
-
-        A line with an added token's text is one segment. Another line is cut
-        before each space that follows a non-space and precedes an ASCII letter
-        or digit: the pre-tokenizer's pieces never cross such a point (the space
-        opens the next piece), nor does NFC. A plain segment (ASCII: tab and
-        printable characters) goes through the cache, any other through tokenizers.
-        """
-        assert self._split is not None
-        _, prefix_space = self._split
-        if prefix_space:  # as ByteLevel(add_prefix_space=True): a space before a line without one
+        """(the lines cut into segments that encode on their own; the line of each; which are plain:
+        ASCII stretches for the cache, see the class docstring)."""
+        if self._prefix_space:  # as ByteLevel(add_prefix_space=True): a space before a line without one
             lines = [line if line.startswith(" ") else " " + line for line in lines]
         whole = self._with_added(lines).tolist()
         segments: list[str] = []
         line_of: list[int] = []
         plain: list[bool] = []
         for k, line in enumerate(lines):
-            if whole[k] or (line.isascii() and not _NOT_PLAIN.search(line)):
+            if whole[k] or _plain(line):
                 segments.append(line)
                 line_of.append(k)
                 plain.append(not whole[k])
@@ -343,64 +355,58 @@ class FastBPE:
                 parts = _CUTS.split(line)
                 segments.extend(parts)
                 line_of.extend([k] * len(parts))
-                plain.extend(part.isascii() and not _NOT_PLAIN.search(part) for part in parts)
+                plain.extend(map(_plain, parts))
         return segments, np.array(line_of, np.int64), np.array(plain, bool)
 
-    def _fast_ids(self, segments: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """(the ids of plain segments, concatenated; the number of each), through the cache.
-
-        The cache holds chunks: a segment cut before each space that follows a
-        non-space (the pre-tokenizer's pieces never cross such a point). Where
-        a segment's spaces are single and it has no tab, its chunks are its
-        words, " " + word after the first, found by ``str.split``; elsewhere its
-        pieces. A key is the word of a chunk that a space opens, else the chunk
-        after "\\x00" (which no plain segment holds). New chunks are encoded by
-        tokenizers in one batch: its pieces of a chunk are those of the line.
-        """
-        assert self._split is not None
-        keys: list[str] = []
-        counts = np.zeros(len(segments), np.int64)
-        for k, segment in enumerate(segments):
-            if "  " in segment or "\t" in segment:
-                chunks = ["\0" + piece for piece in self._split[0].findall(segment)]
-            else:
-                chunks = segment.split(" ")
-                chunks[0] = "\0" + chunks[0]
-            keys.extend(chunks)
-            counts[k] = len(chunks)
+    def _lookup(self, keys: list[str], text_of: Callable[[str], str],
+                tokenizer: Tokenizer) -> tuple[np.ndarray, np.ndarray]:
+        """(the ids of the keys, concatenated; the number of each): new keys' texts (``text_of(key)``)
+        are encoded by ``tokenizer`` in one batch and cached."""
+        if not keys:
+            return np.zeros(0, np.int32), np.zeros(0, np.int64)
         new = list(set(keys).difference(self._entry))
         if new:
             self._entry.update(zip(new, range(len(self._store), len(self._store) + len(new))))
-            texts = [key[1:] if key[:1] == "\0" else " " + key for key in new]
-            self._store.add([e.ids for e in self._chunk_tokenizer.encode_batch_fast(texts, add_special_tokens=False)])
+            self._store.add([e.ids for e in tokenizer.encode_batch_fast(list(map(text_of, new)),
+                                                                        add_special_tokens=False)])
         entries = np.fromiter(operator.itemgetter(*keys)(self._entry) if len(keys) > 1 else
                               [self._entry[key] for key in keys], np.int64, len(keys))
-        ids, id_counts = self._store.gather(entries)
-        return ids, np.bincount(np.repeat(np.arange(len(segments)), counts), weights=id_counts,
+        return self._store.gather(entries)
+
+    def _plain_ids(self, segments: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(the ids of plain segments, concatenated; the number of each), word by word.
+
+        A word's key is itself where a space comes before it, else it after
+        "\\x00" (a segment's first word; no plain segment holds "\\x00"):
+        joining the segments with " \\x00" marks every first word at once.
+        """
+        if not segments:
+            return np.zeros(0, np.int32), np.zeros(0, np.int64)
+        keys = ("\0" + " \0".join(segments)).split(" ")
+        words = np.fromiter(map(str.count, segments, itertools.repeat(" ")), np.int64, len(segments)) + 1
+        ids, counts = self._lookup(keys, _word_text, self._word_tokenizer)
+        return ids, np.bincount(np.repeat(np.arange(len(segments)), words), weights=counts,
                                 minlength=len(segments)).astype(np.int64)
 
     def encode_lines(self, lines: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """(all token ids of the lines, concatenated; the number of ids of each line)."""
-        if len(self._store) > self.max_pieces:
+        if len(self._store) > self.max_words:
             self._clear()  # bound memory; the ids do not depend on what is cached
-        if self._split is None:
+        if self._prefix_space is None:
             segments, line_of, plain = lines, np.arange(len(lines)), np.zeros(len(lines), bool)
         else:
             segments, line_of, plain = self._segments(lines)
         fast, slow = np.flatnonzero(plain), np.flatnonzero(~plain)
+        parts = [(fast, *self._plain_ids([segments[k] for k in fast.tolist()])),  # other segments: cached whole
+                 (slow, *self._lookup(["\1" + segments[k] for k in slow.tolist()], _segment_text, self.tokenizer))]
         lengths = np.zeros(len(segments), np.int64)
-        fast_ids, lengths[fast] = self._fast_ids([segments[k] for k in fast.tolist()])
-        slow_ids = [e.ids for e in self.tokenizer.encode_batch_fast([segments[k] for k in slow.tolist()],
-                                                                    add_special_tokens=False)]
-        lengths[slow] = list(map(len, slow_ids))
+        for which, _, counts in parts:
+            lengths[which] = counts
         ids = np.zeros(int(lengths.sum()), np.int32)
         starts = np.cumsum(lengths) - lengths
-        # The plain segments' ids go to their places in one scatter, the others one segment at a time.
-        fast_lengths = lengths[fast]
-        within = np.arange(len(fast_ids)) - np.repeat(np.cumsum(fast_lengths) - fast_lengths, fast_lengths)
-        ids[np.repeat(starts[fast], fast_lengths) + within] = fast_ids
-        for k, segment_ids in zip(slow.tolist(), slow_ids):
-            ids[starts[k]:starts[k] + len(segment_ids)] = segment_ids
+        for which, part_ids, counts in parts:  # each part's ids to their places, in one scatter
+            within = np.arange(len(part_ids)) - np.repeat(np.cumsum(counts) - counts, counts)
+            ids[np.repeat(starts[which], counts) + within] = part_ids
         return ids, np.bincount(line_of, weights=lengths, minlength=len(lines)).astype(np.int64)
 
     def encode_documents(self, documents: list[list[str]]) -> TokenizedChunk:
