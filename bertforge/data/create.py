@@ -637,7 +637,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cased", action="store_true",
                         help="do not lower-case (cased vocab.txt; a tokenizer.json's own normalizer decides)")
     parser.add_argument("--whole-word-mask", action="store_true",
-                        help="mask all WordPieces of a word or none (the reference's --do_whole_word_mask)")
+                        help="mask all pieces of a word or none (the reference's --do_whole_word_mask; "
+                             "for a tokenizer.json, a word starts at a token with the space marker Ġ)")
     parser.add_argument("--mlm-only", action="store_true",
                         help="masked LM alone (train.objective mlm): rows of whole sentences of "
                              "contiguous text, across documents, no sentence pairs (needs --mode fast)")
