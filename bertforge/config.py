@@ -111,7 +111,7 @@ class DataConfig(Freezable):
 
     input: str = ""  # text file or directory, or record shards (dir or glob); "" = the built-in corpus
     eval_input: str = ""  # records of the eval set, when input is records
-    vocab: str = ""  # WordPiece vocab.txt; "" = train one on the corpus
+    vocab: str = ""  # WordPiece vocab.txt or tokenizer.json (data/vocab.py); "" = train a vocab.txt on the corpus
     vocab_size: int = 8192  # size of a vocab trained here
     lowercase: bool = True
     seq_len: int = 128

@@ -47,7 +47,15 @@ from .config import Config, ConfigError, DataConfig, accumulation_steps, freeze,
 from .data import PretrainingDataset, SyntheticDataset, build_datasets, decode_sample, vocab_size_of
 from .data.checksum import fingerprint
 from .data.errors import warn_prediction_cap
-from .data.loader import Prefetcher, RecordStream, check_vocab_fits, is_records, masking_spec, record_files
+from .data.loader import (
+    Prefetcher,
+    RecordStream,
+    check_tokenizer,
+    check_vocab_fits,
+    is_records,
+    masking_spec,
+    record_files,
+)
 from .dist import (
     DEFAULT_COMPILE_CACHE,
     DistContext,
@@ -290,6 +298,8 @@ def load_data(cfg: Config, run_dir: Path, rank: int = 0, world_size: int = 1, *,
                           f"model.max_position_embeddings={cfg.model.max_position_embeddings}")
     masking = None
     vocab_size = vocab_size_of(d.vocab) if d.vocab else cfg.model.vocab_size
+    if d.vocab:
+        check_tokenizer(files + ([Path(d.eval_input)] if d.eval_input else []), d.vocab)  # native headers name theirs
     if d.vocab and d.dynamic_masking:
         masking = masking_spec(d.vocab, d.masked_lm_prob, d.whole_word_mask)
         warn_prediction_cap(seq_len, max_predictions, d.masked_lm_prob, f"{first} (data.dynamic_masking)")
