@@ -415,9 +415,9 @@ def test_records_from_another_tokenizer_are_refused(tmp_path, wiki_docs, bpe, ca
     assert str(err.value) == said.format(setting="data.vocab")
     cfg = records_config(tmp_path, **{"data.input": str(records), "data.vocab": str(bpe), "data.dynamic_masking": True,
                                       "data.whole_word_mask": True})
-    make_stream, _ = load_data(cfg, tmp_path)
-    assert cfg.model.vocab_size == vocab.size
-    assert make_stream({"epoch": 0, "index": 0}).next()["input_ids"].shape[0] == 4
+    data = load_data(cfg, tmp_path)
+    assert data.decided["model.vocab_size"] == vocab.size
+    assert data.make_stream({"epoch": 0, "index": 0}).next()["input_ids"].shape[0] == 4
     # Packing keeps the field; a file without it (as before) reads and inspects as it did.
     assert main(["data", "pack", str(records), str(tmp_path / "packed"), "--max-sequences-per-pack", "2"]) == 0
     packed = next((tmp_path / "packed").iterdir())
