@@ -74,13 +74,12 @@ from .engine import (
     set_threads,
     to_device,
 )
+from .families import build_pretraining_model
 from .feed import copied_ahead, widen
 from .fileio import atomic_file
 from .log import MetricsLogger, ProgressBar, Throughput
 from .mlperf import eval_due, eval_every_samples, open_log
 from .model import (
-    BertForMaskedLM,
-    BertForPreTraining,
     compiled_pretraining_loss,
     eval_result,
     eval_sums,
@@ -435,7 +434,7 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
     torch.manual_seed(cfg.train.seed)  # every rank builds the same initial weights
     random.seed(cfg.train.seed)
     # then wrapped by prepare_model
-    model: nn.Module = (BertForMaskedLM if cfg.train.objective == "mlm" else BertForPreTraining)(cfg.model)
+    model = build_pretraining_model(cfg.model, cfg.train.objective)
     if cfg.checkpoint.init and resume_from is None:
         weights.load_weights(model, cfg.checkpoint.init)
     try:
