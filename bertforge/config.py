@@ -89,17 +89,18 @@ class ModelConfig:
     initializer_cutoff_factor: float = 2.0  # weights start truncated-normal within ± this × their std
 
 
-# The fields only ModernBERT reads, and the one only BERT reads: each family's config.yaml leaves
-# out the other's (and BERT's the family itself, so that a BERT config reads as it always has).
+# The fields only ModernBERT reads, and the one only BERT reads.
 MODERNBERT_FIELDS = ("global_attn_every_n_layers", "local_attention", "global_rope_theta", "local_rope_theta",
                      "initializer_cutoff_factor")
 BERT_FIELDS = ("type_vocab_size",)
+# What each family's config.yaml leaves out: the other's fields (and BERT's the family itself, so
+# that a BERT config reads as it always has).
+LEFT_OUT: dict[str, tuple[str, ...]] = {"bert": ("family", *MODERNBERT_FIELDS), "modernbert": BERT_FIELDS}
 
 
 def model_dict(model: ModelConfig) -> dict[str, Any]:
     """The fields of ``model`` its family reads, as config.yaml holds them."""
-    left_out = ("family", *MODERNBERT_FIELDS) if model.family == "bert" else BERT_FIELDS
-    return {k: v for k, v in dataclasses.asdict(model).items() if k not in left_out}
+    return {k: v for k, v in dataclasses.asdict(model).items() if k not in LEFT_OUT[model.family]}
 
 
 def _shape(layers: int, hidden: int, heads: int) -> dict[str, int]:
@@ -598,8 +599,9 @@ _FLOAT_RANGES: dict[str, tuple[float, float, bool]] = {
     "train.divergence_factor": (0.0, float("inf"), False),
     "train.target_mlm_accuracy": (0.0, 1.0, True),
 }
+# Divided by, or a power's base (the rotary thetas), or a cutoff: 0 is not allowed.
 _POSITIVE_FLOATS = ("model.layer_norm_eps", "model.global_rope_theta", "model.local_rope_theta",
-                    "model.initializer_cutoff_factor", "train.eps")  # divided by: 0 is not allowed
+                    "model.initializer_cutoff_factor", "train.eps")
 
 
 def _get(cfg: Config, key: str) -> Any:
@@ -682,9 +684,8 @@ def _check_family(cfg: Config) -> None:
     """The fields of the other family are refused where a file or an override gave them (they would
     be silently unused), and what ModernBERT does not have."""
     m = cfg.model
-    other = MODERNBERT_FIELDS if m.family == "bert" else BERT_FIELDS
-    for name in other:
-        if f"model.{name}" in cfg.given:
+    for name in LEFT_OUT[m.family]:
+        if f"model.{name}" in cfg.given and name != "family":
             raise ConfigError(f"model.{name} is not a field of model.family={m.family}")
     if m.family != "modernbert":
         return

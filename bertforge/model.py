@@ -612,7 +612,7 @@ def set_recompute(model: nn.Module, policy: str) -> None:
         raise ValueError(f"recompute policy must be one of {', '.join(RECOMPUTE_POLICIES)}, got {policy!r}")
     for module in model.modules():  # the encoders ("layer") and attentions ("attention") of either family
         if hasattr(module, "recompute_policy"):
-            module.recompute = policy == module.recompute_policy
+            module.recompute = policy == module.recompute_policy  # type: ignore[assignment]  # (as flex below)
 
 
 def set_vocab_multiple(model: nn.Module, multiple: int) -> None:
@@ -639,7 +639,7 @@ def set_attention_backends(model: nn.Module, names: list[str] | None) -> None:
     sdpa = [ATTENTION_BACKENDS[name] for name in names if name != FLEX] or None
     for module in model.modules():
         if hasattr(module, "backends"):  # BertSelfAttention, ModernBertAttention
-            module.backends = sdpa
+            module.backends = sdpa  # type: ignore[assignment]  # (as flex below)
         if hasattr(module, "flex"):  # BertModel, ModernBertModel, a pipeline stage
             module.flex = FLEX in names  # type: ignore[assignment]  # (mypy reads it as a submodule)
 

@@ -72,6 +72,9 @@ class RotaryEmbedding(nn.Module):
     model's device and are computed, not trained.
     """
 
+    cos: torch.Tensor
+    sin: torch.Tensor
+
     def __init__(self, head_size: int, positions: int, theta: float):
         super().__init__()
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_size, 2, dtype=torch.float) / head_size))  # (D / 2,)
@@ -147,7 +150,6 @@ class ModernBertEncoderLayer(nn.Module):
         self.attn = ModernBertAttention(cfg)
         self.mlp_norm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps, bias=False)
         self.mlp = ModernBertMLP(cfg)
-        self.is_global = index % cfg.global_attn_every_n_layers == 0
 
     def forward(self, x: torch.Tensor, mask: Mask, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), mask, cos, sin)
@@ -166,6 +168,8 @@ class ModernBertModel(nn.Module):
         self.recompute = False
         self.embeddings = ModernBertEmbeddings(cfg)
         self.layers = nn.ModuleList(ModernBertEncoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        # Layers 0, N, 2N, … attend globally, the others within the window.
+        self.is_global = [i % cfg.global_attn_every_n_layers == 0 for i in range(cfg.num_hidden_layers)]
         self.final_norm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps, bias=False)
         head_size = cfg.hidden_size // cfg.num_attention_heads
         self.global_rotary = RotaryEmbedding(head_size, cfg.max_position_embeddings, cfg.global_rope_theta)
@@ -182,14 +186,13 @@ class ModernBertModel(nn.Module):
             raise ValueError(f"sequence length {T} exceeds max_position_embeddings={cfg.max_position_embeddings}")
         x = self.embeddings(input_ids)
         # Per kind of layer (global or not): its mask and rotary angles, made once per batch.
-        kinds = {layer.is_global for layer in self.layers}
         masks = {is_global: layers_mask(x, attention_mask, sequence_ids, cfg, self.flex, self.training,
                                         window=None if is_global else cfg.local_attention // 2)
-                 for is_global in kinds}
+                 for is_global in set(self.is_global)}
         angles = {True: self.global_rotary(position_ids, T), False: self.local_rotary(position_ids, T)}
         recompute = self.recompute and torch.is_grad_enabled()
-        for layer in self.layers:
-            args = (x, masks[layer.is_global], *angles[layer.is_global])
+        for layer, is_global in zip(self.layers, self.is_global):
+            args = (x, masks[is_global], *angles[is_global])
             # Checkpointing keeps only each layer's input (dropout masks are drawn again alike).
             x = checkpoint(layer, *args, use_reentrant=False) if recompute else layer(*args)
         return self.final_norm(x)  # (B, T, H)

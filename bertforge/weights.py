@@ -60,7 +60,7 @@ from torch import nn
 
 from . import tf1
 from .config import (
-    MODERNBERT_FIELDS,
+    LEFT_OUT,
     Config,
     ConfigError,
     Head,
@@ -362,9 +362,6 @@ def load_model(path: str | Path, head: str = "pretraining", allow_pickle: bool =
 # ---------------------------------------------------------------- Hugging Face: config.json
 
 
-BERT_LEAVES_OUT = ("family", *MODERNBERT_FIELDS)  # not read from a BERT config.json: it is family bert
-
-
 def model_config_from_hf(config_json: dict, source: str) -> ModelConfig:
     """Our ModelConfig from a parsed Hugging Face ``config.json``; unrelated keys are ignored."""
     model_type = config_json.get("model_type", "bert")
@@ -379,7 +376,7 @@ def model_config_from_hf(config_json: dict, source: str) -> ModelConfig:
     hints = typing.get_type_hints(ModelConfig)
     values = {}
     for f in dataclasses.fields(ModelConfig):
-        value = None if f.name in BERT_LEAVES_OUT else config_json.get(f.name)
+        value = None if f.name in LEFT_OUT["bert"] else config_json.get(f.name)  # a BERT config.json is BERT's
         if value is None:  # absent, or null (e.g. pad_token_id): keep our default
             continue
         typ = hints[f.name]

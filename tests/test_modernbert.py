@@ -12,19 +12,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.attention.flex_attention as flex_module
 import yaml
+from safetensors.torch import load_file
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # never reach the network; set before transformers is imported
 transformers = pytest.importorskip("transformers")
 
 from bertforge.cli import main  # noqa: E402
 from bertforge.config import (  # noqa: E402
-    MODEL_PRESETS,
     ConfigError,
     ModelConfig,
     config_from_dict,
@@ -41,6 +40,7 @@ from bertforge.model import (  # noqa: E402
 )
 from bertforge.modernbert import ModernBertForMaskedLM  # noqa: E402
 from bertforge.optim import param_groups  # noqa: E402
+from bertforge.weights import load_weights  # noqa: E402
 
 # On the CPU FlexAttention runs uncompiled, which torch warns of each time.
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -359,7 +359,7 @@ def test_norms_and_biases_are_not_decayed_and_recompute_reaches_modernbert():
     assert not model.model.recompute and model.model.layers[0].attn.recompute
 
 
-def test_pretrain_command_trains_a_tiny_modernbert_on_the_built_in_corpus(tmp_path):
+def test_pretrain_command_trains_a_tiny_modernbert_on_the_built_in_corpus(tmp_path, capsys):
     assert main(["pretrain", "--config", "modernbert-tiny", "--train.objective", "mlm", "--train.steps", "40",
                  "--data.seq_len", "64", "--data.max_predictions", "10", "--data.dupe_factor", "1",
                  "--train.micro_batch_size", "16", "--train.global_batch_size", "16", "--train.optimizer", "adamw",
@@ -372,9 +372,16 @@ def test_pretrain_command_trains_a_tiny_modernbert_on_the_built_in_corpus(tmp_pa
     evals = [r for r in rows if r.get("split") == "eval"]
     assert train[0] > 8.5 and train[-1] < train[0] - 2.0  # from ln(8192) = 9.0 down
     assert evals[-1]["mlm_loss"] < evals[0]["mlm_loss"] - 2.0
-    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["model"]
-    assert saved["family"] == "modernbert" and saved["pad_token_id"] == 0 and saved["vocab_size"] == 8192
-    weights = Path(tmp_path / "run" / "checkpoints" / "step_00000040" / "model.safetensors")
-    from safetensors import safe_open
-    with safe_open(weights, "pt") as f:
-        assert "model.layers.1.attn.Wqkv.weight" in f.keys() and "decoder.bias" in f.keys()
+    cfg = config_from_dict(yaml.safe_load((tmp_path / "run" / "config.yaml").read_text()))
+    assert (cfg.model.family, cfg.model.pad_token_id, cfg.model.vocab_size) == ("modernbert", 0, 8192)
+    saved = load_file(tmp_path / "run" / "checkpoints" / "step_00000040" / "model.safetensors")
+    assert "model.layers.1.attn.Wqkv.weight" in saved and "decoder.bias" in saved  # transformers' names
+    model = ModernBertForMaskedLM(cfg.model)
+    load_weights(model, tmp_path / "run")  # --init
+    assert all(torch.equal(value, saved[name]) for name, value in model.state_dict().items())
+    capsys.readouterr()
+    for command in (["export", str(tmp_path / "run"), str(tmp_path / "out")], ["plan", "--model.preset",
+                    "modernbert-base", "--train.objective", "mlm"]):  # BERT's commands: one line each
+        assert main(command) != 0
+        assert capsys.readouterr().err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
