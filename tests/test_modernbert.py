@@ -9,6 +9,7 @@ transformers' and the published models'; a run on the built-in corpus learns.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import os
@@ -229,6 +230,30 @@ def test_flex_path_equals_the_math_path(packed, monkeypatch):
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-7, msg=name)
     assert want["model.layers.1.attn.Wqkv.weight"].abs().max() > 1e-6  # not vacuous
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_fused_flex_kernel_equals_math_on_cuda():
+    """CUDA's compiled FlexAttention against the math kernel on packed rows with windows, a bf16 step:
+    loss and gradients within bf16's rounding (BERT's kernels: tests/test_cuda.py)."""
+    cfg = dataclasses.replace(CFG, hidden_size=128, intermediate_size=192)  # heads of 64
+    torch.manual_seed(0)
+    math = ModernBertForMaskedLM(cfg).cuda()
+    flex = copy.deepcopy(math)
+    set_attention_backends(math, ["math"])
+    set_attention_backends(flex, ["flex"])
+    batch = {k: v.cuda() for k, v in packed_batch()[0].items()}
+    losses = []
+    for model in (math, flex):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = our_loss(model, batch)
+        loss.backward()
+        losses.append(loss.item())
+    assert losses[1] == pytest.approx(losses[0], rel=2e-2)
+    got = dict(flex.named_parameters())
+    for name, param in math.named_parameters():
+        assert (got[name].grad - param.grad).abs().max() <= 5e-2 * param.grad.abs().max() + 1e-6, name
 
 
 def row_of(lengths: list[int]) -> torch.Tensor:
