@@ -28,12 +28,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from .config import Config, ConfigError
+from .config import Config, ConfigError, freeze, replaced
 from .data import SyntheticDataset
 from .data.loader import RecordStream, record_files, records_shape
 from .dist import (
     DistContext,
     compiles,
+    compiles_optimizer,
     destroy_distributed,
     prepare_model,
     resolve_device,
@@ -111,13 +112,13 @@ def synchronize(device: torch.device) -> None:
 
 
 def read_micro_batches(cfg: Config, pattern: str, batch_size: int, seq_len: int | None, count: int,
-                       always_mask: bool = False) -> tuple[list[dict[str, torch.Tensor]], int]:
+                       always_mask: bool = False) -> tuple[list[dict[str, torch.Tensor]], int, int]:
     """``count`` micro-batches of the records at ``pattern`` (a directory, glob or file, as
-    ``data.input``), in training's order, and their sequence length. ``always_mask``: as
-    training's, for a compiled model (one graph for batches with and without padding).
+    ``data.input``), in training's order, their sequence length and predictions. ``always_mask``:
+    as training's, for a compiled model (one graph for batches with and without padding).
 
-    The records decide the sequence length and ``cfg.data.max_predictions``; a
-    ``seq_len`` or an explicit ``data.max_predictions`` that differs is refused.
+    The records decide the sequence length and the predictions; a ``seq_len`` or an explicit
+    ``data.max_predictions`` that differs is refused.
     """
     files = record_files(pattern)
     first, records_len, records_predictions, _ = records_shape(files)
@@ -131,12 +132,11 @@ def read_micro_batches(cfg: Config, pattern: str, batch_size: int, seq_len: int 
     if records_len > cfg.model.max_position_embeddings:
         raise ConfigError(f"{first}: sequences of {records_len} exceed "
                           f"model.max_position_embeddings={cfg.model.max_position_embeddings}")
-    cfg.data.max_predictions = records_predictions
     # Token ids the model's vocab does not have are refused, naming the file and record.
     stream = RecordStream(files, batch_size, cfg.train.seed, shuffle_buffer=cfg.data.shuffle_buffer,
                           vocab_size=cfg.model.vocab_size, always_mask=always_mask)
     try:
-        return [stream.next() for _ in range(count)], records_len
+        return [stream.next() for _ in range(count)], records_len, records_predictions
     finally:
         stream.close()
 
@@ -175,16 +175,19 @@ def bench_pretrain(cfg: Config, batch_size: int, seq_len: int | None, steps: int
     set_threads(cfg.execution.threads)
     device = resolve_device(cfg.execution.device)
     if data:
-        micro_batches, seq_len = read_micro_batches(cfg, data, batch_size, seq_len, (warmup + steps) * accumulation,
-                                                    always_mask=compiles(cfg.execution, device))
+        micro_batches, seq_len, max_predictions = read_micro_batches(
+            cfg, data, batch_size, seq_len, (warmup + steps) * accumulation,
+            always_mask=compiles(cfg.execution, device))
     else:
-        seq_len = 128 if seq_len is None else seq_len
+        seq_len, max_predictions = 128 if seq_len is None else seq_len, cfg.data.max_predictions
         synthetic = SyntheticDataset(size=batch_size, vocab_size=cfg.model.vocab_size, seq_len=seq_len,
-                                     max_predictions=cfg.data.max_predictions, seed=cfg.data.seed)
+                                     max_predictions=max_predictions, seed=cfg.data.seed)
         micro_batches = [synthetic.batch(list(range(batch_size)))]  # every micro-batch the same
-    cfg.train.micro_batch_size, cfg.train.global_batch_size = batch_size, batch_size * accumulation
-    cfg.data.seq_len = seq_len
-    cfg.train.schedule, cfg.train.warmup_steps = "constant", 0
+    # What is measured, as the run's config: the batch shape, a constant lr (it costs the same).
+    cfg = freeze(replaced(cfg, {
+        "train.micro_batch_size": batch_size, "train.global_batch_size": batch_size * accumulation,
+        "data.seq_len": seq_len, "data.max_predictions": max_predictions,
+        "train.schedule": "constant", "train.warmup_steps": 0}))
     # On the host, before the clock starts: counting during the steps would wait for the device.
     counts = [real_counts(b) for b in micro_batches]
     flops = [row_flops(cfg, b) * b["input_ids"].shape[0] for b in micro_batches]
@@ -199,9 +202,9 @@ def bench_pretrain(cfg: Config, batch_size: int, seq_len: int | None, steps: int
     try:
         # The execution settings (recompute, fsdp, offload, compile) as pretrain applies them.
         model = prepare_model(BertForPreTraining(cfg.model).train(), cfg.execution, dist)
-        optimizer = build_optimizer(unwrap(model), cfg.train)
+        optimizer = build_optimizer(unwrap(model), cfg.train, compiled=compiles_optimizer(cfg.execution, device))
         engine = Engine(model, optimizer, build_scheduler(optimizer, cfg.train, steps + warmup), training_loss,
-                        cfg.execution.precision, cfg.train.grad_clip, dist)
+                        cfg.execution.precision, cfg.train.grad_clip, dist, grad_sync=cfg.execution.grad_sync)
         for indices in order[:warmup]:
             engine.step([micro_batches[i] for i in indices], accumulation)
         synchronize(device)

@@ -99,14 +99,14 @@ def check_finite(model: nn.Module, ctx: DistContext, step: int) -> None:
                               f"write a checkpoint of it (the newest checkpoint stays the newest finite one)")
 
 
-def _nbytes(obj: Any) -> int:
+def nbytes(obj: Any) -> int:
     """The bytes of the tensors in a nested state: what a save will write, roughly."""
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
     if isinstance(obj, dict):
-        return sum(_nbytes(v) for v in obj.values())
+        return sum(nbytes(v) for v in obj.values())
     if isinstance(obj, (list, tuple)):
-        return sum(_nbytes(v) for v in obj)
+        return sum(nbytes(v) for v in obj)
     return 0
 
 
@@ -141,7 +141,7 @@ def save_full_state(run_dir: Path, step: int, model_state: dict[str, torch.Tenso
     """``save_checkpoint`` from the state dicts: the whole model's weights and one process's optimizer
     state (a pipeline's stages gather theirs into these, see pipeline_parallel.py)."""
     final = step_directory(run_dir, step, confirmed)
-    with _writing(final, _nbytes(model_state) + _nbytes(optimizer_state)) as tmp:
+    with _writing(final, nbytes(model_state) + nbytes(optimizer_state)) as tmp:
         save_file({k: v.detach().cpu().contiguous() for k, v in model_state.items()}, str(tmp / "model.safetensors"),
                   metadata={"format": "pt"})
         torch.save(optimizer_state, tmp / "optimizer.pt")
@@ -167,7 +167,7 @@ def save_sharded_checkpoint(run_dir: Path, step: int, model: nn.Module, optimize
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     final = step_directory(run_dir, step, confirmed)
-    needed = 3 * _nbytes(model.state_dict()) * ctx.world_size  # weights twice, plus Adam/LAMB moments
+    needed = 3 * nbytes(model.state_dict()) * ctx.world_size  # weights twice, plus Adam/LAMB moments
     with _writing(final, needed) if ctx.is_main else contextlib.nullcontext() as tmp:
         tmp = Path(broadcast(ctx, str(tmp)))
         model_state, optimizer_state = get_state_dict(model, optimizer)

@@ -132,17 +132,21 @@ def cmd_bench_squad(args: argparse.Namespace, extra: list[str]) -> int:
 
 def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
     from .runs import find_checkpoint
-    from .weights import check_export_target, export_hf, load_model
+    from .weights import check_export_target, export_hf, find_model, hf_head, hf_labels, is_hf_directory, load_model
 
-    checkpoint = find_checkpoint(args.checkpoint, weights_only=True)  # a model directory will do
+    source = find_model(args.checkpoint)  # a path, or a Hugging Face id in the local cache
+    hf = is_hf_directory(source)
+    checkpoint = source if hf else find_checkpoint(source, weights_only=True)  # a model directory will do
     out = Path(args.out).resolve()
     if args.overwrite and (out == checkpoint.resolve() or out in checkpoint.resolve().parents):
         raise ConfigError(f"{args.out}: --overwrite would delete the checkpoint being exported "
                           f"({checkpoint}); choose another output directory")
     check_export_target(args.out, args.overwrite)  # refused before the weights are loaded
     head, labels = args.head, None
-    settings = [d for d in (checkpoint, checkpoint.parent.parent) if (d / "finetune.yaml").is_file()]
-    if settings:  # a GLUE or NER model: its head and label names
+    if hf:  # the head its config.json's architecture has, a classifier's label names from there too
+        head, labels = head or hf_head(checkpoint), hf_labels(checkpoint)
+    elif settings := [d for d in (checkpoint, checkpoint.parent.parent) if (d / "finetune.yaml").is_file()]:
+        # a GLUE or NER model: its head and label names
         from .finetune.train import saved_task
 
         task = saved_task(settings[0])
@@ -333,12 +337,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_bench_squad, takes_overrides=True)
 
     p = sub.add_parser("export", help="export a checkpoint to a Hugging Face BERT directory or a TF1 or TF2 checkpoint")
-    p.add_argument("checkpoint", help="run or step directory")
+    p.add_argument("checkpoint", help="run, step or model directory, a Hugging Face directory, or a Hugging Face "
+                                      "model id in the local Hugging Face cache")
     p.add_argument("out", type=Path, help="output directory: new or empty, unless --overwrite")
-    p.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists and is not empty")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace OUT_DIR if it exists and is not empty (never a live run's)")
     p.add_argument("--head", choices=typing.get_args(Head), default=None,
                    help="default: the run's (classification or token_classification for finetune runs, qa for "
-                        "squad runs, else pretraining)")
+                        "squad runs, a Hugging Face model's from its config.json's architectures, else pretraining)")
     p.add_argument("--format", choices=("hf", "tf1", "tf2"), default="hf",
                    help="hf: config.json + model.safetensors; tf1: model.ckpt.index/.data-00000-of-00001, "
                         "checkpoint and bert_config.json, as google-research/bert reads them; tf2: the same files "
@@ -360,7 +366,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out", type=Path, help="output directory: new or empty, unless --overwrite")
     p.add_argument("--bert-config", help="bert_config.json (default: the one beside the checkpoint)")
     p.add_argument("--vocab", help="vocab.txt to copy (default: the one beside the checkpoint, if any)")
-    p.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists and is not empty")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace OUT_DIR if it exists and is not empty (never a live run's)")
     p.set_defaults(func=cmd_import_tf1)
     p = import_sub.add_parser("tf2", help="a TensorFlow 2 object-based checkpoint (Model Garden's BertEncoder or "
                                           "BertPretrainerV2; MLPerf's tf2_ckpt)",
@@ -374,7 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
                                          "directory up)")
     p.add_argument("--vocab", help="vocab.txt to copy (default: the one beside the checkpoint or one directory up, "
                                    "if any)")
-    p.add_argument("--overwrite", action="store_true", help="replace OUT_DIR if it exists and is not empty")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace OUT_DIR if it exists and is not empty (never a live run's)")
     p.set_defaults(func=cmd_import_tf2)
 
     add_data_commands(sub)
@@ -386,7 +394,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "directories, overlaid, with a summary table and the config values they differ in.")
     p.add_argument("runs", nargs="+", metavar="RUN", help="run directories (pretrain or squad train)")
     p.add_argument("--out", required=True, type=Path, help="output directory: new or empty, unless --overwrite")
-    p.add_argument("--overwrite", action="store_true", help="write into a non-empty OUT (other files stay)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into a non-empty OUT (other files stay; never a live run's)")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("eval", help="masked-LM and NSP accuracy of checkpoints on an eval file",

@@ -14,11 +14,13 @@ resolved config is saved as ``config.yaml`` in every run and checkpoint.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
 import types
 import typing
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -57,8 +59,20 @@ class ConfigError(ValueError):
     """A user-facing configuration mistake; the message names the key."""
 
 
+class Freezable:
+    """A config part whose assignments raise once :func:`freeze` marked the config resolved: a
+    run reads one config from start to end, the one it saved."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self.__dict__.get("_frozen"):
+            raise dataclasses.FrozenInstanceError(
+                f"the config is frozen once resolved: {type(self).__name__}.{name} cannot change (make a "
+                f"changed copy with config.replaced)")
+        super().__setattr__(name, value)
+
+
 @dataclass
-class ModelConfig:
+class ModelConfig(Freezable):
     """The model's family and shape. Field names follow Hugging Face's ``BertConfig`` so that
     ``config.json`` maps one to one; ModernBERT's own fields follow its ``ModernBertConfig``.
 
@@ -142,12 +156,12 @@ MODEL_PRESETS.update({
 
 
 @dataclass
-class DataConfig:
+class DataConfig(Freezable):
     """Where training sequences come from and how they are masked."""
 
     input: str = ""  # text file or directory, or record shards (dir or glob); "" = the built-in corpus
     eval_input: str = ""  # records of the eval set, when input is records
-    vocab: str = ""  # WordPiece vocab.txt; "" = train one on the corpus
+    vocab: str = ""  # WordPiece vocab.txt or tokenizer.json (data/vocab.py); "" = train a vocab.txt on the corpus
     vocab_size: int = 8192  # size of a vocab trained here
     lowercase: bool = True
     seq_len: int = 128
@@ -165,7 +179,7 @@ class DataConfig:
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(Freezable):
     """Optimisation. global_batch_size = micro_batch_size × accumulation × world size."""
 
     # mlm_nsp: BERT's masked LM + next-sentence prediction. mlm: masked LM alone (RoBERTa); text
@@ -213,7 +227,7 @@ class TrainConfig:
 
 
 @dataclass
-class ExecutionConfig:
+class ExecutionConfig(Freezable):
     """Where and how the model runs."""
 
     device: str = "auto"  # auto | cpu | cuda | cuda:N
@@ -247,7 +261,7 @@ class ExecutionConfig:
 
 
 @dataclass
-class CheckpointConfig:
+class CheckpointConfig(Freezable):
     every: int = 0  # steps between checkpoints; 0 = only at the end; not negative
     keep: int = 3  # newest step directories kept; 0 = keep all
     resume: str = ""  # a run or checkpoint directory to continue
@@ -256,7 +270,7 @@ class CheckpointConfig:
 
 
 @dataclass
-class LogConfig:
+class LogConfig(Freezable):
     run_dir: str = "runs"
     name: str = ""  # "" = a timestamp
     every: int = 10  # steps between logged rows (and the first and last step); at least 1
@@ -271,7 +285,7 @@ class LogConfig:
 
 
 @dataclass
-class Config:
+class Config(Freezable):
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -507,6 +521,37 @@ def parse_overrides(args: list[str]) -> list[tuple[str, str]]:
     return pairs
 
 
+def given_length_wins(cfg: Config, overrides: Collection[str]) -> None:
+    """Of ``train.steps`` and ``train.epochs``, the two ways to say how long a run goes (epochs
+    win when both are set), the one the overrides give wins over the config file's other:
+    ``--train.steps 100`` with a config that counts epochs trains 100 steps."""
+    if "train.steps" in overrides and "train.epochs" not in overrides:
+        cfg.train.epochs = 0
+
+
+def _mark(cfg: Config, frozen: bool) -> Config:
+    for part in (cfg, *(getattr(cfg, f.name) for f in dataclasses.fields(cfg))):
+        part.__dict__["_frozen"] = frozen
+    return cfg
+
+
+def freeze(cfg: Config) -> Config:
+    """``cfg``, resolved, as a run reads it: a copy whose fields cannot be assigned."""
+    return _mark(copy.deepcopy(cfg), True)
+
+
+def replaced(cfg: Config, values: dict[str, Any]) -> Config:
+    """A copy of ``cfg`` (frozen or not; the copy is not) with these dotted fields set to values the
+    code decided (a resolved path, the records' shapes): no conversion, no ``given`` mark."""
+    new = _mark(copy.deepcopy(cfg), False)
+    for dotted, value in values.items():
+        section, _, name = dotted.partition(".")
+        if name not in _section_types(getattr(new, section)):
+            raise KeyError(dotted)
+        setattr(getattr(new, section), name, value)
+    return new
+
+
 def load_config(name: str | None = None, overrides: list[tuple[str, Any]] | None = None) -> Config:
     """Defaults, then the named YAML config or model preset, then dotted overrides."""
     cfg = Config()
@@ -519,6 +564,7 @@ def load_config(name: str | None = None, overrides: list[tuple[str, Any]] | None
             apply_dict(cfg, load_yaml(path), source=str(path))
     for key, value in overrides or []:
         set_value(cfg, key, value)
+    given_length_wins(cfg, [key for key, _ in overrides or []])
     try:
         validate(cfg)
     except ConfigError as err:

@@ -28,13 +28,13 @@ one-rank process group, so the same config works with and without torchrun.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import os
 import time
 import traceback
 import uuid
 import warnings
-import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -44,16 +44,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from .config import ConfigError, ExecutionConfig, ModelConfig
 from .fileio import atomic_file
-from .model import BertLayer, set_attention_backends, set_recompute, set_vocab_multiple
+from .model import EncoderLayer, SelfAttention, set_attention_backends, set_vocab_multiple
 
 DEFAULT_COMPILE_CACHE = "~/.cache/bertforge/compile"
 
 _owns_group = False  # whether this module made the process group (and so destroys it)
-# FSDP2 models whose gradients gradient_sync reduce-scatters once per step (fsdp_grad_sync: step).
-_REDUCE_PER_STEP: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
 
 @dataclass(frozen=True)
@@ -306,7 +305,7 @@ def prepare_model(model: nn.Module, execution: ExecutionConfig, ctx: DistContext
     if execution.pipeline_stages > 1:  # pre-training splits the model itself (pipeline_parallel.build_engine)
         raise ConfigError(f"execution.pipeline_stages={execution.pipeline_stages} is supported by "
                           f"bertforge pretrain only; use 1 here")
-    set_recompute(model, execution.recompute)
+    apply_recompute(model, execution.recompute)
     config: ModelConfig = model.config  # type: ignore[assignment]  # (mypy reads it as a submodule)
     set_attention_backends(model, attention_backends(execution, ctx.device, config.attention_probs_dropout_prob))
     # Tensor cores take a vocab of a multiple of 64 without a ragged edge (30522 → 30528).
@@ -330,10 +329,44 @@ def prepare_model(model: nn.Module, execution: ExecutionConfig, ctx: DistContext
     return model
 
 
+RECOMPUTE_UNITS = {"layer": EncoderLayer, "attention": SelfAttention}  # execution.recompute → what it checkpoints
+
+
+def apply_recompute(model: nn.Module, policy: str) -> None:
+    """Activation recomputation, applied from outside the model: trade compute in the backward
+    pass for memory.
+
+    ``layer`` keeps only each encoder layer's input and recomputes the layer in the backward
+    pass; ``attention`` recomputes only self-attention (the projections and the (T × T) scores,
+    the largest activation at long sequences); ``none`` keeps everything. Each such module's
+    forward is replaced by a checkpointed call of itself (its names, and so its weights'
+    names, stay); the RNG state is restored for the recomputation, so dropout draws the
+    same masks.
+    """
+    if policy != "none" and policy not in RECOMPUTE_UNITS:
+        raise ValueError(f"recompute policy must be one of none, {', '.join(RECOMPUTE_UNITS)}, got {policy!r}")
+    for module in model.modules():
+        if policy != "none" and isinstance(module, RECOMPUTE_UNITS[policy]):
+            module.forward = functools.partial(_recomputed, module.forward)
+
+
+def _recomputed(forward: Any, *args: Any, **kwargs: Any) -> Any:
+    if not torch.is_grad_enabled():  # evaluation: nothing to keep for a backward
+        return forward(*args, **kwargs)
+    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+
 def compiles(execution: ExecutionConfig, device: torch.device) -> bool:
     """``execution.compile`` resolved: ``auto`` compiles on CUDA only, where the fused kernels
     pay for the minutes of compiling; on the CPU they gain little."""
     return device.type == "cuda" if execution.compile == "auto" else bool(execution.compile)
+
+
+def compiles_optimizer(execution: ExecutionConfig, device: torch.device) -> bool:
+    """Whether our optimizers take their compiled step (``optim.py``): where the model compiles
+    on CUDA. Not on the CPU, where Inductor writes a C++ loop per tensor (BERT-base's take about
+    ten minutes to compile), nor with ``offload``, which steps on the host."""
+    return compiles(execution, device) and device.type == "cuda" and not execution.offload
 
 
 def attention_backends(execution: ExecutionConfig, device: torch.device,
@@ -375,14 +408,12 @@ def _fully_shard(model: nn.Module, ctx: DistContext, execution: ExecutionConfig)
         model.to(ctx.device)
     # One unit per encoder layer: a layer's full weights exist only while it runs,
     # or from its forward to its backward with reshard_after_forward false.
-    for layer in [m for m in model.modules() if isinstance(m, BertLayer)]:
+    for layer in [m for m in model.modules() if isinstance(m, EncoderLayer)]:
         fully_shard(layer, mesh=mesh, offload_policy=policy, mp_policy=mixed,
                     reshard_after_forward=execution.reshard_after_forward)
     # The root unit holds the embeddings and the heads, so the MLM decoder's
     # tied weight is the word embedding's, gathered once per forward.
     fully_shard(model, mesh=mesh, offload_policy=policy, mp_policy=mixed)
-    if execution.grad_sync == "step":
-        _REDUCE_PER_STEP.add(model)
     # Our outputs (logits) are views; nothing modifies them in place, which is what this warns of.
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
     return model
@@ -406,18 +437,19 @@ def is_sharded(model: nn.Module) -> bool:
     return isinstance(unwrap(model), FSDPModule)
 
 
-def gradient_sync(model: nn.Module, enabled: bool) -> contextlib.AbstractContextManager:
+def gradient_sync(model: nn.Module, enabled: bool, grad_sync: str = "step") -> contextlib.AbstractContextManager:
     """Reduce gradients over the ranks in the backward inside only when ``enabled`` (the last
     micro-batch of a step).
 
-    DDP all-reduces then. FSDP2 with ``fsdp_grad_sync: step`` accumulates unsharded gradients
-    and reduce-scatters them then; with ``micro_batch`` it reduce-scatters every micro-batch's,
-    so that only sharded gradients outlive a backward (what offload needs).
+    DDP all-reduces then. FSDP2 with ``grad_sync`` ``step`` (``execution.grad_sync``, resolved)
+    accumulates unsharded gradients and reduce-scatters them then; with ``micro_batch`` it
+    reduce-scatters every micro-batch's, so that only sharded gradients outlive a backward
+    (what offload needs).
     """
     inner = getattr(model, "_orig_mod", model)
     if not enabled and isinstance(inner, nn.parallel.DistributedDataParallel):
         return inner.no_sync()
-    if inner in _REDUCE_PER_STEP:
+    if grad_sync == "step" and is_sharded(inner):
         return _fsdp_requires_sync(inner, enabled)
     return contextlib.nullcontext()
 

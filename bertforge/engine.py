@@ -276,8 +276,8 @@ class StepReport:
 
 def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
     """Whether ``optimizer.step()`` reads ``found_inf`` (a 0-dim device tensor, non-zero: leave the
-    weights and state as they are): torch's fused optimizers and ours do."""
-    return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+    weights and state as they are): torch's fused optimizers and ours (``optim.py``) do."""
+    return bool(getattr(optimizer, "_step_supports_amp_scaling", False) or getattr(optimizer, "skips_found_inf", False))
 
 
 class Engine:
@@ -286,9 +286,11 @@ class Engine:
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                  scheduler: torch.optim.lr_scheduler.LRScheduler, loss_fn: LossFn, precision: str,
-                 grad_clip: float, dist: DistContext | None = None, seed: int | None = None):
+                 grad_clip: float, dist: DistContext | None = None, seed: int | None = None,
+                 grad_sync: str = "step"):
         self.model, self.optimizer, self.scheduler, self.loss_fn = model, optimizer, scheduler, loss_fn
         self.precision, self.grad_clip = precision, grad_clip
+        self.grad_sync = grad_sync  # execution.grad_sync: when FSDP2 reduce-scatters (dist.gradient_sync)
         self.dist = dist or DistContext()
         self.device = self.dist.device
         self.seed = seed  # seed dropout per micro-batch; None leaves the RNG alone (benchmarks)
@@ -322,7 +324,7 @@ class Engine:
             if self.seed is not None:
                 torch.manual_seed(micro_batch_seed(self.seed, step, rank + i * world_size))
             # DDP all-reduces the accumulated gradients once, after the last micro-batch.
-            with gradient_sync(self.model, enabled=i == accumulation - 1):
+            with gradient_sync(self.model, enabled=i == accumulation - 1, grad_sync=self.grad_sync):
                 with autocast(self.device, self.precision):
                     out = self.loss_fn(self.model, to_device(batch, self.device))
                 loss = out["loss"] / accumulation

@@ -10,25 +10,34 @@ temporary directory and renamed into place together (:func:`atomic_files`).
 A write that fails because the disk is full or the directory is read-only
 raises :class:`WriteError` with one line naming the path (and, for a full
 disk, the space the write needed), after removing what it had written.
+
+Nothing of a live run is replaced: a run holds an ``flock`` on ``RUN/.lock``
+while it writes there (``runs.RunLock``), and :func:`refuse_live_runs` refuses
+an output that would replace or clear a directory such a run is in, or holds.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import re
 import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TextIO
 
+LOCK = ".lock"  # a run directory's lock: flock'd by the run that writes there (runs.RunLock)
 # What atomic_directory and atomic_file leave behind when killed: ".NAME.tmp-XXXX", ".NAME.old-XXXX".
 TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-[A-Za-z0-9_]+$")
+_NEARLY_FULL = 1 << 20  # bytes: what a write that failed without an errno left free on a full disk, at most
 
 
 class WriteError(OSError):
-    """A write the user can fix: a full disk or a read-only directory; the message names the path."""
+    """A write the user can fix: a full disk, a read-only directory or a live run's directory in
+    the way; the message names the path."""
 
 
 def _size(path: Path) -> int:
@@ -57,11 +66,14 @@ def write_failure(err: BaseException, final: Path, needed: int, written: int = 0
     ENOSPC for a full disk, else the read-only or permission error, so that an
     outer writer can name the error again for its own path. ``needed`` is what
     the write needed in all, when known (else 0); ``written`` what it had written
-    when it failed.
+    when it failed, still on disk: the caller removes it after this call (the failing
+    writer may hold its file open until the error is gone, so that its space is not
+    free before), and what is free now and ``written`` are what is free then.
 
-    torch.save and safetensors do not raise OSError on a full disk (``basic_ios::clear``,
-    ``IoError``), so the free space decides when the error carries no errno: a
-    write that needed more than was left failed for want of space.
+    torch.save and safetensors raise no OSError on a full disk (``basic_ios::clear``,
+    ``inline_container.cc``, ``SafetensorError``), so the free space decides when the error
+    carries no errno: a write that left less free than it still needed, or less than
+    ``_NEARLY_FULL`` (``needed`` is an estimate, or unknown), failed for want of space.
     """
     code = getattr(err, "errno", None)
     what = str(final) if what is None else what
@@ -69,13 +81,14 @@ def write_failure(err: BaseException, final: Path, needed: int, written: int = 0
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
     try:
-        free = shutil.disk_usage(parent).free
+        free: int | None = shutil.disk_usage(parent).free
     except OSError:
         free = None
-    if code == errno.ENOSPC or (code is None and free is not None and free < max(needed - written, 1)):
-        left = f"{format_size(free or 0)} free on {parent}"
-        # A stream's size is not known beforehand: only that what was free did not suffice.
-        space = f"it needs {format_size(needed)}, {left}" if needed > 0 else f"it needs more than the {left}"
+    if code == errno.ENOSPC or (code is None and free is not None and free < max(needed - written, _NEARLY_FULL)):
+        after = (free or 0) + written  # once the partial write is removed
+        left = f"{format_size(after)} free on {parent}"
+        # A stream's size is not known beforehand (nor is a write's overhead): only that what was free did not do.
+        space = f"it needs {format_size(needed)}, {left}" if after < needed else f"it needs more than the {left}"
         error = WriteError(f"cannot write {what}: the disk is full ({space} after removing the partial write)")
         error.errno = errno.ENOSPC
         return error
@@ -85,6 +98,54 @@ def write_failure(err: BaseException, final: Path, needed: int, written: int = 0
         error.errno = code if code in (errno.EROFS, errno.EPERM) else errno.EACCES
         return error
     return None
+
+
+def holder(lock: TextIO) -> str:
+    """The name a run wrote into its lock file (pid, host, since when), for an error naming it."""
+    lock.seek(0)
+    return lock.read().strip() or "a process that has not written its name yet"
+
+
+def live_holder(lock: Path) -> str | None:
+    """The name of the live process that holds the lock file ``lock``, or None when none does.
+
+    Tested by taking a shared lock for an instant: a run holds it exclusively.
+    """
+    try:
+        file = open(lock, encoding="utf-8")
+    except OSError:  # gone, or not a file we can read: no run of ours holds it
+        return None
+    with file:
+        try:
+            fcntl.flock(file.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return holder(file)
+        return None  # closing releases it
+
+
+def refuse_live_runs(path: Path, own: Path | None = None) -> None:
+    """Refuse, with a WriteError naming the run and its process, to replace or clear ``path`` while
+    a live run writes there: one whose lock is in ``path`` (a directory), below it or in a
+    directory above it. ``own`` is a lock this process holds (the run that clears its directory).
+    """
+    path, own = Path(path).absolute(), Path(own).absolute() if own else None
+    locks = [parent / LOCK for parent in (path, *path.parents)]
+    if path.is_dir() and not path.is_symlink():
+        locks += [Path(root) / LOCK for root, _, names in os.walk(path) if LOCK in names]
+    for lock in dict.fromkeys(locks):  # path's own once
+        if lock != own and (name := live_holder(lock)) is not None:
+            error = WriteError(f"{path}: {lock.parent} is the directory of a live run ({name}); --overwrite "
+                               f"would replace its files: wait for it to end, or choose another output")
+            error.errno = errno.EBUSY
+            raise error
+
+
+def remove(path: Path) -> None:
+    """Remove a file, a link (not what it points to) or a directory and all it holds."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
 
 
 def remove_temporaries(directory: Path) -> list[Path]:
@@ -104,10 +165,7 @@ def remove_temporaries(directory: Path) -> list[Path]:
         name = match.group("name")
         if match.group("kind") == "old" and (entry / name).exists() and not (directory / name).exists():
             os.replace(entry / name, directory / name)
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
+        remove(entry)
         removed.append(entry)
     if removed:
         fsync(directory)
@@ -155,9 +213,8 @@ def atomic_directory(final: Path, needed: int = 0) -> Iterator[Path]:
             os.replace(tmp, final)
         fsync(final.parent)
     except Exception as err:
-        written = _size(tmp)
+        error = None if isinstance(err, WriteError) else write_failure(err, final, needed, _size(tmp))
         shutil.rmtree(tmp, ignore_errors=True)
-        error = None if isinstance(err, WriteError) else write_failure(err, final, needed, written)
         if error is None:
             raise
         raise error from None
@@ -167,18 +224,19 @@ def atomic_directory(final: Path, needed: int = 0) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def atomic_file(final: Path) -> Iterator[Path]:
+def atomic_file(final: Path, needed: int = 0) -> Iterator[Path]:
     """Yield a temporary path that becomes ``final`` when the block succeeds.
 
     Write the file at the yielded path; on an error it is removed and ``final``
-    is left as it was.
+    is left as it was. ``needed`` (bytes, when known) is named in the
+    :class:`WriteError` raised when the disk fills up.
     """
     final = Path(final)
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(prefix=f".{final.name}.tmp-", dir=final.parent)
     except OSError as err:
-        error = write_failure(err, final, 0)
+        error = write_failure(err, final, needed)
         if error is None:
             raise
         raise error from None
@@ -190,10 +248,9 @@ def atomic_file(final: Path) -> Iterator[Path]:
         fsync(tmp)
         os.replace(tmp, final)
         fsync(final.parent)
-    except OSError as err:
-        written = _size(tmp)
+    except Exception as err:  # safetensors and torch.save raise no OSError on a full disk
+        error = None if isinstance(err, WriteError) else write_failure(err, final, needed, _size(tmp))
         tmp.unlink(missing_ok=True)
-        error = None if isinstance(err, WriteError) else write_failure(err, final, 0, written)
         if error is None:
             raise
         raise error from None
@@ -241,9 +298,8 @@ def atomic_files(finals: Sequence[Path]) -> Iterator[list[Path]]:
         for final, path in reversed(moved):  # a rename that failed: the others go back, nothing is half there
             with contextlib.suppress(OSError):
                 os.replace(final, path)
-        written = _size(staging)
+        error = write_failure(err, finals[0], 0, _size(staging), what) if isinstance(err, OSError) else None
         shutil.rmtree(staging, ignore_errors=True)
-        error = write_failure(err, finals[0], 0, written, what) if isinstance(err, OSError) else None
         if error is None:
             raise
         raise error from None

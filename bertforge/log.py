@@ -3,8 +3,9 @@
 Every logged row goes to ``metrics.jsonl`` in the run directory, one JSON
 object per line (training rows have ``step``, ``loss``, ``mlm_loss``,
 ``nsp_loss``, ``lr``, ``seq_per_s``; evaluation rows have ``split: "eval"``,
-``mlm_accuracy`` and ``nsp_accuracy``). TensorBoard gets the same scalars when
-the ``tensorboard`` package is installed, and wandb when ``--log.wandb`` is set.
+``mlm_accuracy`` and ``nsp_accuracy``), its numbers to 7 significant digits
+(:func:`rounded`). TensorBoard gets the same scalars, unrounded, when the
+``tensorboard`` package is installed, and wandb when ``--log.wandb`` is set.
 Run metadata (versions, device, peak memory) goes to ``metadata.jsonl``
 (:meth:`MetricsLogger.log_metadata`).
 Only the main process logs. A resumed run first drops the rows after the step
@@ -116,6 +117,12 @@ def truncate_metrics(path: Path, last_step: int) -> int:
     return dropped
 
 
+def rounded(value: Any) -> Any:
+    """A finite float to 7 significant digits, as ``metrics.jsonl`` writes it (float32 holds about as
+    many; decimal places would write a learning rate of 4.87e-7 as 0.0); anything else as it is."""
+    return float(f"{value:.7g}") if isinstance(value, float) and math.isfinite(value) else value
+
+
 class MetricsLogger(_Closing):
     """Fans one row of metrics out to every enabled sink. A context manager: leaving the
     ``with`` block closes the sinks.
@@ -162,8 +169,7 @@ class MetricsLogger(_Closing):
     def log(self, row: dict[str, Any]) -> None:
         if not self.enabled or self.jsonl is None:
             return
-        row = {k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v) for k, v in row.items()}
-        self.jsonl.write(json.dumps(row) + "\n")
+        self.jsonl.write(json.dumps({k: rounded(v) for k, v in row.items()}) + "\n")
         self.jsonl.flush()
         step = row.get("step", 0)
         prefix = row.get("split", "train")

@@ -35,7 +35,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import BlockMask, and_masks, create_block_mask, flex_attention
-from torch.utils.checkpoint import checkpoint
 
 from .config import ConfigError, ModelConfig
 
@@ -94,7 +93,17 @@ class BertEmbeddings(nn.Module):
         return self.dropout(self.LayerNorm(x))  # (B, T, H)
 
 
-class BertSelfAttention(nn.Module):
+class EncoderLayer(nn.Module):
+    """An encoder layer, of any model family: what FSDP shards as one unit and ``execution.recompute:
+    layer`` recomputes in the backward pass. Both are applied from outside (dist.py)."""
+
+
+class SelfAttention(nn.Module):
+    """An encoder layer's self-attention (its projections and the kernel), of any model family: what
+    ``execution.recompute: attention`` recomputes in the backward pass (dist.py)."""
+
+
+class BertSelfAttention(SelfAttention):
     """Multi-head self-attention with Hugging Face's three projections, run as one.
 
     ``query``, ``key`` and ``value`` stay separate parameters (their names are
@@ -104,8 +113,6 @@ class BertSelfAttention(nn.Module):
     would cost memory and, on the CPU, time, so it runs the three.
     """
 
-    recompute_policy = "attention"  # see set_recompute
-
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.num_heads = cfg.num_attention_heads
@@ -113,15 +120,9 @@ class BertSelfAttention(nn.Module):
         self.key = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.dropout_p = cfg.attention_probs_dropout_prob
-        self.recompute = False  # see set_recompute
         self.backends: list[SDPBackend] | None = None  # see set_attention_backends; None = torch's order
 
     def forward(self, x: torch.Tensor, mask: Mask) -> torch.Tensor:
-        if self.recompute and torch.is_grad_enabled():
-            return checkpoint(self._attend, x, mask, use_reentrant=False)
-        return self._attend(x, mask)
-
-    def _attend(self, x: torch.Tensor, mask: Mask) -> torch.Tensor:
         B, T, H = x.shape
         if torch.is_autocast_enabled(x.device.type):
             # Autocast copies the weights to bf16/fp16 anyway; concatenated, they make one copy.
@@ -143,8 +144,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask, backen
     FlexAttention for a block mask, else SDPA with the ``backends`` (None: torch's order)."""
     if isinstance(mask, BlockMask):  # (no dropout: layers_mask makes block masks only without it)
         return flex_kernel(q.device)(q, k, v, block_mask=mask)
-    # Called inside the checkpointed function, so that a recomputation runs
-    # the kernel (and draws the dropout) the forward did.
+    # Called inside the attention's forward, which recomputation checkpoints as a whole,
+    # so that a recomputation runs the kernel (and draws the dropout) the forward did.
     with sdpa_kernel(backends, set_priority=True) if backends else contextlib.nullcontext():
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
 
@@ -182,7 +183,7 @@ class BertIntermediate(nn.Module):
         return self.act(self.dense(x))
 
 
-class BertLayer(nn.Module):
+class BertLayer(EncoderLayer):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.attention = BertAttention(cfg)
@@ -195,22 +196,16 @@ class BertLayer(nn.Module):
 
 
 class BertEncoder(nn.Module):
-    recompute_policy = "layer"  # see set_recompute
-
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(cfg) for _ in range(cfg.num_hidden_layers))
-        self.recompute = False  # see set_recompute
 
     def forward(self, x: torch.Tensor, mask: Mask,
                 all_hidden_states: list[torch.Tensor] | None = None) -> torch.Tensor:
-        recompute = self.recompute and torch.is_grad_enabled()
         for layer in self.layer:
             if all_hidden_states is not None:
                 all_hidden_states.append(x)
-            # Checkpointing keeps only each layer's input; the RNG state is
-            # restored for the recomputation, so dropout masks are the same.
-            x = checkpoint(layer, x, mask, use_reentrant=False) if recompute else layer(x, mask)
+            x = layer(x, mask)
         if all_hidden_states is not None:
             all_hidden_states.append(x)
         return x
@@ -595,24 +590,6 @@ def eval_result(sums: Sequence[float], next_sentence: bool = True) -> dict[str, 
 def compiled_pretraining_loss(accuracy: bool = True) -> Callable[..., dict[str, torch.Tensor]]:
     """``pretraining_loss`` under torch.compile (made once per ``accuracy``, compiled at its first call)."""
     return torch.compile(functools.partial(pretraining_loss, accuracy=accuracy), dynamic=False)
-
-
-RECOMPUTE_POLICIES = ("none", "layer", "attention")
-
-
-def set_recompute(model: nn.Module, policy: str) -> None:
-    """Activation recomputation: trade compute in the backward pass for memory.
-
-    ``layer`` stores only each encoder layer's input and recomputes the layer
-    in the backward pass; ``attention`` recomputes only self-attention (the
-    projections and the (T × T) scores, the largest activation at long
-    sequences); ``none`` stores everything.
-    """
-    if policy not in RECOMPUTE_POLICIES:
-        raise ValueError(f"recompute policy must be one of {', '.join(RECOMPUTE_POLICIES)}, got {policy!r}")
-    for module in model.modules():  # the encoders ("layer") and attentions ("attention") of either family
-        if hasattr(module, "recompute_policy"):
-            module.recompute = policy == module.recompute_policy  # type: ignore[assignment]  # (as flex below)
 
 
 def set_vocab_multiple(model: nn.Module, multiple: int) -> None:

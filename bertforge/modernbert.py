@@ -46,10 +46,9 @@ import math
 import torch
 from torch import nn
 from torch.nn.attention import SDPBackend
-from torch.utils.checkpoint import checkpoint
 
 from .config import ModelConfig
-from .model import ACTIVATIONS, LayerNorm, Mask, attend, layers_mask
+from .model import ACTIVATIONS, EncoderLayer, LayerNorm, Mask, SelfAttention, attend, layers_mask
 
 
 class ModernBertEmbeddings(nn.Module):
@@ -97,10 +96,8 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
-class ModernBertAttention(nn.Module):
+class ModernBertAttention(SelfAttention):
     """Self-attention: one fused ``Wqkv``, rotary queries and keys, the output projection ``Wo``."""
-
-    recompute_policy = "attention"  # see model.set_recompute
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -109,15 +106,9 @@ class ModernBertAttention(nn.Module):
         self.Wo = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=False)
         self.dropout_p = cfg.attention_probs_dropout_prob  # on the attention weights, and after Wo
         self.out_drop = nn.Dropout(cfg.attention_probs_dropout_prob)
-        self.recompute = False  # see model.set_recompute
         self.backends: list[SDPBackend] | None = None  # see model.set_attention_backends
 
     def forward(self, x: torch.Tensor, mask: Mask, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        if self.recompute and torch.is_grad_enabled():
-            return checkpoint(self._attend, x, mask, cos, sin, use_reentrant=False)
-        return self._attend(x, mask, cos, sin)
-
-    def _attend(self, x: torch.Tensor, mask: Mask, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, T, H = x.shape
         qkv = self.Wqkv(x).view(B, T, 3, self.num_heads, H // self.num_heads)  # (B, T, 3, heads, D)
         q, k = rotate(qkv[:, :, :2], cos, sin).permute(2, 0, 3, 1, 4).unbind(0)  # 2 × (B, heads, T, D)
@@ -141,7 +132,7 @@ class ModernBertMLP(nn.Module):
         return self.Wo(self.drop(self.act(input) * gate))
 
 
-class ModernBertEncoderLayer(nn.Module):
+class ModernBertEncoderLayer(EncoderLayer):
     def __init__(self, cfg: ModelConfig, index: int):
         super().__init__()
         # Layer 0's input is the normalised embeddings: no second norm (as transformers).
@@ -159,13 +150,10 @@ class ModernBertEncoderLayer(nn.Module):
 class ModernBertModel(nn.Module):
     """The encoder: token ids in, final-normed hidden states (B, T, H) out."""
 
-    recompute_policy = "layer"  # see model.set_recompute
-
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
         self.flex = False  # masks as FlexAttention block masks (see model.set_attention_backends)
-        self.recompute = False
         self.embeddings = ModernBertEmbeddings(cfg)
         self.layers = nn.ModuleList(ModernBertEncoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         # Layers 0, N, 2N, … attend globally, the others within the window.
@@ -190,11 +178,8 @@ class ModernBertModel(nn.Module):
                                         window=None if is_global else cfg.local_attention // 2)
                  for is_global in set(self.is_global)}
         angles = {True: self.global_rotary(position_ids, T), False: self.local_rotary(position_ids, T)}
-        recompute = self.recompute and torch.is_grad_enabled()
         for layer, is_global in zip(self.layers, self.is_global):
-            args = (x, masks[is_global], *angles[is_global])
-            # Checkpointing keeps only each layer's input (dropout masks are drawn again alike).
-            x = checkpoint(layer, *args, use_reentrant=False) if recompute else layer(*args)
+            x = layer(x, masks[is_global], *angles[is_global])
         return self.final_norm(x)  # (B, T, H)
 
 

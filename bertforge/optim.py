@@ -40,14 +40,21 @@
 
 Our optimisers update all tensors of a device and dtype with multi-tensor
 (``torch._foreach_*``) operations: no Python loop over tensors does arithmetic.
-Optimiser state holds only tensors and Python numbers, so ``state_dict()``
-survives ``torch.save`` / ``torch.load(weights_only=True)``.
+That chain of operations is a pass over memory each, about 104 bytes per fp32
+parameter for a LAMB step. With ``compiled=True`` (``build_optimizer``'s
+``compiled``, which training sets where the model compiles on CUDA) the same
+update runs as a few functions that torch.compile fuses instead (see "the
+compiled step" below): LAMB in two passes over memory, 40 bytes per
+parameter. Optimiser state holds only tensors and Python numbers, the same
+either way, so ``state_dict()`` survives ``torch.save`` /
+``torch.load(weights_only=True)`` and a run resumes with either step.
 """
 
 from __future__ import annotations
 
 import bisect
 import copy
+import functools
 import math
 import typing
 from collections import defaultdict
@@ -150,11 +157,40 @@ class _AdamMoments(torch.optim.Optimizer):
     their local shards: the state stays sharded like the parameter (which is
     what torch.distributed.checkpoint saves) and ``shard_group`` names the
     ranks that hold the other parts, for updates that need whole-tensor norms.
+
+    With ``compiled`` a bucket whose tensors are all at one step runs
+    ``_step_compiled`` instead: the same update in torch.compile'd passes (a
+    bucket with tensors at different steps, rare, takes the eager path).
+
+    A step whose gradients are not finite is skipped on the device, as torch's
+    fused optimizers skip one: the training engine sets ``found_inf`` (a 0-dim
+    device tensor, non-zero to skip) before ``step()``, and the step then leaves
+    weights and moments as they were without the host reading the flag: the
+    gradients are zeroed where they would be read, and the moments' and weights'
+    coefficients multiplied by ``keep`` (0 or 1). The step count still rises;
+    the engine stops the run after such a step. Without ``found_inf`` the step
+    is the plain one.
     """
 
+    skips_found_inf = True  # (engine.skips_on_device)
+
+    def __init__(self, params: Iterable, defaults: dict, compiled: bool):
+        super().__init__(params, defaults)
+        # Not a group setting: a state dict saved by either step loads into either.
+        self.compiled = compiled
+        self.found_inf: torch.Tensor | None = None  # set by the engine before a step (see above)
+
     def _apply(self, group: dict, params: list[torch.Tensor], updates: list[torch.Tensor],
-               scale: Scalars, shard_group) -> None:
+               scale: Scalars, shard_group, keep: torch.Tensor | None) -> None:
         raise NotImplementedError
+
+    def _step_compiled(self, group: dict, lists: _Lists, scale: float, eps: float, shard_group,
+                       keep: torch.Tensor) -> None:
+        """The compiled update of one bucket, ``scale`` (c) and ``eps`` (eps') as in ``_step_bucket``:
+        here with r = 1 (AdamW's update), in one pass over memory."""
+        coefficient = _coefficients(lists.params[0].dtype)
+        _compiled(_fused_adam)(*lists, *group["betas"], coefficient(eps),
+                               coefficient(group["weight_decay"] / scale), coefficient(scale * -group["lr"]), keep)
 
     @torch.no_grad()
     def step(  # type: ignore[override]  # torch's stub says closures return a float; they return the loss tensor
@@ -166,7 +202,8 @@ class _AdamMoments(torch.optim.Optimizer):
         for group in self.param_groups:
             with_grad = [p for p in group["params"] if p.grad is not None]
             for bucket in _by_device_and_dtype(with_grad):
-                self._step_bucket(group, bucket)
+                keep = None if self.found_inf is None else (self.found_inf == 0).to(bucket[0].device)
+                self._step_bucket(group, bucket, keep)
         return loss
 
     def _state_lists(self, params: list[torch.Tensor]) -> tuple[list[torch.Tensor], ...]:
@@ -189,12 +226,10 @@ class _AdamMoments(torch.optim.Optimizer):
             exp_avg_sqs.append(_local(state["exp_avg_sq"]))
         return grads, exp_avgs, exp_avg_sqs
 
-    def _step_bucket(self, group: dict, params: list[torch.Tensor]) -> None:
+    def _step_bucket(self, group: dict, params: list[torch.Tensor], keep: torch.Tensor | None = None) -> None:
+        """One bucket's update; ``keep`` (a 0-dim bool device tensor, false: skip) from ``found_inf``."""
         beta1, beta2 = group["betas"]
         grads, exp_avgs, exp_avg_sqs = self._state_lists(params)
-        torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)  # m += (1 - b1)(g - m)
-        torch._foreach_mul_(exp_avg_sqs, beta2)
-        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
 
         # With c = sqrt(1 - b2^t) / (1 - b1^t) and eps' = eps · sqrt(1 - b2^t),
         #   u = m̂ / (sqrt(v̂) + eps) + wd · w = c · (m / (sqrt(v) + eps') + (wd / c) · w):
@@ -210,8 +245,23 @@ class _AdamMoments(torch.optim.Optimizer):
         else:
             scales, eps = [1.0] * len(steps), [group["eps"]] * len(steps)
         local = [_local(p) for p in params]
+        scale, eps_ = _scalars(scales), _scalars(eps)
+        if self.compiled and isinstance(scale, float) and isinstance(eps_, float):
+            keep = _always(local[0].device) if keep is None else keep
+            self._step_compiled(group, _Lists(grads, exp_avgs, exp_avg_sqs, local), scale, eps_,
+                                _shard_group(params[0]), keep)
+            return
+        if keep is None:
+            torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)  # m += (1 - b1)(g - m)
+            torch._foreach_mul_(exp_avg_sqs, beta2)
+        else:  # a skipped step: g zeroed (no NaN reaches the moments), m and v kept by their coefficients
+            for grad in grads:
+                grad.masked_fill_(~keep, 0.0)
+            torch._foreach_lerp_(exp_avgs, grads, [(1.0 - beta1) * keep] * len(grads))
+            torch._foreach_mul_(exp_avg_sqs, torch.where(keep, beta2, 1.0))
+        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
         updates = list(torch._foreach_sqrt(exp_avg_sqs))
-        torch._foreach_add_(updates, _scalars(eps))
+        torch._foreach_add_(updates, eps_)
         torch._foreach_reciprocal_(updates)
         torch._foreach_mul_(updates, exp_avgs)
         if group["weight_decay"] != 0:
@@ -220,10 +270,16 @@ class _AdamMoments(torch.optim.Optimizer):
                 torch._foreach_add_(updates, local, alpha=decay)
             else:
                 torch._foreach_add_(updates, torch._foreach_mul(local, decay))
-        self._apply(group, local, updates, _scalars(scales), _shard_group(params[0]))
+        self._apply(group, local, updates, scale, _shard_group(params[0]), keep)
 
 
 Scalars = float | list[float]  # one number for every tensor of a foreach call, or one each
+
+
+@functools.cache
+def _always(device: torch.device) -> torch.Tensor:
+    """``keep`` of a step that nothing skips, for the compiled functions (which take one always)."""
+    return torch.ones((), dtype=torch.bool, device=device)
 
 
 def _scalars(values: list[float]) -> Scalars:
@@ -231,8 +287,11 @@ def _scalars(values: list[float]) -> Scalars:
     return values[0] if all(v == values[0] for v in values) else values
 
 
-def _add_scaled(params: list[torch.Tensor], updates: list[torch.Tensor], coeff: Scalars) -> None:
-    """``params[i] += coeff[i] · updates[i]`` (``updates`` may be overwritten)."""
+def _add_scaled(params: list[torch.Tensor], updates: list[torch.Tensor], coeff: Scalars,
+                keep: torch.Tensor | None = None) -> None:
+    """``params[i] += coeff[i] · updates[i]``, nothing where ``keep`` is false (``updates`` may be overwritten)."""
+    if keep is not None:
+        torch._foreach_mul_(updates, keep.to(updates[0].dtype))
     if isinstance(coeff, float):
         torch._foreach_add_(params, updates, alpha=coeff)
     else:
@@ -258,57 +317,82 @@ class Lamb(_AdamMoments):
 
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-6, weight_decay: float = 0.0, bias_correction: bool = True,
-                 max_trust_ratio: float = 10.0, layer_adaptation: bool = True, ratio_at_zero_norm: float = 1.0):
+                 max_trust_ratio: float = 10.0, layer_adaptation: bool = True, ratio_at_zero_norm: float = 1.0,
+                 compiled: bool = False):
         _check_hyperparameters(lr, betas, eps, weight_decay)
         if max_trust_ratio < 0:
             raise ValueError(f"invalid max_trust_ratio {max_trust_ratio}")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                         bias_correction=bias_correction, max_trust_ratio=max_trust_ratio,
                         layer_adaptation=layer_adaptation, ratio_at_zero_norm=ratio_at_zero_norm)
-        super().__init__(params, defaults)
+        super().__init__(params, defaults, compiled)
 
     def _apply(self, group: dict, params: list[torch.Tensor], updates: list[torch.Tensor],
-               scale: Scalars, shard_group) -> None:
+               scale: Scalars, shard_group, keep: torch.Tensor | None) -> None:
         lr = group["lr"]
         # (Optimizer states saved before these options existed adapt every tensor, 1 at zero norms.)
         if not group.get("layer_adaptation", True):
-            _add_scaled(params, updates, _times(scale, -lr))
+            _add_scaled(params, updates, _times(scale, -lr), keep)
             return
         # All ratios use the weights before this step, as in the paper.
-        w_norms, u_norms = _whole_norms(params, updates, shard_group)
-        scales = scale if isinstance(scale, float) else torch.tensor(scale, dtype=u_norms.dtype).to(u_norms.device)
-        u_norms = u_norms * scales
-        at_zero = torch.full_like(w_norms, group.get("ratio_at_zero_norm", 1.0))
-        # torch.where instead of a Python ``if``: no device → host sync per tensor.
-        ratios = torch.where((w_norms > 0) & (u_norms > 0), w_norms / u_norms, at_zero)
-        if group["max_trust_ratio"] > 0:
-            ratios = ratios.clamp(max=group["max_trust_ratio"])
+        dtype = _norm_dtype(params)
+        norms = torch.stack([torch.stack(torch._foreach_norm(ts, 2, dtype=dtype)) for ts in (params, updates)])
+        scales = scale if isinstance(scale, float) else torch.tensor(scale, dtype=dtype).to(norms.device)
+        coeffs = _trust_coefficients(_whole_norms(norms, shard_group), scales, -lr,
+                                     group.get("ratio_at_zero_norm", 1.0), group["max_trust_ratio"])
+        if keep is not None:
+            coeffs = coeffs * keep
         # w -= lr · r · u, every tensor with its own r.
-        coeffs = (ratios * scales * -lr).to(params[0].dtype).unbind()
-        torch._foreach_addcmul_(params, updates, coeffs)
+        torch._foreach_addcmul_(params, updates, coeffs.to(params[0].dtype).unbind())
+
+    def _step_compiled(self, group: dict, lists: _Lists, scale: float, eps: float, shard_group,
+                       keep: torch.Tensor) -> None:
+        if not group.get("layer_adaptation", True):
+            super()._step_compiled(group, lists, scale, eps, shard_group, keep)
+            return
+        coefficient = _coefficients(lists.params[0].dtype)
+        eps_, decay = coefficient(eps), coefficient(group["weight_decay"] / scale)
+        norms = _compiled(_fused_lamb_norms)(*lists, *group["betas"], eps_, decay, keep)
+        _compiled(_fused_lamb_update)(lists.params, lists.exp_avgs, lists.exp_avg_sqs,
+                                      _whole_norms(norms, shard_group), eps_, decay, coefficient(scale),
+                                      coefficient(-group["lr"]), group.get("ratio_at_zero_norm", 1.0),
+                                      group["max_trust_ratio"], keep)
 
 
 def _times(scale: Scalars, factor: float) -> Scalars:
     return scale * factor if isinstance(scale, float) else [c * factor for c in scale]
 
 
-def _whole_norms(params: list[torch.Tensor], updates: list[torch.Tensor],
-                 shard_group) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(||w||, ||u||)`` of every tensor as two vectors, in float32 or wider.
+def _norm_dtype(params: list[torch.Tensor]) -> torch.dtype:
+    return torch.promote_types(params[0].dtype, torch.float32)
+
+
+def _whole_norms(norms: torch.Tensor, shard_group) -> torch.Tensor:
+    """``norms`` (``(||w||, ||u||)`` of every tensor, ``(2, tensors)``) of the whole tensors.
 
     Of tensors sharded over ``shard_group`` this rank holds one part each: the
     squared norms of the parts are summed over the ranks, all in one all-reduce.
     """
-    dtype = torch.promote_types(params[0].dtype, torch.float32)
-    norms = torch.stack([torch.stack(torch._foreach_norm(ts, 2, dtype=dtype)) for ts in (params, updates)])
-    if shard_group is not None:
-        import torch.distributed as dist
+    if shard_group is None:
+        return norms
+    import torch.distributed as dist
 
-        squares = norms.square()  # (2, tensors)
-        dist.all_reduce(squares, group=shard_group)
-        norms = squares.sqrt()
+    squares = norms.square()
+    dist.all_reduce(squares, group=shard_group)
+    return squares.sqrt()
+
+
+def _trust_coefficients(norms: torch.Tensor, scale: float | torch.Tensor, neg_lr: float | torch.Tensor,
+                        ratio_at_zero_norm: float, max_trust_ratio: float) -> torch.Tensor:
+    """-lr · r · c of every tensor, from ``norms`` = (||w||, ||u / c||) (``_whole_norms``).
+    Eager and compiled steps share it."""
     w_norms, u_norms = norms.unbind()
-    return w_norms, u_norms
+    u_norms = u_norms * scale
+    # torch.where instead of a Python ``if``: no device → host sync per tensor.
+    ratios = torch.where((w_norms > 0) & (u_norms > 0), w_norms / u_norms, ratio_at_zero_norm)
+    if max_trust_ratio > 0:
+        ratios = ratios.clamp(max=max_trust_ratio)
+    return ratios * scale * neg_lr
 
 
 class AdamWNoBiasCorrection(_AdamMoments):
@@ -325,14 +409,113 @@ class AdamWNoBiasCorrection(_AdamMoments):
     """
 
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-6, weight_decay: float = 0.0):
+                 eps: float = 1e-6, weight_decay: float = 0.0, compiled: bool = False):
         _check_hyperparameters(lr, betas, eps, weight_decay)
-        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay), compiled)
 
     def _apply(self, group: dict, params: list[torch.Tensor], updates: list[torch.Tensor],
-               scale: Scalars, shard_group) -> None:
+               scale: Scalars, shard_group, keep: torch.Tensor | None) -> None:
         # Elementwise: each rank updates its own shard, no communication needed.
-        _add_scaled(params, updates, _times(scale, -group["lr"]))
+        _add_scaled(params, updates, _times(scale, -group["lr"]), keep)
+
+
+# ------------------------------------------------------------ the compiled step
+#
+# The eager step is a chain of multi-tensor ops, each a pass over memory. These pure functions
+# over lists of tensors are the same update for torch.compile, which fuses them into a few
+# kernels per bucket (Triton on CUDA, C++ on the CPU). LAMB takes two passes:
+#   1. ``_fused_lamb_norms``: read g, m, v, w; write m, v; reduce ||w|| and ||u|| of each tensor
+#      without storing u (16 + 8 bytes per fp32 parameter);
+#   2. ``_fused_lamb_update``: read m, v, w and write w, u computed again (12 + 4 bytes);
+# with the all-reduce of sharded tensors' norms between them. Where r = 1 (AdamW's update) one
+# pass, ``_fused_adam``, does it all (16 + 12 bytes). Inductor's count of its CPU code is that;
+# on CUDA it stores the outputs of multi-tensor kernels that a reduction reads, so pass 1 may
+# store u there (``benchmarks/optimizer.py --traffic --device cuda`` says). What changes from
+# step to step (lr, bias corrections) comes in as 0-dim CPU tensors, which Inductor passes to
+# its kernels as scalar arguments: a bucket's functions compile once, and never wait for the device.
+
+
+_TRACED_TOGETHER = 16  # tensors per group of ops in _fused_lamb_norms
+
+
+class _Lists(typing.NamedTuple):
+    """The local tensors of one bucket, in the order the compiled functions take them."""
+
+    grads: list[torch.Tensor]
+    exp_avgs: list[torch.Tensor]
+    exp_avg_sqs: list[torch.Tensor]
+    params: list[torch.Tensor]
+
+
+@functools.cache
+def _compiled(fn: Callable) -> Callable:
+    # Static shapes: a bucket's tensors never change shape. fullgraph: a graph break would
+    # split the passes (and their bytes) without a word.
+    return torch.compile(fn, dynamic=False, fullgraph=True)
+
+
+def _coefficients(dtype: torch.dtype) -> Callable[[float], torch.Tensor]:
+    """Makes a step's scalars 0-dim CPU tensors of the precision that eager foreach ops use for them."""
+    dtype = torch.promote_types(dtype, torch.float32)
+    return lambda value: torch.tensor(value, dtype=dtype)
+
+
+def _fused_moments_(grads: list[torch.Tensor], exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor],
+                    beta1: float, beta2: float, keep: torch.Tensor) -> None:
+    """The moments, left as they are where ``keep`` is false (a skipped step: its g may be NaN)."""
+    grads = [torch.where(keep, g, 0.0) for g in grads]
+    torch._foreach_lerp_(exp_avgs, grads, [(1.0 - beta1) * keep] * len(grads))
+    # v = b2 v + (1 - b2) g² as a lerp towards g², like m: Inductor then stores both moments
+    # in the loop that reduces the norms (with mul and addcmul it stores v in a pass of its own).
+    torch._foreach_lerp_(exp_avg_sqs, torch._foreach_mul(grads, grads), [(1.0 - beta2) * keep] * len(grads))
+
+
+def _fused_directions(exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor], params: list[torch.Tensor],
+                      eps: torch.Tensor, decay: torch.Tensor) -> list[torch.Tensor]:
+    """u / c = m / (sqrt(v) + eps') + (wd / c) · w of every tensor (see ``_step_bucket``)."""
+    updates = list(torch._foreach_sqrt(exp_avg_sqs))
+    torch._foreach_add_(updates, [eps] * len(updates))  # the overload for one tensor reads it on the host
+    torch._foreach_reciprocal_(updates)
+    torch._foreach_mul_(updates, exp_avgs)
+    torch._foreach_add_(updates, torch._foreach_mul(params, decay))
+    return updates
+
+
+def _fused_lamb_norms(grads: list[torch.Tensor], exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor],
+                      params: list[torch.Tensor], beta1: float, beta2: float, eps: torch.Tensor,
+                      decay: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """LAMB's first pass: the moments, and (||w||, ||u / c||) of every tensor, ``(2, tensors)``."""
+    dtype = _norm_dtype(params)
+    norms = []
+    # Inductor fuses two reductions of one tensor only where the graph has them close together (at
+    # most 64 nodes apart): the ops of a few tensors at a time keep them so.
+    for part in (slice(i, i + _TRACED_TOGETHER) for i in range(0, len(params), _TRACED_TOGETHER)):
+        _fused_moments_(grads[part], exp_avgs[part], exp_avg_sqs[part], beta1, beta2, keep)
+        updates = _fused_directions(exp_avgs[part], exp_avg_sqs[part], params[part], eps, decay)
+        # One reduction per tensor, which Inductor fuses with what it reads (its _foreach_norm
+        # would be a library call on u stored in full).
+        norms.append(torch.stack([torch.stack([torch.linalg.vector_norm(t, dtype=dtype) for t in ts])
+                                  for ts in (params[part], updates)]))
+    return torch.cat(norms, dim=1)
+
+
+def _fused_lamb_update(params: list[torch.Tensor], exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor],
+                       norms: torch.Tensor, eps: torch.Tensor, decay: torch.Tensor, scale: torch.Tensor,
+                       neg_lr: torch.Tensor, ratio_at_zero_norm: float, max_trust_ratio: float,
+                       keep: torch.Tensor) -> None:
+    """LAMB's second pass: w -= lr · r · u, the ratios from the (whole tensors') ``norms``."""
+    updates = _fused_directions(exp_avgs, exp_avg_sqs, params, eps, decay)
+    coeffs = _trust_coefficients(norms, scale, neg_lr, ratio_at_zero_norm, max_trust_ratio) * keep
+    torch._foreach_addcmul_(params, updates, coeffs.to(params[0].dtype).unbind())
+
+
+def _fused_adam(grads: list[torch.Tensor], exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor],
+                params: list[torch.Tensor], beta1: float, beta2: float, eps: torch.Tensor, decay: torch.Tensor,
+                coeff: torch.Tensor, keep: torch.Tensor) -> None:
+    """The whole update with r = 1 in one pass: w += coeff · u / c, with coeff = -lr · c."""
+    _fused_moments_(grads, exp_avgs, exp_avg_sqs, beta1, beta2, keep)
+    updates = _fused_directions(exp_avgs, exp_avg_sqs, params, eps, decay)
+    torch._foreach_add_(params, torch._foreach_mul(updates, coeff * keep))
 
 
 LAMB_VARIANTS: tuple[LambVariant, ...] = typing.get_args(LambVariant)
@@ -379,13 +562,18 @@ def lamb_groups(model: nn.Module, train: TrainConfig) -> list[dict]:
     return [decay, no_decay]
 
 
-def build_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.Optimizer:
-    """The optimizer named by ``train.optimizer`` over ``param_groups(model, ...)``."""
+def build_optimizer(model: nn.Module, train: TrainConfig, compiled: bool = False) -> torch.optim.Optimizer:
+    """The optimizer named by ``train.optimizer`` over ``param_groups(model, ...)``.
+
+    ``compiled``: our LAMB and AdamW without bias correction take the compiled step (training
+    passes ``dist.compiles_optimizer``: where the model compiles on CUDA); torch's AdamW and
+    SGD are as torch makes them.
+    """
     _check_train_optimizer(train)
     betas = (train.beta1, train.beta2)
     if train.optimizer == "lamb":
         return Lamb(lamb_groups(model, train), lr=train.lr, betas=betas, eps=train.eps,
-                    weight_decay=train.weight_decay, bias_correction=train.bias_correction)
+                    weight_decay=train.weight_decay, bias_correction=train.bias_correction, compiled=compiled)
     groups = param_groups(model, train.weight_decay)
     # torch's fused kernels (CUDA and CPU): one pass over the state, and a step that a non-finite
     # gradient skips on the device (found_inf, see engine.skips_on_device) without a host sync.
@@ -394,7 +582,7 @@ def build_optimizer(model: nn.Module, train: TrainConfig) -> torch.optim.Optimiz
             return torch.optim.AdamW(groups, lr=train.lr, betas=betas, eps=train.eps,
                                      weight_decay=train.weight_decay, fused=True)
         return AdamWNoBiasCorrection(groups, lr=train.lr, betas=betas, eps=train.eps,
-                                     weight_decay=train.weight_decay)
+                                     weight_decay=train.weight_decay, compiled=compiled)
     if train.optimizer == "sgd":
         if train.nesterov and train.momentum <= 0:
             raise ConfigError("train.nesterov=true needs train.momentum > 0")

@@ -58,10 +58,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from .config import ConfigError, ExecutionConfig, PipelineSchedule, TrainConfig
-from .dist import DistContext, attention_backends
+from .dist import DistContext, apply_recompute, attention_backends
 from .engine import Engine, autocast, micro_batch_seed, to_device
 from .feed import widen
 from .model import (
@@ -69,12 +68,12 @@ from .model import (
     BertForPreTraining,
     BertPooler,
     BertPreTrainingHeads,
+    Mask,
     eval_result,
     eval_sums,
     layers_mask,
     pretraining_loss,
     set_attention_backends,
-    set_recompute,
     set_vocab_multiple,
 )
 from .optim import param_groups
@@ -177,12 +176,10 @@ class StageEncoder(nn.Module):
     def __init__(self, layers: dict[int, nn.Module]):
         super().__init__()
         self.layer = nn.ModuleDict({str(i): layer for i, layer in layers.items()})
-        self.recompute = False  # execution.recompute layer: see model.BertEncoder
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        recompute = self.recompute and torch.is_grad_enabled()
+    def forward(self, x: torch.Tensor, mask: Mask) -> torch.Tensor:
         for layer in self.layer.values():
-            x = checkpoint(layer, x, mask, use_reentrant=False) if recompute else layer(x, mask)
+            x = layer(x, mask)
         return x
 
 
@@ -304,10 +301,7 @@ def tied_weight(stage: nn.Module) -> nn.Parameter | None:
 def prepare_stage(stage: BertStage, execution: ExecutionConfig, ctx: DistContext) -> BertStage:
     """The stage as training runs it (dist.prepare_model's counterpart): recomputation, attention
     kernels, autocast, on the device."""
-    set_recompute(stage, execution.recompute)
-    for module in stage.modules():
-        if isinstance(module, StageEncoder):
-            module.recompute = execution.recompute == "layer"
+    apply_recompute(stage, execution.recompute)
     set_attention_backends(stage, attention_backends(execution, ctx.device,
                                                      stage.config.attention_probs_dropout_prob))
     set_vocab_multiple(stage, 64 if ctx.device.type == "cuda" else 1)

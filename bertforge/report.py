@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .config import ConfigError, load_yaml
+from .fileio import refuse_live_runs
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure as MplFigure
@@ -364,11 +365,14 @@ def render(runs: Sequence[Run], figures: Sequence[tuple[Figure, Path]]) -> str:
 
 
 def check_out_dir(out: Path, overwrite: bool) -> None:
-    """Refuse a file, or a non-empty directory without ``overwrite`` (whose other files stay)."""
+    """Refuse a file, or a non-empty directory without ``overwrite`` (whose other files stay), and
+    with it one that a live run writes in, below or above."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out}: exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise ConfigError(f"--out {out}: not empty; pass --overwrite to write the report there")
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise ConfigError(f"--out {out}: not empty; pass --overwrite to write the report there")
+        refuse_live_runs(out)
 
 
 def write_report(paths: Sequence[str | Path], out: str | Path, overwrite: bool = False,

@@ -31,6 +31,7 @@ anything heavy is imported. Weights are read and written by
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
@@ -44,7 +45,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import google_crc32c
 
 from .config import Config, ConfigError, load_config, parse_overrides
-from .fileio import remove_temporaries, write_failure
+from .fileio import LOCK, holder, remove, remove_temporaries, write_failure
 
 if TYPE_CHECKING:
     import argparse
@@ -56,7 +57,6 @@ REQUIRED_FILES = ("model.safetensors", "trainer.pt", "config.yaml")
 OPTIMIZER_FILES = ("optimizer.pt", f"{SHARDED}/.metadata")
 WEIGHTS_FILES = ("model.safetensors", "config.yaml")  # all load_model needs
 MANIFEST = "manifest.json"
-LOCK = ".lock"  # held by the run that writes into the directory (RunLock)
 AUTO = "auto"  # checkpoint.resume: the newest sound checkpoint of the named run directory, if any
 _CHUNK = 8 << 20
 _MANIFEST_MAX = 16 << 20  # bytes: about 100 per file listed
@@ -261,29 +261,35 @@ class RunLock:
     ends: the lock of a killed run is free for the next (a torchrun restart, ``--resume auto``
     after a crash) with nothing to clean up. The file names the holder, for the error a second
     run gets. (On NFS, Linux maps flock to the server's byte-range locks.)
+
+    With ``create`` a missing directory is made first (``created`` says whether by this
+    process), so that of many runs started at once in one new directory exactly one goes on.
+    Only the holder ever removes the lock file (:func:`remove_run_dir`), and a lock taken on a
+    file that was removed meanwhile does not count: it is taken again on the file now there.
     """
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, create: bool = False):
         self.path = Path(run_dir) / LOCK
+        self.create = create
+        self.created = False
         self._file: TextIO | None = None
 
     def __enter__(self) -> RunLock:
-        try:
-            file = open(self.path, "a+", encoding="utf-8")  # held until __exit__
-        except OSError as err:  # a read-only run directory: say so as every other write does
-            error = write_failure(err, self.path, 0)
-            if error is None:
-                raise
-            raise error from None
-        try:
-            fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            file.seek(0)
-            holder = file.read().strip() or "a process that has not written its name yet"
+        while True:  # again when the run that held it removed its directory between our open and our lock
+            file = self._open()
+            if file is None:
+                continue
+            try:
+                fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                name = holder(file)
+                file.close()
+                raise ConfigError(f"{self.path.parent} is in use by another run ({name}): two runs in one "
+                                  f"directory would overwrite each other's checkpoints; wait for it to end, "
+                                  f"or choose another directory") from None
+            if _names(self.path, file):
+                break
             file.close()
-            raise ConfigError(f"{self.path.parent} is in use by another run ({holder}): two runs in one "
-                              f"directory would overwrite each other's checkpoints; wait for it to end, "
-                              f"or choose another directory") from None
         file.seek(0)
         file.truncate()
         file.write(f"pid {os.getpid()} on {socket.gethostname()}, since "
@@ -292,10 +298,57 @@ class RunLock:
         self._file = file
         return self
 
+    def _open(self) -> TextIO | None:
+        """The lock file, opened (made when missing); None when its directory is gone and is to be
+        made again."""
+        run_dir = self.path.parent
+        if self.create:
+            try:
+                run_dir.mkdir(parents=True)  # of two that start at once, one makes it
+                self.created = True
+            except FileExistsError:
+                self.created = False
+            except OSError as err:  # a read-only or missing parent: the user's to fix
+                raise ConfigError(f"cannot create the run directory {run_dir}: {err.strerror}") from None
+        try:
+            return open(self.path, "a+", encoding="utf-8")  # held until __exit__
+        except FileNotFoundError:
+            if self.create:
+                return None
+            raise ConfigError(f"{run_dir}: no such run directory (its run removed it)") from None
+        except OSError as err:  # a read-only run directory: say so as every other write does
+            error = write_failure(err, self.path, 0)
+            if error is None:
+                raise
+            raise error from None
+
     def __exit__(self, *exc: object) -> None:
         if self._file is not None:
             self._file.close()  # closing releases the flock
             self._file = None
+
+
+def _names(path: Path, file: TextIO) -> bool:
+    """Whether ``path`` still names the open ``file`` (its run may have removed it meanwhile)."""
+    try:
+        now = os.stat(path)
+    except FileNotFoundError:
+        return False
+    opened = os.fstat(file.fileno())
+    return (now.st_dev, now.st_ino) == (opened.st_dev, opened.st_ino)
+
+
+def remove_run_dir(run_dir: Path) -> None:
+    """Remove a run directory whose lock this process holds (a run that made it and has nothing to
+    keep): its files, then its lock, then the directory, unless another run has taken it over
+    since the lock was gone (its new lock is in it). As much as can go, after an error: what
+    cannot stays, with its lock."""
+    with contextlib.suppress(OSError):
+        for entry in run_dir.iterdir():
+            if entry.name != LOCK:
+                remove(entry)
+        (run_dir / LOCK).unlink(missing_ok=True)
+        run_dir.rmdir()  # not empty: another run's now
 
 
 # What a resume may change and still continue the run it resumes: what is logged, saved and
@@ -397,4 +450,7 @@ def config_from_args(args: argparse.Namespace, extra: list[str], default: str | 
     elif name is None and resume:
         # A resumed run continues with the config it was saved with, plus the overrides.
         name = str(find_checkpoint(resume) / "config.yaml")
-    return load_config(name or default, overrides)
+    cfg = load_config(name or default, overrides)
+    if cfg.checkpoint.resume == AUTO:  # unnamed, refused here: before torch loads, on every rank torchrun starts
+        auto_run_dir(cfg.log.run_dir, cfg.log.name)
+    return cfg

@@ -27,7 +27,7 @@ a run directory made by a run that failed before its first step is removed.
 from __future__ import annotations
 
 import contextlib
-import copy
+import dataclasses
 import functools
 import os
 import random
@@ -43,17 +43,26 @@ from torch import nn
 
 from . import checkpoint as ckpt
 from . import pipeline_parallel, runs, weights
-from .config import Config, ConfigError, DataConfig, accumulation_steps
+from .config import Config, ConfigError, DataConfig, accumulation_steps, freeze, replaced
 from .data import PretrainingDataset, SyntheticDataset, build_datasets, decode_sample, vocab_size_of
 from .data.checksum import fingerprint
 from .data.errors import warn_prediction_cap
-from .data.loader import Prefetcher, RecordStream, check_vocab_fits, is_records, masking_spec, record_files
+from .data.loader import (
+    Prefetcher,
+    RecordStream,
+    check_tokenizer,
+    check_vocab_fits,
+    is_records,
+    masking_spec,
+    record_files,
+)
 from .dist import (
     DEFAULT_COMPILE_CACHE,
     DistContext,
     barrier,
     check_execution,
     compiles,
+    compiles_optimizer,
     destroy_distributed,
     from_main,
     init_distributed,
@@ -151,37 +160,39 @@ def evaluate(model: nn.Module, dataset: PretrainingDataset, batch_size: int, dev
     return eval_result(sums, has_nsp(model))
 
 
-# A test-only fault: "RANK:STEP" makes that rank exit hard after that step on a job's first
-# attempt (torchrun's TORCHELASTIC_RESTART_COUNT 0), as a machine failure would.
-FAULT_ENV = "BERTFORGE_TEST_FAIL_AT"
 
 
 def make_run_dir(cfg: Config) -> Path:
+    """A new run directory under ``log.run_dir``: ``log.name``, or the first of ``NAME-2``, ``NAME-3`` …
+    that no other run has made (never two runs in one directory, even when started at once)."""
     name = cfg.log.name or datetime.now().strftime("pretrain-%Y%m%d-%H%M%S")
-    run_dir = Path(cfg.log.run_dir) / name
-    suffix = 1
-    while run_dir.exists():  # never mix two runs in one directory
-        suffix += 1
-        run_dir = Path(cfg.log.run_dir) / f"{name}-{suffix}"
-    _make_dir(run_dir)
-    return run_dir
+    run_dir, suffix = Path(cfg.log.run_dir) / name, 1
+    while True:
+        try:
+            run_dir.mkdir(parents=True)  # of two that start at once, one makes it
+            return run_dir
+        except FileExistsError:
+            suffix += 1
+            run_dir = Path(cfg.log.run_dir) / f"{name}-{suffix}"
+        except OSError as err:  # a read-only or missing parent: the user's to fix
+            raise ConfigError(f"cannot create the run directory {run_dir}: {err.strerror} (log.run_dir)") from None
 
 
-def _make_dir(path: Path) -> None:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as err:  # a read-only or missing parent: the user's to fix
-        raise ConfigError(f"cannot create the run directory {path}: {err.strerror} (log.run_dir)") from None
+def absolute_paths(cfg: Config) -> Config:
+    """``cfg`` with the paths a run reads made absolute, so that the saved config resumes from any
+    directory.
 
-
-def absolute_paths(cfg: Config) -> None:
-    """Make the paths a run reads absolute, so that the saved config resumes from any directory."""
-    for section, key in (("data", "input"), ("data", "eval_input"), ("data", "vocab"), ("checkpoint", "init"),
-                         ("log", "mlperf")):
-        part = getattr(cfg, section)
-        value = getattr(part, key)
-        if value:
-            setattr(part, key, os.path.abspath(os.path.expanduser(value)))
+    ``checkpoint.init`` may be a Hugging Face model id: it becomes the model's snapshot in the
+    local Hugging Face cache. An id found nowhere stays as given, for the load of a new run to
+    say where it was looked for (a resume does not read it)."""
+    paths = {f"{section}.{key}": getattr(getattr(cfg, section), key)
+             for section, key in (("data", "input"), ("data", "eval_input"), ("data", "vocab"), ("log", "mlperf"))}
+    absolute = {key: os.path.abspath(os.path.expanduser(value)) for key, value in paths.items() if value}
+    init = cfg.checkpoint.init
+    found = weights.resolve_model(init) if init else None
+    if found is not None and (weights.is_model(found) or not weights.HF_MODEL_ID.match(init)):
+        absolute["checkpoint.init"] = os.path.abspath(found)
+    return replaced(cfg, absolute)
 
 
 def locate_run(cfg: Config, held: contextlib.ExitStack) -> tuple[Path | None, Path, bool]:
@@ -196,14 +207,12 @@ def locate_run(cfg: Config, held: contextlib.ExitStack) -> tuple[Path | None, Pa
     resume = cfg.checkpoint.resume
     if resume == runs.AUTO:
         run_dir = runs.auto_run_dir(cfg.log.run_dir, cfg.log.name)
-        created = not run_dir.exists()
-        _make_dir(run_dir)
+        lock = held.enter_context(runs.RunLock(run_dir, create=True))  # of runs started at once, one goes on
         try:
-            held.enter_context(runs.RunLock(run_dir))
-            return runs.checkpoint_to_resume(resume, run_dir), run_dir, created
+            return runs.checkpoint_to_resume(resume, run_dir), run_dir, lock.created
         except Exception:
-            if created:  # nothing of a run is in it: leave nothing behind
-                shutil.rmtree(run_dir, ignore_errors=True)
+            if lock.created:  # made and locked here, nothing of a run is in it: leave nothing behind
+                runs.remove_run_dir(run_dir)
             raise
     if resume:
         run_dir = runs.find_checkpoint(resume).parent.parent
@@ -224,22 +233,29 @@ def fingerprint_of(d: DataConfig) -> str | None:
     return fingerprint(record_files(d.input))
 
 
-def _fail_here(rank: int, step: int) -> bool:
-    fault = os.environ.get(FAULT_ENV, "")
-    return (fault == f"{rank}:{step}" and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0")
+@dataclasses.dataclass
+class TrainingData:
+    """What :func:`load_data` makes: a function giving this rank's training stream from a data
+    position, the eval set, and the config values the data decided (dotted keys: the vocab a
+    corpus trained and its size, the records' shapes), for ``config.replaced``."""
+
+    make_stream: Callable[[dict], Any]
+    eval_set: PretrainingDataset | None
+    decided: dict[str, Any]
 
 
 def load_data(cfg: Config, run_dir: Path, rank: int = 0, world_size: int = 1, *,
-              pin: bool = False, always_mask: bool = False) -> tuple[Callable[[dict], Any], PretrainingDataset | None]:
-    """(a function making this rank's training stream from a data position, the eval set).
+              pin: bool = False, always_mask: bool = False) -> TrainingData:
+    """This rank's training data and the eval set of ``cfg.data``; ``cfg`` itself is left alone.
 
     ``pin``: the record prefetcher puts batches in pinned memory (for a CUDA device).
     ``always_mask``: batches without padding keep their attention mask, so that a compiled
     model has one graph for all (synthetic rows, which never have padding, have none).
 
-    Training data is synthetic, a corpus of text (built here, see data/), or a
-    directory or glob of record shards (streamed). Fixes ``data.vocab`` and
-    ``model.vocab_size`` in cfg where the data decides them.
+    Training data is synthetic, a corpus of text (built here, see data/, training a vocab
+    into the run directory where none is given), or a directory or glob of record shards
+    (streamed), whose shapes and vocab decide ``data.seq_len``, ``data.max_predictions`` and
+    ``model.vocab_size``.
     """
     d, batch_size, seed = cfg.data, cfg.train.micro_batch_size, cfg.train.seed
     split: dict[str, Any] = {"rank": rank, "world_size": world_size}
@@ -249,15 +265,14 @@ def load_data(cfg: Config, run_dir: Path, rank: int = 0, world_size: int = 1, *,
         train = SyntheticDataset(size=max(cfg.train.global_batch_size * 64, 1024),
                                  vocab_size=cfg.model.vocab_size, seq_len=d.seq_len,
                                  max_predictions=d.max_predictions, seed=d.seed)
-        return lambda position: BatchStream(train, batch_size, seed, **position, **split), None
+        return TrainingData(lambda position: BatchStream(train, batch_size, seed, **position, **split), None, {})
     files = record_files(d.input) if d.input and is_records(d.input) else None
     if files is None:
         train, eval_set, vocab = build_datasets(d, run_dir, mlm_only=cfg.train.objective == "mlm")
         train.always_mask = eval_set.always_mask = always_mask
         # The saved config names the vocab actually used, so a resume rebuilds the same data.
-        d.vocab = str(Path(vocab).resolve())
-        cfg.model.vocab_size = vocab_size_of(vocab)
-        return lambda position: BatchStream(train, batch_size, seed, **position, **split), eval_set
+        return TrainingData(lambda position: BatchStream(train, batch_size, seed, **position, **split), eval_set,
+                            {"data.vocab": str(Path(vocab).resolve()), "model.vocab_size": vocab_size_of(vocab)})
 
     from .data.loader import read_eval_records, records_shape
     from .data.record_reader import open_records
@@ -277,39 +292,39 @@ def load_data(cfg: Config, run_dir: Path, rank: int = 0, world_size: int = 1, *,
         if f"data.{key}" in cfg.given and given != value:
             raise ConfigError(f"data.{key}={given}, but the records have {key} {value} ({first}): leave "
                               f"data.{key} out to train on these records, or give records of {key} {given}")
-        setattr(d, key, value)
-    if d.seq_len > cfg.model.max_position_embeddings:
-        raise ConfigError(f"{first}: sequences of {d.seq_len} exceed "
+    if seq_len > cfg.model.max_position_embeddings:
+        raise ConfigError(f"{first}: sequences of {seq_len} exceed "
                           f"model.max_position_embeddings={cfg.model.max_position_embeddings}")
     masking = None
+    vocab_size = vocab_size_of(d.vocab) if d.vocab else cfg.model.vocab_size
     if d.vocab:
-        cfg.model.vocab_size = vocab_size_of(d.vocab)
-        if d.dynamic_masking:
-            masking = masking_spec(d.vocab, d.masked_lm_prob, d.whole_word_mask)
-            warn_prediction_cap(d.seq_len, d.max_predictions, d.masked_lm_prob, f"{first} (data.dynamic_masking)")
+        check_tokenizer(files + ([Path(d.eval_input)] if d.eval_input else []), d.vocab)  # native headers name theirs
+    if d.vocab and d.dynamic_masking:
+        masking = masking_spec(d.vocab, d.masked_lm_prob, d.whole_word_mask)
+        warn_prediction_cap(seq_len, max_predictions, d.masked_lm_prob, f"{first} (data.dynamic_masking)")
     elif d.dynamic_masking:
         raise ConfigError("data.dynamic_masking needs data.vocab (for the [CLS], [SEP] and [MASK] ids)")
     if d.whole_word_mask and not d.dynamic_masking:
         raise ConfigError("data.whole_word_mask on records needs data.dynamic_masking (records keep the "
                           "masks they were made with: `data create --whole-word-mask` makes whole-word ones)")
-    if header_vocab is not None and header_vocab != cfg.model.vocab_size:  # (TFRecords declare none)
-        have = (f"data.vocab {d.vocab} has {cfg.model.vocab_size} tokens" if d.vocab
-                else f"model.vocab_size={cfg.model.vocab_size}")
+    if header_vocab is not None and header_vocab != vocab_size:  # (TFRecords declare none)
+        have = f"data.vocab {d.vocab} has {vocab_size} tokens" if d.vocab else f"model.vocab_size={vocab_size}"
         raise ConfigError(f"{first}: written for a vocab of {header_vocab} tokens (its header's vocab_size), "
                           f"but {have}: give data.vocab the vocab the records were made with")
     if d.vocab and not d.dynamic_masking:  # the records' own masks: made with this vocab, or ids are shifted
         with open_records(first, verify=False) as records:
             check_vocab_fits(records, d.vocab)
     # Token ids ≥ the vocab size are refused, naming the file and record, by the readers.
-    eval_set = (PretrainingDataset(read_eval_records(d.eval_input, (first, d.seq_len, d.max_predictions),
-                                                     cfg.model.vocab_size), always_mask) if d.eval_input else None)
+    eval_set = (PretrainingDataset(read_eval_records(d.eval_input, (first, seq_len, max_predictions), vocab_size),
+                                   always_mask) if d.eval_input else None)
 
     def make_stream(position: dict) -> RecordStream | Prefetcher:
         # Every rank reads the same number of batches per epoch: none waits for another.
         stream = RecordStream(files, batch_size, seed, shuffle_buffer=d.shuffle_buffer, masking=masking,
-                              vocab_size=cfg.model.vocab_size, always_mask=always_mask, **position, **split)
+                              vocab_size=vocab_size, always_mask=always_mask, **position, **split)
         return Prefetcher(stream, d.prefetch, pin=pin) if d.prefetch > 0 else stream
-    return make_stream, eval_set
+    return TrainingData(make_stream, eval_set, {"data.seq_len": seq_len, "data.max_predictions": max_predictions,
+                                                "model.vocab_size": vocab_size})
 
 
 def total_steps(cfg: Config, batches_per_epoch: int, accumulation: int) -> int:
@@ -343,7 +358,7 @@ def pretrain(cfg: Config, compile_only: bool = False) -> dict[str, Any]:
     """
     started = time.perf_counter()
     set_threads(cfg.execution.threads)
-    absolute_paths(cfg)
+    cfg = absolute_paths(cfg)
     dist = init_distributed(cfg.execution.device, cfg.execution.dist_timeout)
     try:
         check_execution(cfg.execution, dist.world_size)
@@ -360,7 +375,7 @@ def pretrain(cfg: Config, compile_only: bool = False) -> dict[str, Any]:
                         and not runs.complete_checkpoints(run_dir)):
                     # Nothing to keep: the error on the console says it all. Under torchrun the
                     # directory stays, holding every rank's error log.
-                    shutil.rmtree(run_dir, ignore_errors=True)
+                    runs.remove_run_dir(run_dir)
                 else:
                     write_error(run_dir, dist)
                 raise
@@ -383,12 +398,10 @@ def compile_only(cfg: Config) -> dict[str, Any]:
         raise ConfigError(f"execution.compile={cfg.execution.compile} does not compile on "
                           f"{resolve_device(cfg.execution.device).type} (auto: on CUDA only), so there is nothing "
                           "to compile: give the run and --compile-only --execution.compile true")
-    cfg = copy.deepcopy(cfg)
-    cfg.train.steps, cfg.train.epochs, cfg.train.target_mlm_accuracy = 1, 0, 0.0
-    cfg.checkpoint.every, cfg.checkpoint.keep, cfg.checkpoint.resume = 0, 1, ""
-    cfg.log.name = f".compile-only-{datetime.now():%Y%m%d-%H%M%S}"
-    cfg.log.tensorboard = cfg.log.wandb = False
-    cfg.log.mlperf = ""
+    cfg = replaced(cfg, {"train.steps": 1, "train.epochs": 0, "train.target_mlm_accuracy": 0.0,
+                         "checkpoint.every": 0, "checkpoint.keep": 1, "checkpoint.resume": "",
+                         "log.name": f".compile-only-{datetime.now():%Y%m%d-%H%M%S}", "log.tensorboard": False,
+                         "log.wandb": False, "log.mlperf": ""})
     started = time.perf_counter()
     summary = pretrain(cfg, compile_only=True)
     if summary["rank"] == 0:
@@ -400,71 +413,41 @@ def compile_only(cfg: Config) -> dict[str, Any]:
 def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | None,
           started: float, progress: dict[str, int] | None = None, compile_only: bool = False) -> dict[str, Any]:
     """The body of ``pretrain`` on one rank, given the run directory (and the checkpoint to
-    resume, already verified). ``progress["steps"]`` counts the steps this call completed."""
+    resume, already verified): the config resolved and frozen, the data, the model and its
+    engine; then :class:`Pretraining`. ``progress["steps"]`` counts the steps this call completed."""
     progress = {"steps": 0} if progress is None else progress
+    if cfg.checkpoint.init and resume_from is None:
+        weights.find_model(cfg.checkpoint.init)  # one not found is named before the data loads
     # The MLPerf log's init phase starts here (rank 0 writes; without log.mlperf it logs nothing).
     mlperf = open_log(cfg, dist, resumed=resume_from is not None)
-    loaded = []
-    pin = dist.device.type == "cuda"  # pinned batches copy to the GPU without the host waiting
-    always_mask = compiles(cfg.execution, dist.device)  # one graph for padded and unpadded batches
-    # The ranks that split the data: every rank, or with pipeline stages the pipelines (a pipeline's stages read alike).
-    data_rank, data_world = pipeline_parallel.data_split(cfg.execution, dist)
-    pipelined = cfg.execution.pipeline_stages > 1
-
-    def load_on_main() -> tuple[str, int]:
-        loaded.append(load_data(cfg, run_dir, data_rank, data_world, pin=pin, always_mask=always_mask))
-        return cfg.data.vocab, cfg.model.vocab_size
-
-    # Rank 0 loads first: it may train the vocab into the run directory, which the others then read.
-    cfg.data.vocab, cfg.model.vocab_size = from_main(dist, load_on_main)
-    make_stream, eval_set = loaded[0] if loaded else load_data(cfg, run_dir, data_rank, data_world, pin=pin,
-                                                               always_mask=always_mask)
+    data, cfg = resolved_data(cfg, dist, run_dir)
     data_fingerprint = from_main(dist, lambda: fingerprint_of(cfg.data))
     saved = ckpt.read_trainer_state(resume_from) if resume_from else None
     if resume_from is not None:
-        assert saved is not None  # read above
-        saved_cfg, saved_data = weights.read_config(resume_from), saved.get("data_fingerprint")
+        saved_cfg, saved_data = weights.read_config(resume_from), saved.get("data_fingerprint") if saved else None
         weights.check_model_config(saved_cfg.model, cfg.model, resume_from)
         from_main(dist, lambda: runs.check_resume(resume_from, saved_cfg, cfg, saved_data, data_fingerprint,
                                                   f"data.input {cfg.data.input}"))
     if dist.is_main:
         with atomic_file(run_dir / "config.yaml") as tmp:
             tmp.write_text(cfg.to_yaml(), encoding="utf-8")
-
-    torch.manual_seed(cfg.train.seed)  # every rank builds the same initial weights
-    random.seed(cfg.train.seed)
-    # then wrapped by prepare_model
-    model = build_pretraining_model(cfg.model, cfg.train.objective)
-    if cfg.checkpoint.init and resume_from is None:
-        weights.load_weights(model, cfg.checkpoint.init)
-    try:
-        accumulation = accumulation_steps(cfg.train, world_size=data_world)
-    except ConfigError as err:
-        raise ConfigError(f"{err} (micro-batch {cfg.train.micro_batch_size} × {data_world} "
-                          f"{'pipeline' if pipelined else 'rank'}(s))") from None
-    pipeline_parallel.check_micro_batches(cfg.execution, accumulation)
-    stream = make_stream(saved["data"] if saved else {})
+    model = pretraining_model(cfg, from_weights=resume_from is None)
+    data_rank, data_world = pipeline_parallel.data_split(cfg.execution, dist)
+    accumulation = accumulation_of(cfg, data_world)
+    stream = data.make_stream(saved["data"] if saved else {})
     if resume_from is not None:
         assert saved is not None  # read above
         check_resume(resume_from, saved, data_world, streamed=not isinstance(stream, BatchStream))
     steps = total_steps(cfg, stream.batches_per_epoch, accumulation)
     n_params = num_parameters(model)
-    engine: Engine
-    if pipelined:  # this rank's stage of the model, with its optimizer (pipeline_parallel.py)
-        engine = pipeline_parallel.build_engine(model.train(), cfg.execution, cfg.train, dist, steps)
-        model = engine.model
-    else:
-        model = prepare_model(model.train(), cfg.execution, dist)
-        optimizer = build_optimizer(unwrap(model), cfg.train)
-        engine = Engine(model, optimizer, build_scheduler(optimizer, cfg.train, steps), training_loss,
-                        cfg.execution.precision, cfg.train.grad_clip, dist, seed=cfg.train.seed)
+    engine = build_engine(cfg, dist, model, steps)
     step = ckpt.resume(resume_from, engine, verified=True)["step"] if resume_from is not None else 0
     with contextlib.ExitStack() as stack:
         stack.callback(stream.close)
-        run = Pretraining(cfg, dist, run_dir, engine, stream, eval_set, steps, step, accumulation, mlperf,
+        run = Pretraining(cfg, dist, run_dir, engine, stream, data.eval_set, steps, step, accumulation, mlperf,
                           data_fingerprint, saved.get("train_s", 0.0) if saved else 0.0, started, stack)
         ranks = f" × {dist.world_size} ranks ({cfg.execution.parallel})" if dist.world_size > 1 else ""
-        if pipelined:
+        if cfg.execution.pipeline_stages > 1:
             ranks = (f" × {data_world} pipeline(s) of {cfg.execution.pipeline_stages} stages "
                      f"({cfg.execution.pipeline_schedule})")
         run.bar.print(f"model: {n_params / 1e6:.2f}M parameters, "
@@ -473,6 +456,60 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
                       f"global batch {cfg.train.global_batch_size} = {cfg.train.micro_batch_size} × "
                       f"{accumulation}{ranks}")
         return run.train(progress, save=not compile_only)
+
+
+def resolved_data(cfg: Config, dist: DistContext, run_dir: Path) -> tuple[TrainingData, Config]:
+    """This rank's training data, and the config with what the data decided, frozen: what the
+    run reads from here on (and saves). Rank 0 loads first: it may train the vocab into the run
+    directory, which the other ranks then read."""
+    # The ranks that split the data: every rank, or with pipeline stages the pipelines (a
+    # pipeline's stages read alike).
+    data_rank, data_world = pipeline_parallel.data_split(cfg.execution, dist)
+    load = functools.partial(load_data, run_dir=run_dir, rank=data_rank, world_size=data_world,
+                             pin=dist.device.type == "cuda",  # pinned batches copy to the GPU without waiting
+                             always_mask=compiles(cfg.execution, dist.device))  # one graph for every batch
+    loaded: list[TrainingData] = []
+
+    def load_on_main() -> dict[str, Any]:
+        loaded.append(load(cfg))
+        return loaded[0].decided
+
+    cfg = freeze(replaced(cfg, from_main(dist, load_on_main)))
+    return (loaded[0] if loaded else load(cfg)), cfg
+
+
+def pretraining_model(cfg: Config, from_weights: bool) -> nn.Module:
+    """The model ``cfg`` trains, on every rank from the same seed, with ``checkpoint.init``'s weights
+    when ``from_weights`` (a fresh start); parallelism is applied to it afterwards (build_engine)."""
+    torch.manual_seed(cfg.train.seed)
+    random.seed(cfg.train.seed)
+    model = build_pretraining_model(cfg.model, cfg.train.objective)
+    if cfg.checkpoint.init and from_weights:
+        weights.load_weights(model, cfg.checkpoint.init)
+    return model.train()
+
+
+def accumulation_of(cfg: Config, data_world: int) -> int:
+    """Micro-batches per rank and step, for ``data_world`` ranks (or pipelines) that split the data."""
+    try:
+        accumulation = accumulation_steps(cfg.train, world_size=data_world)
+    except ConfigError as err:
+        what = "pipeline" if cfg.execution.pipeline_stages > 1 else "rank"
+        raise ConfigError(f"{err} (micro-batch {cfg.train.micro_batch_size} × {data_world} {what}(s))") from None
+    pipeline_parallel.check_micro_batches(cfg.execution, accumulation)
+    return accumulation
+
+
+def build_engine(cfg: Config, dist: DistContext, model: nn.Module, steps: int) -> Engine:
+    """The model as this rank trains it (parallelism applied from outside), its optimizer and
+    schedule: with pipeline stages this rank's stage (pipeline_parallel.py)."""
+    if cfg.execution.pipeline_stages > 1:
+        return pipeline_parallel.build_engine(model, cfg.execution, cfg.train, dist, steps)
+    model = prepare_model(model, cfg.execution, dist)
+    optimizer = build_optimizer(unwrap(model), cfg.train, compiled=compiles_optimizer(cfg.execution, dist.device))
+    return Engine(model, optimizer, build_scheduler(optimizer, cfg.train, steps), training_loss,
+                  cfg.execution.precision, cfg.train.grad_clip, dist, seed=cfg.train.seed,
+                  grad_sync=cfg.execution.grad_sync)
 
 
 class Pretraining:
@@ -524,8 +561,6 @@ class Pretraining:
                 engine.step(copied_ahead(self.micro_batches(), self.dist.device), self.accumulation, self.step)
             self.step += 1
             progress["steps"] += 1
-            if _fail_here(self.dist.rank, self.step):
-                os._exit(1)
             self.on_report(engine.report)  # the step before's numbers
             if eval_due(cfg, self.step) and self.step < self.steps:  # (the last step's comes after the loop)
                 last_eval = self.evaluate()

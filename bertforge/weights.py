@@ -71,7 +71,7 @@ from .config import (
     validate,
 )
 from .dist import is_sharded, unwrap
-from .fileio import atomic_directory
+from .fileio import atomic_directory, refuse_live_runs
 from .model import (
     ACTIVATIONS,
     BertForMaskedLM,
@@ -263,9 +263,10 @@ def resolve_model(path: str | Path) -> Path:
     """``path`` when it exists (or is a TF1 checkpoint prefix); else, when it reads as a Hugging
     Face model id and the local Hugging Face cache (``HF_HOME``, ``HF_HUB_CACHE``) holds that
     model, its snapshot directory. Nothing is downloaded (``hf download ID`` fetches a model into
-    the cache); anything else is returned as it is, for the caller's "not found"."""
-    local = Path(path)
-    if local.exists() or tf1.find_prefix(local) is not None or not HF_MODEL_ID.match(str(path)):
+    the cache); anything else is returned as it is, for the caller's "not found"
+    (:func:`find_model` says it)."""
+    local = Path(path).expanduser()
+    if is_model(local) or not HF_MODEL_ID.match(str(path)):
         return local
     try:
         from huggingface_hub import snapshot_download
@@ -278,19 +279,64 @@ def resolve_model(path: str | Path) -> Path:
         return local
 
 
+def is_model(path: Path) -> bool:
+    """Whether ``path`` names something a model may be read from: a file or directory, or a TF1 prefix."""
+    return path.exists() or tf1.find_prefix(path) is not None
+
+
+def find_model(path: str | Path, error: type[ValueError] = CheckpointError) -> Path:
+    """:func:`resolve_model`'s path, or ``error`` saying "model not found"; for what reads as a Hugging
+    Face id, that it is not in the local Hugging Face cache either, and where that cache is."""
+    found = resolve_model(path)
+    if is_model(found):
+        return found
+    where = ""
+    if HF_MODEL_ID.match(str(path)):
+        try:
+            from huggingface_hub import constants
+        except ImportError:  # no cache was looked in
+            pass
+        else:
+            where = (f" (no such path, and no model {path} in the local Hugging Face cache {constants.HF_HUB_CACHE}: "
+                     f"`hf download {path}` puts it there)")
+    raise error(f"model not found: {path}{where}")
+
+
+def is_hf_directory(path: Path) -> bool:
+    """A Hugging Face model directory (``config.json``), not ours (``config.yaml``, perhaps beside one)."""
+    return (path / "config.json").is_file() and not (path / "config.yaml").is_file()
+
+
+# The head each of transformers' BERT architectures has, as ``load_model`` names it.
+HF_ARCHITECTURE_HEADS: dict[str, Head] = {
+    "BertForPreTraining": "pretraining", "BertForMaskedLM": "pretraining", "BertForQuestionAnswering": "qa",
+    "BertForSequenceClassification": "classification", "BertForTokenClassification": "token_classification",
+    "BertModel": "encoder"}
+
+
+def hf_head(path: Path) -> Head:
+    """The head of a Hugging Face directory's model (its ``config.json``'s first architecture);
+    ``pretraining`` when it names none we know."""
+    try:
+        config_json = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        return HF_ARCHITECTURE_HEADS[config_json["architectures"][0]]
+    except (OSError, ValueError, LookupError, TypeError):  # the load that follows names what is amiss
+        return "pretraining"
+
+
 def read_weights(path: str | Path, bert_config: str | Path | None = None,
                  ) -> tuple[ModelConfig, dict[str, torch.Tensor], Path]:
     """(model shape, weights in our BertForPreTraining names, the directory or prefix read) of
     our checkpoint (run, step or model directory), a Hugging Face BERT directory, or a
     TensorFlow 1 checkpoint (a prefix such as ``ckpt/model.ckpt-28252``, or a directory with a
     ``checkpoint`` file; ``bert_config`` defaults to the ``bert_config.json`` beside it); or a
-    Hugging Face model id (:func:`resolve_model`)."""
-    path = resolve_model(path)
+    Hugging Face model id (:func:`find_model`)."""
+    path = find_model(path)
     prefix = tf1.find_prefix(path)
     if prefix is not None:  # every head it has comes along: the caller takes what its model needs
         cfg, state, _ = read_tf1(prefix, bert_config, head="encoder")
         return cfg, state, prefix
-    if (path / "config.json").is_file() and not (path / "config.yaml").is_file():
+    if is_hf_directory(path):
         return read_hf_config(path), hf_to_ours(load_hf_state_dict(path), "pretraining"), path
     checkpoint = find_checkpoint(path, weights_only=True)
     verify(checkpoint, WEIGHTS_FILES)
@@ -337,13 +383,13 @@ def load_model(path: str | Path, head: str = "pretraining", allow_pickle: bool =
     """
     if head not in HEADS:
         raise ValueError(f"head must be one of {', '.join(HEADS)}, got {head!r}")
-    path = resolve_model(path)
+    path = find_model(path)
     prefix = tf1.find_prefix(path)
     checkpoint: Path
     if prefix is not None:
         cfg, state, _ = read_tf1(prefix, bert_config, head=head)
         checkpoint = prefix
-    elif (path / "config.json").is_file() and not (path / "config.yaml").is_file():
+    elif is_hf_directory(path):
         return load_hf(path, head=head, allow_pickle=allow_pickle, num_labels=num_labels).eval()
     else:
         checkpoint = find_checkpoint(path, weights_only=True)
@@ -618,9 +664,13 @@ def hf_labels(path: Path | str) -> list[str] | None:
 
 
 def check_export_target(out_dir: Path | str, overwrite: bool = False) -> None:
-    """Refuse to export into an existing file or non-empty directory unless ``overwrite``."""
+    """Refuse to export into an existing file or non-empty directory unless ``overwrite``, and
+    even then when a live run writes in it, below it or above it."""
     out_dir = Path(out_dir)
-    if overwrite or not (out_dir.exists() or out_dir.is_symlink()):
+    if not (out_dir.exists() or out_dir.is_symlink()):
+        return
+    if overwrite:
+        refuse_live_runs(out_dir)
         return
     if out_dir.is_dir() and not out_dir.is_symlink() and not any(out_dir.iterdir()):
         return  # an empty directory holds nothing to lose

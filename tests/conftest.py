@@ -1,9 +1,10 @@
-"""Shared test helpers: where the real data in ../shared/data lives."""
+"""Shared test helpers: where the real data in ../shared/data lives, a small real disk, a live run."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests import bert_reference
 
+REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("BERTFORGE_TEST_DATA", Path(__file__).parents[1] / ".." / "shared" / "data"))
 
 
@@ -86,3 +88,55 @@ def make_read_only(monkeypatch):
     yield make
     for step in reversed(undo):
         step()
+
+
+@pytest.fixture
+def hf_cache(tmp_path, monkeypatch):
+    """A function that puts a model directory into a local Hugging Face cache under ``tmp_path`` as
+    huggingface_hub lays one out (``models--ORG--NAME/snapshots/REVISION``, ``refs/main`` naming
+    it) and returns the snapshot; the cache is this test's (``HF_HUB_CACHE``), offline."""
+    import shutil
+
+    import huggingface_hub.constants
+
+    cache = tmp_path / "hf-cache"
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))  # read when a lookup runs
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))  # for commands run in a subprocess
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+    def put(model_dir: Path, model_id: str) -> Path:
+        repo = cache / f"models--{model_id.replace('/', '--')}"
+        revision = "0" * 40
+        snapshot = repo / "snapshots" / revision
+        shutil.copytree(model_dir, snapshot)
+        (repo / "refs").mkdir()
+        (repo / "refs" / "main").write_text(revision)
+        return snapshot
+
+    return put
+
+
+HOLD_LOCK = """
+import sys, time
+from pathlib import Path
+from bertforge.runs import RunLock
+with RunLock(Path(sys.argv[1])):
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+@contextlib.contextmanager
+def live_run(run_dir: Path) -> Iterator[subprocess.Popen]:
+    """Another process holding ``run_dir``'s lock, as a live run does, until the block ends; then it
+    is killed, as a machine failure would kill it, with no chance to release anything. About 0.2 s."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(run_dir)], env=env, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        yield holder
+    finally:
+        holder.kill()
+        holder.wait()

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import yaml
+from conftest import live_run
 
 from bertforge.cli import build_parser, main
 
@@ -79,7 +80,7 @@ def test_config_and_plan_without_arguments_describe_what_pretrain_runs(capsys, m
     (["config", "--train.nope", "1"], "error: unknown config key 'train.nope'"),
     (["config", "--config", "gigantic"], "error: unknown config 'gigantic'"),
     (["pretrain", "--resume", "/no/such/run"], "error: checkpoint not found: /no/such/run"),
-    (["export", "/no/such/run", "/tmp/out"], "error: checkpoint not found: /no/such/run"),
+    (["export", "/no/such/run", "/tmp/out"], "error: model not found: /no/such/run"),
 ])
 def test_user_errors_are_one_line_and_exit_2(argv, message, capsys):
     assert main(argv) == 2
@@ -300,6 +301,85 @@ def test_export_refuses_a_non_empty_directory_unless_overwrite(tiny_run, tmp_pat
     err = capsys.readouterr().err
     assert err.startswith(f"error: {tiny_run.parent}: --overwrite would delete the checkpoint being exported")
     assert err.count("\n") == 1 and (tiny_run / "config.yaml").is_file()
+
+
+def test_export_reads_a_hugging_face_directory_or_a_model_id_in_the_cache(tmp_path, hf_cache, monkeypatch, capsys):
+    """A Hugging Face directory, or its id in the local Hugging Face cache, exports with the head its
+    config.json names (a QA model stays one); an id the cache lacks says where it was looked for."""
+    import torch
+
+    from bertforge.config import ModelConfig
+    from bertforge.model import BertForQuestionAnswering
+    from bertforge.weights import export_hf, load_model
+
+    torch.manual_seed(0)
+    qa = BertForQuestionAnswering(ModelConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1,
+                                              num_attention_heads=2, intermediate_size=32,
+                                              max_position_embeddings=32))
+    export_hf(qa, tmp_path / "qa-hf")
+    hf_cache(tmp_path / "qa-hf", "org/qa-bert")
+    monkeypatch.chdir(tmp_path)  # where org/qa-bert is no path
+    assert main(["export", "org/qa-bert", "from-id"]) == 0
+    assert main(["export", "qa-hf", "from-dir", "--format", "tf1"]) == 0
+    assert json.loads((tmp_path / "from-id" / "config.json").read_text())["architectures"] == [
+        "BertForQuestionAnswering"]
+    for out in ("from-id", "from-dir"):
+        theirs = load_model(tmp_path / out, head="qa").state_dict()
+        assert theirs.keys() == qa.state_dict().keys(), out
+        assert all(torch.equal(theirs[k], v) for k, v in qa.state_dict().items()), out
+    capsys.readouterr()
+    assert main(["export", "org/missing", "out"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: model not found: org/missing (no such path, and no model org/missing in the local Hugging Face "
+        f"cache {tmp_path / 'hf-cache'}: `hf download org/missing` puts it there)\n")
+    assert not (tmp_path / "out").exists()
+
+
+def test_overwrite_never_replaces_a_live_runs_files(tiny_run, tmp_path, capsys):
+    """Every --overwrite that writes outside a run directory (export, import, report, data create,
+    pack, checksum) refuses, in one line naming the run and its process, a target a live run writes
+    in: its directory, one inside it, one holding it, or a file in it; nothing of it changes
+    (issue 27). About 3 s."""
+    import shutil
+
+    live = shutil.copytree(tiny_run, tmp_path / "runs" / "live")
+    (live / "train.tfrecord").write_bytes(b"a run's file of an output's name")
+    (live / "records.md5").write_text("a run's file of a manifest's name\n")
+    vocab, text = tmp_path / "vocab.txt", tmp_path / "corpus.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat"]) + "\n")
+    text.write_text("the cat sat.\nthe cat.\n\nsat the cat.\nthe sat.\n")
+    records = tmp_path / "records"
+    assert main(["data", "create", "--input", str(text), "--vocab", str(vocab), "--output",
+                 str(records / "train.tfrecord"), "--seq-len", "16", "--max-predictions", "2"]) == 0
+    assert main(["export", str(tiny_run), str(tmp_path / "tf1"), "--format", "tf1"]) == 0
+    prefix = next((tmp_path / "tf1").glob("*.index")).with_suffix("")
+    before = snapshot(live)
+    before.pop(".lock")
+    with live_run(live) as holder:
+        for argv, target in [
+            (["export", str(tiny_run), str(live), "--overwrite"], live),
+            (["export", str(tiny_run), str(live / "checkpoints"), "--format", "tf2", "--overwrite"],
+             live / "checkpoints"),
+            (["export", str(tiny_run), str(live.parent), "--overwrite"], live.parent),
+            (["import", "tf1", str(prefix), str(live), "--overwrite"], live),
+            (["report", str(tiny_run), "--out", str(live), "--overwrite"], live),
+            (["data", "create", "--input", str(text), "--vocab", str(vocab), "--output", str(live / "train.tfrecord"),
+              "--seq-len", "16", "--max-predictions", "2", "--overwrite"], live / "train.tfrecord"),
+            (["data", "pack", str(records), str(live / "checkpoints"), "--overwrite"], live / "checkpoints"),
+            (["data", "checksum", str(records), "--manifest", str(live / "records.md5"), "--overwrite"],
+             live / "records.md5"),
+        ]:
+            capsys.readouterr()
+            assert main(argv) == 2, argv
+            err = capsys.readouterr().err
+            assert err.startswith(f"error: {target}: {live} is the directory of a live run (pid {holder.pid} on "), argv
+            assert err.endswith("; --overwrite would replace its files: wait for it to end, or choose another "
+                                "output\n") and err.count("\n") == 1, argv
+        after = snapshot(live)
+        assert after.pop(".lock").startswith(f"pid {holder.pid} on ".encode()) and after == before
+    # Once the run is gone, its directory is anyone's to replace.
+    assert main(["export", str(tiny_run), str(live), "--overwrite"]) == 0
+    assert sorted(p.name for p in live.iterdir()) == ["config.json", "model.safetensors"]
 
 
 # ------------------------------------------------------------ a read-only directory: one line, nothing written

@@ -88,6 +88,20 @@ def test_an_lr_table_without_the_table_schedule_is_refused_naming_both_keys(caps
     assert cfg.train.lr_table == {0: 1e-4}
 
 
+def test_the_length_the_command_line_gives_wins_over_the_files(tmp_path):
+    """A config file counts epochs; ``--train.steps`` trains that many steps (it was ignored, since
+    epochs win when both are set); given both, epochs still win; a file with both keeps its epochs."""
+    (tmp_path / "epochs.yaml").write_text("model: tiny\ntrain: {epochs: 2, steps: 50}\n")
+    config = str(tmp_path / "epochs.yaml")
+    assert (load_config(config).train.epochs, load_config(config).train.steps) == (2, 50)
+    steps = load_config(config, [("train.steps", "7")]).train
+    assert (steps.epochs, steps.steps) == (0, 7)
+    both = load_config(config, [("train.steps", "7"), ("train.epochs", "3")]).train
+    assert (both.epochs, both.steps) == (3, 7)
+    flag = config_from_args(argparse.Namespace(config=config, steps=9), [], default="base").train
+    assert (flag.epochs, flag.steps) == (0, 9)
+
+
 def test_model_preset_then_field_override():
     cfg = config_from_dict({"model": {"preset": "tiny", "vocab_size": 100}})
     assert (cfg.model.hidden_size, cfg.model.vocab_size) == (128, 100)

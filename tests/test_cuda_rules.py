@@ -19,6 +19,7 @@ from test_packing import synthetic
 from bertforge.config import ModelConfig, TrainConfig
 from bertforge.data import PretrainingDataset
 from bertforge.data.packing import pack_arrays
+from bertforge.dist import apply_recompute
 from bertforge.engine import Engine, autocast
 from bertforge.finetune.run import forward_in_batches
 from bertforge.model import (
@@ -27,7 +28,6 @@ from bertforge.model import (
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
-    set_recompute,
 )
 from bertforge.optim import build_optimizer, build_scheduler
 from bertforge.pipeline_parallel import BertStage
@@ -67,7 +67,7 @@ def checked(run) -> CudaDtypeRules:
 def test_an_eager_bf16_training_step_keeps_cudas_dtype_rules(kind, recompute):
     torch.manual_seed(0)
     model = BertForPreTraining(TINY)
-    set_recompute(model, recompute)
+    apply_recompute(model, recompute)
     train = TrainConfig(lr=1e-3, schedule="constant")
     optimizer = build_optimizer(model, train)
     engine = Engine(model, optimizer, build_scheduler(optimizer, train, 4), training_loss, "bf16", 1.0, seed=1)

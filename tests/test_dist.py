@@ -41,16 +41,18 @@ def _lamb_on_shards(rank: int, world_size: int, store_path: str, queue) -> None:
         from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
 
         mesh = init_device_mesh("cpu", (world_size,))
-        weights, grads = _lamb_problem()
-        params = [torch.nn.Parameter(distribute_tensor(w, mesh, [Shard(0)])) for w in weights]
-        opt = Lamb(params, lr=0.1, weight_decay=0.01, max_trust_ratio=0.0)
-        for step_grads in grads:
-            for p, g in zip(params, step_grads):
-                p.grad = distribute_tensor(g, mesh, [Shard(0)])
-            opt.step()
-        result = [p.detach().full_tensor() for p in params]
+        results = []
+        for compiled in (False, True):  # the compiled step all-reduces the norms between its two passes
+            weights, grads = _lamb_problem()
+            params = [torch.nn.Parameter(distribute_tensor(w, mesh, [Shard(0)])) for w in weights]
+            opt = Lamb(params, lr=0.1, weight_decay=0.01, max_trust_ratio=0.0, compiled=compiled)
+            for step_grads in grads:
+                for p, g in zip(params, step_grads):
+                    p.grad = distribute_tensor(g, mesh, [Shard(0)])
+                opt.step()
+            results.append([p.detach().full_tensor().numpy() for p in params])
         if rank == 0:
-            queue.put([t.numpy() for t in result])
+            queue.put(results)
 
     run_rank(rank, world_size, store_path, body)
 
@@ -69,7 +71,7 @@ def _lamb_problem():
 def test_lamb_trust_ratio_on_shards_is_the_whole_tensors(tmp_path):
     queue = mp.get_context("spawn").SimpleQueue()
     mp.spawn(_lamb_on_shards, args=(2, str(tmp_path / "store"), queue), nprocs=2)
-    sharded = [torch.from_numpy(a) for a in queue.get()]
+    sharded, sharded_compiled = ([torch.from_numpy(a) for a in run] for run in queue.get())
 
     weights, grads = _lamb_problem()
     params = [torch.nn.Parameter(w.clone()) for w in weights]
@@ -78,8 +80,9 @@ def test_lamb_trust_ratio_on_shards_is_the_whole_tensors(tmp_path):
         for p, g in zip(params, step_grads):
             p.grad = g.clone()
         opt.step()
-    for got, want, start in zip(sharded, params, weights):
+    for got, compiled, want, start in zip(sharded, sharded_compiled, params, weights):
         assert torch.allclose(got, want.detach(), rtol=1e-6, atol=1e-7)
+        assert torch.allclose(compiled, want.detach(), rtol=1e-6, atol=1e-7)
         assert not torch.allclose(got, start, rtol=1e-3)  # the steps moved the weights
 
     # The same steps with the norms of rank 0's rows only end elsewhere: the check can fail.

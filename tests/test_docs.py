@@ -90,7 +90,8 @@ MARKED = {
     ("docs/benchmarks.md", "python benchmarks/vs_transformers.py"):
         ("long-running", "8 scripts: BERT-base steps in fresh processes, MiniLM fine-tuning, many minutes"),
     ("docs/benchmarks.md", "--benchmark pretrain_base_128"): ("long-running", "BERT-base benchmarks, minutes"),
-    ("docs/gpu.md", "-m cuda"): ("gpu-only", "CUDA tests and H100 throughput"),
+    ("docs/gpu.md", "benchmarks/gpu.sh gpu-out"):
+        ("gpu-only", "the GPU measurement: CUDA tests, BERT-large throughput"),
 }
 
 

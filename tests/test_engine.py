@@ -22,8 +22,9 @@ TINY = ModelConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_atten
                    hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 
 
-def engine_for(model: torch.nn.Module, loss_fn=training_loss, precision: str = "fp32") -> Engine:
-    train = TrainConfig(optimizer="lamb", lr=1e-2, warmup_steps=0, schedule="constant")
+def engine_for(model: torch.nn.Module, loss_fn=training_loss, precision: str = "fp32",
+               name: str = "lamb") -> Engine:
+    train = TrainConfig(optimizer=name, lr=1e-2, warmup_steps=0, schedule="constant")
     optimizer = build_optimizer(model, train)
     return Engine(model, optimizer, build_scheduler(optimizer, train, 10), loss_fn, precision, 1.0)
 
@@ -54,24 +55,37 @@ def test_a_step_with_the_wrong_number_of_micro_batches_is_refused():
         engine_for(model).step([batch_of(range(2))], 2)
 
 
-def test_non_finite_loss_stops_before_the_weights_change():
+@pytest.mark.parametrize("optimizer", ["lamb", "adamw", "sgd"])
+def test_a_non_finite_step_is_skipped_on_the_device_and_named_a_step_later(optimizer):
+    """Step 7's loss is NaN: its update is skipped on the device (found_inf), and so is step 8's, the
+    first read of step 7's numbers; step 8 raises, naming step 7; the weights and the optimizer state
+    are the last finite step's (step 6's), bit for bit. No step before waited for its flag."""
     torch.manual_seed(0)
     model = BertForPreTraining(TINY)
-    before = {k: v.clone() for k, v in model.state_dict().items()}
+    calls = []
 
-    def nan_loss(model, batch):
+    def nan_at_step_7(model, batch):
         out = training_loss(model, batch)
-        return {**out, "loss": out["loss"] * float("nan")}
+        calls.append(None)
+        return {**out, "loss": out["loss"] * float("nan")} if len(calls) == 7 else out
 
-    engine = engine_for(model, nan_loss)
+    engine = engine_for(model, nan_at_step_7, name=optimizer)
+    for step in range(6):
+        engine.step([batch_of(range(4))], 1, step=step)
+    assert engine.report is not None and engine.report.step == 5  # (step 6's comes with step 7)
+    engine.flush()
+    last_finite = copy.deepcopy((model.state_dict(), engine.optimizer.state_dict()["state"]))
+    engine.step([batch_of(range(4))], 1, step=6)  # NaN: skipped on the device, nothing raised yet
     with pytest.raises(NonFiniteError) as err:
-        engine.step([batch_of(range(4))], 1, step=6)
+        engine.step([batch_of(range(4))], 1, step=7)
     assert str(err.value) == ("step 7: the loss is nan; the weights were not updated. "
                               "Lower train.lr or raise train.warmup_steps")
     for key, value in model.state_dict().items():
-        assert torch.equal(value, before[key]), key
-    assert all(p.grad is None for p in model.parameters())
-    assert engine.scheduler.last_epoch == 0  # the schedule did not move either
+        assert torch.equal(value, last_finite[0][key]), key
+    for index, state in engine.optimizer.state_dict()["state"].items():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0:
+                assert torch.equal(value, last_finite[1][index][key]), (index, key)
 
 
 def test_non_finite_gradient_is_named_and_bf16_is_told_about_fp32():
@@ -82,9 +96,11 @@ def test_non_finite_gradient_is_named_and_bf16_is_told_about_fp32():
         # Finite value, infinite gradient: sqrt'(0) = inf.
         return {**out, "loss": out["loss"] + torch.sqrt(model.bert.embeddings.word_embeddings.weight[0, 0] * 0)}
 
+    engine = engine_for(model, inf_gradient, precision="bf16")
+    engine.step([batch_of(range(4))], 1)
     with pytest.raises(NonFiniteError, match=r"^step 1: the gradient norm is (inf|nan); .*; or use "
                                              r"execution.precision=fp32$"):
-        engine_for(model, inf_gradient, precision="bf16").step([batch_of(range(4))], 1)
+        engine.flush()
 
 
 def test_batch_stream_and_epoch_order_are_one_seeded_permutation():

@@ -13,6 +13,7 @@ from bertforge.cli import main
 from bertforge.config import load_config
 from bertforge.data.record_reader import read_records
 from bertforge.evaluate import read_eval_set
+from bertforge.log import rounded
 from bertforge.train import evaluate, pretrain
 from bertforge.weights import load_model
 
@@ -52,7 +53,7 @@ def test_eval_reproduces_the_runs_evaluations_exactly(run, capsys):
     logged = {r["step"]: r for r in rows if r.get("split") == "eval"}
     assert sorted(logged) == [0, 2, 4, 6]
     for step, result in zip((2, 4, 6), results):
-        assert {k: round(result[k], 6) for k in ("mlm_accuracy", "nsp_accuracy", "loss")} \
+        assert {k: rounded(result[k]) for k in ("mlm_accuracy", "nsp_accuracy", "loss")} \
             == {k: logged[step][k] for k in ("mlm_accuracy", "nsp_accuracy", "loss")}
     assert results[-1]["sequences"] == len(read_records(root / "eval.tfrecord"))
 

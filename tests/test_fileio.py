@@ -1,10 +1,12 @@
 """Atomic writes: the final name appears only when the content is complete."""
 
+import os
 import re
+from pathlib import Path
 
 import pytest
 
-from bertforge.fileio import WriteError, atomic_directory, atomic_file, atomic_files
+from bertforge.fileio import WriteError, atomic_directory, atomic_file, atomic_files, live_holder, refuse_live_runs
 
 
 def test_atomic_file_appears_only_on_success(tmp_path):
@@ -116,3 +118,54 @@ def test_a_full_disk_or_read_only_directory_under_atomic_files_names_the_final_p
     with pytest.raises(WriteError, match=rf"^{where} \((read-only file system|permission denied)\)$"):
         with atomic_files(finals):
             pass
+
+
+# ------------------------------------------------------------ a live run's directory is never replaced (issue 27)
+
+
+def test_refuse_live_runs_names_a_live_run_in_around_or_below_a_path(tmp_path, monkeypatch):
+    from bertforge.runs import RunLock
+
+    run, stale = tmp_path / "runs" / "live", tmp_path / "runs" / "stale"
+    run.mkdir(parents=True)
+    stale.mkdir()
+    (stale / ".lock").write_text("pid 1 on a machine that failed\n")  # a lock file no process holds
+    refuse_live_runs(tmp_path)
+    with RunLock(run):
+        for path in (run, run / "checkpoints" / "new", tmp_path):  # the run's, inside it, holding it
+            with pytest.raises(WriteError) as err:
+                refuse_live_runs(path)
+            assert re.fullmatch(rf"{re.escape(str(path))}: {re.escape(str(run))} is the directory of a live run "
+                                rf"\(pid {os.getpid()} on .+\); --overwrite would replace its files: wait for it to "
+                                rf"end, or choose another output", str(err.value))
+        refuse_live_runs(stale)
+        monkeypatch.chdir(run.parent)
+        refuse_live_runs(Path("live"), own=Path("live/.lock"))  # the run that clears its own directory
+    refuse_live_runs(tmp_path)  # released
+
+
+def test_a_lock_taken_on_a_run_directory_removed_meanwhile_is_taken_again(tmp_path, monkeypatch):
+    """A run that opens the lock file just before the run holding it removes its directory (having
+    nothing to keep) and ends gets the lock of a removed file: that is no lock of the directory,
+    which it makes again and locks."""
+    import fcntl
+
+    from bertforge import runs
+
+    run = tmp_path / "run"
+    first = runs.RunLock(run, create=True).__enter__()
+    assert first.created
+    flock, removed = fcntl.flock, []
+
+    def removed_before_locked(fd, operation):
+        if not removed:  # the first run, between our open and our lock
+            removed.append(run)
+            runs.remove_run_dir(run)
+            first.__exit__()
+        flock(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", removed_before_locked)
+    with runs.RunLock(run, create=True) as second:
+        monkeypatch.undo()
+        assert removed == [run] and second.created
+        assert (live_holder(run / ".lock") or "").startswith(f"pid {os.getpid()} on ")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import statistics
 from pathlib import Path
@@ -22,6 +23,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from conftest import live_run, tmpfs
 from test_dist import torchrun
 from test_preemption import checkpoints, sigterm_after_first_rows
 from test_squad_dist import cut_copy
@@ -29,6 +31,8 @@ from test_squad_dist import cut_copy
 from bertforge.cli import main
 from bertforge.finetune import FinetuneError, glue, ner
 from bertforge.finetune.train import TaskConfig, require_main_dev
+from bertforge.log import rounded
+from bertforge.runs import verify
 from bertforge.weights import load_model
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # never reach the network
@@ -103,7 +107,7 @@ def test_each_task_learns_and_writes_its_files(root, learned, name):
     assert np.mean(loss[-8:]) < 0.5 * np.mean(loss[:8])
     # The dev scores during training and at the end go to metrics.jsonl, the last equal to scores.json.
     assert [r["step"] for r in evals(out)] == ([16, 32, 48, 64, 80, 96] if name == "mnli" else [16, 32, 48, 64])
-    assert {k: round(v, 6) for k, v in scores.items()} == {
+    assert {k: rounded(v) for k, v in scores.items()} == {
         k: v for k, v in evals(out)[-1].items() if k in scores}
     assert {p.name for p in out.iterdir()} >= {"config.yaml", "finetune.yaml", "vocab.txt", "config.json",
                                                 "model.safetensors", "scores.json", "metrics.jsonl"}
@@ -312,6 +316,37 @@ def test_a_sweep_reports_the_median_per_lr_and_continues_where_it_stopped(root, 
     assert json.loads((out / "sweep.json").read_text()) == report
 
 
+def snapshot(directory: Path) -> dict[str, bytes]:
+    """Every file of a run but its lock (which names the process holding it)."""
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*"))
+            if p.is_file() and p.name != ".lock"}
+
+
+def test_overwrite_refuses_a_live_run_and_removes_nothing_of_it(root, tmp_path, capsys):
+    """``--overwrite`` takes the run's lock before it removes anything (issue 27: it emptied a run
+    still training): a live run's directory, or a sweep's directory with a live run in it, is
+    refused in one line naming the run and its process, every file left; once that process is
+    gone, the old run is replaced. About 4 s."""
+    out = tmp_path / "sweep" / "lr0.003-seed1"
+    assert main(ft_args(root, "sst-2", out, "--checkpoint.every", "4", epochs=1)) == 0
+    before = snapshot(out)
+    with live_run(out) as holder:
+        capsys.readouterr()
+        assert main(ft_args(root, "sst-2", out, "--overwrite", epochs=1)) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {out} is in use by another run (pid {holder.pid} on ")
+        assert err.endswith("wait for it to end, or choose another directory\n") and err.count("\n") == 1
+        sweep = [*ft_args(root, "sst-2", out.parent, "--overwrite", epochs=1), "--seeds", "1", "2"]
+        assert main(sweep) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {out.parent}: {out} is the directory of a live run (pid {holder.pid} on ")
+        assert err.endswith("; --overwrite would replace its files: wait for it to end, or choose another "
+                            "output\n") and err.count("\n") == 1
+        assert snapshot(out) == before and f"pid {holder.pid} on " in (out / ".lock").read_text()
+    assert main(ft_args(root, "sst-2", out, "--overwrite", epochs=1)) == 0
+    assert checkpoints(out) == ["step_00000008"]  # step 4's went with the old run
+
+
 # ------------------------------------------------------------------ errors
 
 
@@ -390,6 +425,31 @@ def test_a_task_without_its_dev_file_says_so(root, tmp_path, capsys):
                               f"eng.testa)")
 
 
+@pytest.mark.parametrize("size, what", [("200k", "checkpoints/step_00000008"), ("360k", "model.safetensors")])
+def test_a_full_disk_while_saving_is_one_line_and_leaves_nothing_partial(root, tmp_path, capsys, size, what):
+    """A real full disk (a small tmpfs) at the last checkpoint (200 KiB: the 263 KiB of weights and
+    optimizer state do not fit), or at the fine-tuned model after it (360 KiB): one line naming
+    the file and the space, no temporary left, the checkpoint whole (issue 27: tracebacks from
+    torch.save and safetensors). About 3 s each."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    with tmpfs(mount, size):
+        out = mount / "run"
+        assert main(ft_args(root, "sst-2", out, epochs=1)) == 2
+        err = capsys.readouterr().err
+        match = re.fullmatch(rf"error: cannot write {re.escape(str(out / what))}: the disk is full \(it needs "
+                             rf"([0-9.]+) KiB, ([0-9.]+) KiB free on {re.escape(str((out / what).parent))} after "
+                             rf"removing the partial write\)\n", err)
+        assert match is not None, err
+        assert float(match[2]) < float(match[1])
+        assert sorted(p.name for p in out.rglob(".*")) == [".lock"]  # no temporary
+        if what == "model.safetensors":
+            assert checkpoints(out) == ["step_00000008"] and verify(out / "checkpoints" / "step_00000008")
+            assert not (out / what).exists()
+        else:
+            assert checkpoints(out) == []
+
+
 def test_a_sweep_ranks_a_nan_score_below_every_number():
     """A constant prediction has no correlation (NaN, as scipy and GLUE's scorer give): it is the
     lowest of a sweep's seeds, and a learning rate whose median is NaN is never the best."""
@@ -403,19 +463,11 @@ def test_a_sweep_ranks_a_nan_score_below_every_number():
     assert max(medians, key=lambda lr: _rank(medians[lr])) == 3e-5
 
 
-def test_init_takes_a_hugging_face_model_id_from_the_local_cache(root, tmp_path, monkeypatch, capsys):
+def test_init_takes_a_hugging_face_model_id_from_the_local_cache(root, tmp_path, hf_cache, capsys):
     """``--init org/name`` is read from the Hugging Face cache (a snapshot as the hub lays it out,
-    written here): weights and vocab, with nothing downloaded; an id the cache lacks is "not found"."""
-    import huggingface_hub.constants
-
-    cache = tmp_path / "hub"
-    snapshot = cache / "models--bertforge--tiny-test" / "snapshots" / ("0" * 40)
-    shutil.copytree(root / "init", snapshot)
-    (cache / "models--bertforge--tiny-test" / "refs").mkdir()
-    (cache / "models--bertforge--tiny-test" / "refs" / "main").write_text("0" * 40)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-
+    written here): weights and vocab, with nothing downloaded; an id the cache lacks is "not found"
+    there, and the error says where that cache is."""
+    snapshot = hf_cache(root / "init", "bertforge/tiny-test")
     from_id, from_dir = load_model("bertforge/tiny-test").state_dict(), load_model(root / "init").state_dict()
     assert from_id.keys() == from_dir.keys() and all(torch.equal(from_id[k], v) for k, v in from_dir.items())
     out = tmp_path / "run"
@@ -428,4 +480,6 @@ def test_init_takes_a_hugging_face_model_id_from_the_local_cache(root, tmp_path,
     argv[argv.index("--out") + 1] = str(tmp_path / "run2")
     capsys.readouterr()
     assert main(argv) == 2
-    assert capsys.readouterr().err == "error: model not found: bertforge/not-cached\n"
+    assert capsys.readouterr().err == (
+        "error: model not found: bertforge/not-cached (no such path, and no model bertforge/not-cached in the "
+        f"local Hugging Face cache {tmp_path / 'hf-cache'}: `hf download bertforge/not-cached` puts it there)\n")

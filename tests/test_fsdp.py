@@ -94,7 +94,8 @@ def _train(rank: int, counts: dict[str, int], **execution: Any) -> dict[str, Any
 
     optimizer = build_optimizer(inner, cfg.train)
     engine = Engine(model, optimizer, build_scheduler(optimizer, cfg.train, STEPS), loss_fn,
-                    cfg.execution.precision, cfg.train.grad_clip, ctx, seed=cfg.train.seed)
+                    cfg.execution.precision, cfg.train.grad_clip, ctx, seed=cfg.train.seed,
+                    grad_sync=cfg.execution.grad_sync)
     data = SyntheticDataset(size=64, vocab_size=cfg.model.vocab_size, seq_len=32, max_predictions=5)
     stream = BatchStream(data, 4, seed=cfg.train.seed, rank=rank, world_size=WORLD)
     losses, per_step = [], []

@@ -61,8 +61,7 @@ def test_steps_that_do_not_log_never_wait_for_the_device(tmp_path, monkeypatch, 
         ("train.micro_batch_size", 4), ("train.global_batch_size", 8), ("train.steps", STEPS),
         ("train.divergence_factor", 10.0), ("train.divergence_steps", 3), ("log.every", LOG_EVERY),
         ("log.run_dir", str(tmp_path)), ("log.name", "run"), ("log.progress", False), ("log.tensorboard", False),
-        ("execution.device", device), ("execution.threads", 1), ("train.eval_at_start", False),
-        ("train.optimizer", "adamw")])
+        ("execution.device", device), ("execution.threads", 1), ("train.eval_at_start", False)])
 
     syncs = Syncs()
     early_reads: list[tuple[int, int]] = []  # (the step a HostCopy was made in, the step it was read in)

@@ -180,7 +180,7 @@ def test_saved_config_has_absolute_paths_and_resumes_from_elsewhere(run, tmp_pat
                                ("checkpoint.init", "../x")])
     from bertforge.train import absolute_paths
 
-    absolute_paths(cfg)
+    cfg = absolute_paths(cfg)
     assert cfg.data.vocab == str(vocab) and cfg.data.input == str(tmp_path / "corpus" / "*.txt")
     assert cfg.checkpoint.init == str(tmp_path.parent / "x") and cfg.data.eval_input == ""
 

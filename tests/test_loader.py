@@ -13,8 +13,11 @@ from bertforge.data.loader import MaskingSpec, Prefetcher, RecordStream, is_reco
 from bertforge.data.record_reader import read_records
 from bertforge.data.record_writer import write_records
 from bertforge.data.rows import PretrainingArrays
+from bertforge.data.vocab import Vocabulary
 
-BERT_SPECIALS = MaskingSpec(vocab_size=30522, cls_id=101, sep_id=102, mask_id=103)
+# bert-base-uncased's layout: [CLS] 101, [SEP] 102, [MASK] 103 in 30522 tokens
+BERT_SPECIALS = MaskingSpec(Vocabulary.wordpiece(["[PAD]", *(f"[unused{i}]" for i in range(99)), "[UNK]", "[CLS]",
+                                                  "[SEP]", "[MASK]", *(f"w{i}" for i in range(30418))]))
 
 
 def numbered_arrays(first: int, count: int, seq_len: int = 16, predictions: int = 3) -> PretrainingArrays:
@@ -194,9 +197,10 @@ def test_records_decide_the_shapes_and_a_set_shape_must_agree(fmt, tmp_path):
 
     path = write_records(tmp_path / f"train.{fmt}", numbered_arrays(0, 12), fmt=fmt)
     cfg = records_config(tmp_path, **{"data.input": str(path)})
-    make_stream, eval_set = load_data(cfg, tmp_path)
-    assert (cfg.data.seq_len, cfg.data.max_predictions, eval_set) == (16, 3, None)
-    assert make_stream({"epoch": 0, "index": 0}).next()["input_ids"].shape == (4, 16)
+    data = load_data(cfg, tmp_path)
+    assert data.decided == {"data.seq_len": 16, "data.max_predictions": 3, "model.vocab_size": cfg.model.vocab_size}
+    assert data.eval_set is None and (cfg.data.seq_len, cfg.data.max_predictions) == (128, 20)  # cfg unchanged
+    assert data.make_stream({"epoch": 0, "index": 0}).next()["input_ids"].shape == (4, 16)
     cfg = records_config(tmp_path, **{"data.input": str(path), "data.seq_len": 16, "data.max_predictions": 3})
     load_data(cfg, tmp_path)
     for key, value, records in (("seq_len", 512, 16), ("max_predictions", 76, 3)):
@@ -221,10 +225,10 @@ def test_eval_records_and_other_shards_must_have_the_training_shape(fmt, tmp_pat
                               f"records ({first}) have seq_len 16, max_predictions 3")
     same = write_records(tmp_path / f"eval16.{fmt}", numbered_arrays(0, 4), fmt=fmt)
     cfg = records_config(tmp_path, **{"data.input": str(shards), "data.eval_input": str(same)})
-    assert len(load_data(cfg, tmp_path)[1]) == 4
+    assert len(load_data(cfg, tmp_path).eval_set) == 4
     # A second shard of another shape: refused when the stream opens the shards.
     second = write_records(shards / f"b.{fmt}", numbered_arrays(12, 6, predictions=5), fmt=fmt)
-    make_stream, _ = load_data(records_config(tmp_path, **{"data.input": str(shards)}), tmp_path)
+    make_stream = load_data(records_config(tmp_path, **{"data.input": str(shards)}), tmp_path).make_stream
     with pytest.raises(DataError) as err:
         make_stream({"epoch": 0, "index": 0})
     assert str(err.value) == (f"{second}: records of seq_len 16, max_predictions 5, but {first} has seq_len 16, "
@@ -239,7 +243,7 @@ def test_token_ids_beyond_the_model_vocab_are_refused_naming_file_and_record(fmt
     path = write_records(tmp_path / f"train.{fmt}", numbered_arrays(0, 12), fmt=fmt)
     offset = 64 if fmt == "native" else 0
     cfg = records_config(tmp_path, **{"data.input": str(path), "model.vocab_size": 1000})
-    make_stream, _ = load_data(cfg, tmp_path)
+    make_stream = load_data(cfg, tmp_path).make_stream
     with pytest.raises(DataError) as err:
         make_stream({"epoch": 0, "index": 0})
     assert str(err.value) == (f"{path}: record 0 (byte offset {offset}): input_ids[1] = 1000 is not a token id "
@@ -281,7 +285,7 @@ def test_a_native_header_of_another_vocab_is_refused(tmp_path, capsys):
     assert str(err.value) == (f"{path}: written for a vocab of 300 tokens (the header's vocab_size), "
                               "read with vocab_size 200")
     cfg = records_config(tmp_path, **{"data.input": str(path), "model.vocab_size": 300})
-    make_stream, _ = load_data(cfg, tmp_path)
+    make_stream = load_data(cfg, tmp_path).make_stream
     assert make_stream({"epoch": 0, "index": 0}).next()["input_ids"].shape == (4, 16)
 
 

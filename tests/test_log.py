@@ -9,7 +9,7 @@ import pytest
 
 import bertforge.log
 from bertforge.config import Config, ConfigError
-from bertforge.log import MetricsLogger, ProgressBar
+from bertforge.log import MetricsLogger, ProgressBar, rounded
 
 
 def config(wandb: bool = False) -> Config:
@@ -54,6 +54,26 @@ def test_metrics_logger_is_a_context_manager(tmp_path):
     logger.close()  # idempotent
     logger.log({"step": 2, "loss": 0.1})  # after close: dropped, not an error
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_metrics_keep_significant_digits_and_tensorboard_gets_every_digit(tmp_path):
+    """metrics.jsonl keeps 7 significant digits: a learning rate of 4.87e-7 is 4.87e-7 (6 decimal
+    places wrote 0.0, for TensorBoard and wandb too); TensorBoard gets the values as logged."""
+    pytest.importorskip("tensorboard")
+    import numpy as np
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = config()
+    cfg.log.tensorboard = True
+    row = {"step": 1, "loss": 8.123456789, "lr": 4.87e-7, "seq_per_s": 12345.678901, "grad_norm": 1.234567891e-9}
+    with MetricsLogger(tmp_path, cfg) as logger:
+        logger.log(row)
+    assert json.loads((tmp_path / "metrics.jsonl").read_text()) == {
+        "step": 1, "loss": 8.123457, "lr": 4.87e-7, "seq_per_s": 12345.68, "grad_norm": 1.234568e-9}
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    for key in ("loss", "lr", "seq_per_s", "grad_norm"):  # TensorBoard keeps float32
+        assert [(e.step, e.value) for e in events.Scalars(f"train/{key}")] == [(1, np.float32(row[key]))], key
 
 
 def test_metrics_logger_closes_when_the_block_raises(tmp_path):
@@ -131,7 +151,8 @@ def wandb_records(path) -> list:
 
 def test_wandb_offline_run_holds_the_metrics_config_and_summary(tmp_path, monkeypatch):
     """--wandb with WANDB_MODE=offline: the run wandb writes under the run directory holds every
-    logged step's metrics (equal to metrics.jsonl), the resolved config, and the run's end summary."""
+    logged step's metrics (unrounded: metrics.jsonl's to 7 digits), the resolved config, and the run's
+    end summary."""
     pytest.importorskip("wandb")
     from bertforge.cli import main
 
@@ -155,7 +176,8 @@ def test_wandb_offline_run_holds_the_metrics_config_and_summary(tmp_path, monkey
     logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [h["_step"] for h in history] == [row["step"] for row in logged] == [1, 2, 3]
     for h, row in zip(history, logged, strict=True):
-        assert (h["train/loss"], h["train/lr"]) == (row["loss"], row["lr"])
+        assert (rounded(h["train/loss"]), rounded(h["train/lr"])) == (row["loss"], row["lr"])
+    assert any(h["train/loss"] != row["loss"] for h, row in zip(history, logged, strict=True))  # every digit
     summary = {i.key or "/".join(i.nested_key): json.loads(i.value_json)
                for r in records if r.WhichOneof("record_type") == "summary" for i in r.summary.update}
     assert (summary["run/event"], summary["run/step"]) == ("end", 3)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 import os
 
@@ -30,15 +31,15 @@ from bertforge.config import (  # noqa: E402
     config_from_dict,
     load_config,
 )
+from bertforge.dist import apply_recompute  # noqa: E402
 from bertforge.families import build_pretraining_model  # noqa: E402
 from bertforge.model import (  # noqa: E402
     BertForPreTraining,
     layers_mask,
     pretraining_loss,
     set_attention_backends,
-    set_recompute,
 )
-from bertforge.modernbert import ModernBertForMaskedLM  # noqa: E402
+from bertforge.modernbert import ModernBertAttention, ModernBertEncoderLayer, ModernBertForMaskedLM  # noqa: E402
 from bertforge.optim import param_groups  # noqa: E402
 from bertforge.weights import load_weights  # noqa: E402
 
@@ -378,10 +379,11 @@ def test_norms_and_biases_are_not_decayed_and_recompute_reaches_modernbert():
     names = {id(p): n for n, p in model.named_parameters()}
     no_decay = sorted(names[id(p)] for p in param_groups(model, 0.01)[1]["params"])
     assert no_decay == sorted(n for n in names.values() if "norm" in n or n == "decoder.bias")
-    set_recompute(model, "layer")
-    assert model.model.recompute and not model.model.layers[0].attn.recompute
-    set_recompute(model, "attention")
-    assert not model.model.recompute and model.model.layers[0].attn.recompute
+    for policy, unit in (("layer", ModernBertEncoderLayer), ("attention", ModernBertAttention)):
+        recomputed = copy.deepcopy(model)
+        apply_recompute(recomputed, policy)
+        wrapped = [m for m in recomputed.modules() if isinstance(m.forward, functools.partial)]
+        assert len(wrapped) == CFG.num_hidden_layers and all(isinstance(m, unit) for m in wrapped)
 
 
 def test_pretrain_command_trains_a_tiny_modernbert_on_the_built_in_corpus(tmp_path, capsys):

@@ -13,8 +13,9 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from bertforge.config import ConfigError, ModelConfig, TrainConfig
-from bertforge.engine import Engine
+from bertforge.config import ConfigError, ExecutionConfig, ModelConfig, TrainConfig
+from bertforge.dist import compiles_optimizer
+from bertforge.engine import Engine, skips_on_device
 from bertforge.model import BertForPreTraining
 from bertforge.optim import AdamWNoBiasCorrection, Lamb, build_optimizer, build_scheduler, lr_at, param_groups
 
@@ -806,6 +807,187 @@ def test_lamb_mixed_dtypes_in_one_group():
     assert a.dtype == torch.float32 and b.dtype == torch.float64
     assert a.tolist() == pytest.approx([2.6464466094, 4.3535533906], rel=1e-6)
     assert b.tolist() == pytest.approx([2.6464466094, 4.3535533906], rel=1e-9)
+
+
+# ------------------------------------------------------------ the compiled step
+
+class Adapted(nn.Module):
+    """Tensors for the compiled step: a decayed matrix large enough for the clamp of r to bind,
+    zero biases (||w|| = 0) and a LayerNorm weight that gets zero gradients (||u|| = 0)."""
+
+    def __init__(self):
+        super().__init__()
+        self.dense = nn.Linear(16, 8)
+        self.LayerNorm = nn.LayerNorm(8)
+        self.out = nn.Linear(8, 4)
+        with torch.no_grad():
+            self.dense.weight.mul_(50.0)
+            self.out.bias.zero_()
+
+
+COMPILED_CASES = {
+    "bertforge": dict(lamb="bertforge", max_trust_ratio=2.0),
+    "bertforge_no_bias_correction": dict(lamb="bertforge", max_trust_ratio=2.0, bias_correction=False),
+    "mlperf": dict(lamb="mlperf"),
+    "nvidia_no_bias_correction": dict(lamb="nvidia", bias_correction=False),
+    "nvidia_no_decay": dict(lamb="nvidia", weight_decay=0.0),  # no tensor adapts: r = 1 everywhere
+    "paper": dict(lamb="paper"),
+    "adamw_no_bias_correction": dict(optimizer="adamw", bias_correction=False),
+}
+# What the compiled step may differ from the eager one by, per tensor: max |difference| in units of
+# float32's epsilon times the tensor's largest magnitude. Eager kernels fuse multiply and add where
+# Inductor rounds twice, Inductor sums the norms in another order and the compiled step rounds
+# v = b2 v + (1 - b2) g² as a lerp. Largest seen after 6 steps: weights 1.4, m 0.9, v 3.1.
+BOUND = 8.0
+
+
+def compiled_train(**change) -> TrainConfig:
+    return TrainConfig(**{**dict(lr=1e-2, weight_decay=0.01, warmup_steps=3, schedule="poly"), **change})
+
+
+def adapted_gradients(model: nn.Module, step: int) -> None:
+    gen = torch.Generator().manual_seed(step)
+    for p in model.parameters():
+        p.grad = (torch.randn(p.shape, generator=gen) * 1e-2).to(p.device)
+    model.LayerNorm.weight.grad.zero_()
+
+
+def adapted_run(train: TrainConfig, compiled: bool, steps: range, model=None, opt=None, sched=None,
+                device: str = "cpu"):
+    """``steps`` optimizer steps of Adapted with fixed gradients (a fresh model unless given).
+    On CUDA the compiled steps after the first must not wait for the device."""
+    if model is None:
+        torch.manual_seed(0)
+        model = Adapted().to(device)
+        opt = build_optimizer(model, train, compiled=compiled)
+        sched = build_scheduler(opt, train, 10)
+    for step in steps:
+        adapted_gradients(model, step)
+        later, watch = step > steps[0], device == "cuda" and compiled
+        if watch:
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error" if later else "default")
+        try:
+            # Every step has its own lr and bias corrections: after the first, nothing compiles again.
+            with torch.compiler.set_stance("fail_on_recompile" if later else "default"):
+                opt.step()
+        finally:
+            if watch:
+                torch.cuda.set_sync_debug_mode("default")
+        sched.step()
+    return model, opt, sched
+
+
+def float32_units(got: torch.Tensor, want: torch.Tensor) -> float:
+    """max |got - want| / (float32 eps · max |want|): 1 is one rounding at the tensor's scale."""
+    scale = want.abs().max().clamp_min(torch.finfo(torch.float32).tiny)
+    return ((got - want).abs().max() / (torch.finfo(torch.float32).eps * scale)).item()
+
+
+def worst_units(model_a, opt_a, model_b, opt_b) -> float:
+    """The largest float32_units over weights and moments."""
+    units = []
+    for a, b in zip(model_a.parameters(), model_b.parameters()):
+        units.append(float32_units(b.detach(), a.detach()))
+        units += [float32_units(opt_b.state[b][k], opt_a.state[a][k]) for k in ("exp_avg", "exp_avg_sq")]
+    return max(units)
+
+
+@pytest.mark.parametrize("case", COMPILED_CASES)
+def test_compiled_step_equals_the_eager_step(case):
+    train = compiled_train(**COMPILED_CASES[case])
+    eager, eager_opt, _ = adapted_run(train, False, range(6))
+    model, opt, _ = adapted_run(train, True, range(6))
+    assert type(opt) is type(eager_opt) and opt.compiled and not eager_opt.compiled
+    assert worst_units(eager, eager_opt, model, opt) <= BOUND
+    assert [s["step"] for s in opt.state.values()] == [6] * 6
+    torch.manual_seed(0)
+    start = Adapted()  # the weights before the first step
+    moved = [float32_units(p.detach(), w.detach()) for p, w in zip(model.parameters(), start.parameters())]
+    assert sorted(moved)[2] > 1e3  # the steps moved the weights far beyond the bound
+    if case == "paper":  # r = 0 at a zero tensor: the zero biases never move
+        assert not model.out.bias.any()
+    if case == "bertforge":  # the clamp binds: without it the weights end elsewhere
+        unclamped, *_ = adapted_run(compiled_train(**{**COMPILED_CASES[case], "max_trust_ratio": 0.0}), False,
+                                    range(6))
+        assert float32_units(unclamped.dense.weight.detach(), model.dense.weight.detach()) > 1e3
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("case", ["bertforge", "mlperf"])
+def test_compiled_step_on_cuda_equals_the_eager_step_without_host_syncs(case):
+    train = compiled_train(**COMPILED_CASES[case])
+    eager, eager_opt, _ = adapted_run(train, False, range(6), device="cuda")
+    model, opt, _ = adapted_run(train, True, range(6), device="cuda")  # steps 2 to 6 under sync errors
+    assert worst_units(eager, eager_opt, model, opt) <= BOUND
+    assert all(p.is_cuda for p in model.parameters())
+
+
+def test_the_optimizer_compiles_where_the_model_compiles_on_cuda():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert compiles_optimizer(ExecutionConfig(), cuda) and not compiles_optimizer(ExecutionConfig(), cpu)
+    # On the CPU Inductor compiles a C++ loop per tensor: minutes for BERT-base, not worth it.
+    assert not compiles_optimizer(ExecutionConfig(compile=True), cpu)
+    assert not compiles_optimizer(ExecutionConfig(compile=False), cuda)
+    assert not compiles_optimizer(ExecutionConfig(offload=True), cuda)  # the step runs on the host
+
+
+@pytest.mark.parametrize("first, then", [(True, False), (False, True)])
+def test_compiled_and_eager_steps_resume_each_other(tmp_path, first, then):
+    train = compiled_train(lamb="bertforge", max_trust_ratio=2.0)
+    model, opt, sched = adapted_run(train, first, range(3))
+    torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "model": model.state_dict()},
+               tmp_path / "ckpt.pt")
+    saved = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    assert all(type(s["step"]) is int for s in saved["optimizer"]["state"].values())  # the eager format
+    model2 = Adapted()
+    opt2 = build_optimizer(model2, train, compiled=then)
+    sched2 = build_scheduler(opt2, train, 10)
+    model2.load_state_dict(saved["model"])
+    opt2.load_state_dict(saved["optimizer"])
+    sched2.load_state_dict(saved["scheduler"])
+    adapted_run(train, then, range(3, 6), model2, opt2, sched2)
+    whole, whole_opt, _ = adapted_run(train, False, range(6))
+    assert worst_units(whole, whole_opt, model2, opt2) <= BOUND
+    assert opt2.compiled == then and [s["step"] for s in opt2.state.values()] == [6] * 6
+
+
+# ------------------------------------------------------------ skipping a step on the device
+
+# (train changes, compiled): ours in both steps, torch's fused AdamW and SGD
+SKIPPING_CASES = {
+    **{f"{name}_{kind}": (COMPILED_CASES[name], kind == "compiled")
+       for name in ("bertforge", "mlperf", "adamw_no_bias_correction") for kind in ("eager", "compiled")},
+    "torch_adamw": (dict(optimizer="adamw"), False),
+    "torch_sgd": (dict(optimizer="sgd", momentum=0.9), False),
+}
+
+
+@pytest.mark.parametrize("case", SKIPPING_CASES)
+def test_found_inf_skips_the_step_on_the_device(case):
+    """The engine's way to skip a non-finite step without reading the flag on the host (found_inf, as
+    torch's fused optimizers take it): clear, the step is the step without it, bit for bit; set, NaN
+    gradients leave weights and moments exactly as they were."""
+    change, compiled = SKIPPING_CASES[case]
+    train = compiled_train(**change)
+    model, opt, sched = adapted_run(train, compiled, range(2))
+    assert skips_on_device(opt)
+    opt.found_inf, opt.grad_scale = torch.zeros(()), None
+    adapted_run(train, compiled, range(2, 3), model, opt, sched)
+    plain, plain_opt, _ = adapted_run(train, compiled, range(3))
+
+    def state(model, opt):
+        return [t.detach().clone() for p in model.parameters() for t in (p, *opt.state[p].values())
+                if isinstance(t, torch.Tensor) and t.dim() > 0]
+
+    assert all(torch.equal(a, b) for a, b in zip(state(model, opt), state(plain, plain_opt), strict=True))
+    before = state(model, opt)
+    for p in model.parameters():
+        p.grad = torch.full_like(p, float("nan"))
+    opt.found_inf = torch.ones(())
+    opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(state(model, opt), before, strict=True))
 
 
 # ------------------------------------------------------------ SGD and momentum

@@ -126,16 +126,16 @@ def pipeline_runs(tmp_path_factory) -> dict[str, list[dict[str, Any]]]:
 
 def _single_process(name: str) -> tuple[dict[str, Any], Any]:
     """The same steps in one process: the whole model, Engine.step, accumulation over the micro-batches."""
-    from bertforge.dist import DistContext
+    from bertforge.dist import DistContext, apply_recompute
     from bertforge.engine import Engine
-    from bertforge.model import BertForPreTraining, set_recompute
+    from bertforge.model import BertForPreTraining
     from bertforge.optim import build_optimizer, build_scheduler
     from bertforge.train import evaluate, training_loss
 
     cfg = _config(**CASES[name])
     torch.manual_seed(cfg.train.seed)
     model = BertForPreTraining(cfg.model).train()
-    set_recompute(model, cfg.execution.recompute)
+    apply_recompute(model, cfg.execution.recompute)
     optimizer = build_optimizer(model, cfg.train)
     engine = Engine(model, optimizer, build_scheduler(optimizer, cfg.train, STEPS), training_loss,
                     cfg.execution.precision, cfg.train.grad_clip, DistContext(), seed=cfg.train.seed)

@@ -13,9 +13,9 @@ from bertforge.bench import LiveTensorBytes
 from bertforge.cli import main
 from bertforge.config import ConfigError, load_config
 from bertforge.data import SyntheticDataset
-from bertforge.dist import DistContext, destroy_distributed, prepare_model, unwrap
+from bertforge.dist import DistContext, apply_recompute, destroy_distributed, prepare_model, unwrap
 from bertforge.engine import autocast
-from bertforge.model import BertForPreTraining, num_parameters, set_recompute
+from bertforge.model import BertForPreTraining, num_parameters
 from bertforge.optim import build_optimizer, param_groups
 from bertforge.plan import (
     count_parameters,
@@ -285,7 +285,7 @@ def test_recompute_lowers_saved_memory_at_512():
         cfg.model.num_hidden_layers, cfg.model.vocab_size = 4, 1024
         torch.manual_seed(0)
         model = BertForPreTraining(cfg.model).train()
-        set_recompute(model, policy)
+        apply_recompute(model, policy)
         batch = synthetic_batch(cfg)
         with LiveTensorBytes() as tracker:
             loss = forward_loss(model, batch)["loss"]

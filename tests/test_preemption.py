@@ -7,18 +7,22 @@ a preempted run can be compared with an uninterrupted one of the same length.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 import test_squad_cli
 import torch
-from conftest import shared_data
+from conftest import live_run, shared_data
 
 from bertforge.cli import main
 from bertforge.config import ConfigError, load_config
@@ -168,9 +172,10 @@ def test_resume_auto_needs_a_name_in_config_from_args():
 
     from bertforge.runs import config_from_args
 
-    args = argparse.Namespace(config=None, resume="auto", name=None, run_dir=None)
-    with pytest.raises(ConfigError, match="--resume auto needs a named run directory"):
-        config_from_args(args, [], default="tiny")
+    for config in (None, "tiny"):  # a config named too: refused before torch loads, not when the run starts
+        args = argparse.Namespace(config=config, resume="auto", name=None, run_dir=None)
+        with pytest.raises(ConfigError, match="--resume auto needs a named run directory"):
+            config_from_args(args, [], default="tiny")
     cfg = load_config("tiny", [("checkpoint.resume", "auto")])
     with pytest.raises(ConfigError, match="--resume auto needs a named run directory"):
         import contextlib
@@ -217,13 +222,17 @@ def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step(tmp_path):
 @pytest.mark.dist
 def test_torchrun_restarts_a_killed_rank_and_continues_exactly(tmp_path):
     """torchrun --max-restarts 1, 2 gloo ranks: rank 1 exits hard after step 3 on the first
-    attempt; the group restarts with --resume auto from step 2 and ends with the weights
+    attempt (tests/faults/sitecustomize.py); the group restarts with --resume auto from step 2 and ends with the weights
     and losses of an uninterrupted torchrun run. About 40 s."""
     args = ["--execution.parallel", "ddp", "--checkpoint.every", "2", "--resume", "auto"]
     launcher = torchrun(run_args(tmp_path, "restarted", 6, *args), "--standalone", "--max-restarts", "1",
-                        extra_env={"BERTFORGE_TEST_FAIL_AT": "1:3"})
+                        extra_env={"BERTFORGE_TEST_FAIL_AT": "1:3", "PYTHONPATH": os.pathsep.join(
+                            [str(REPO / "tests" / "faults"), env()["PYTHONPATH"]])})
     stderr = finish(launcher)
     assert launcher.returncode == 0, stderr[-3000:]
+    metadata = (tmp_path / "restarted" / "metadata.jsonl").read_text().splitlines()
+    starts = [row["step"] for row in map(json.loads, metadata) if row["event"] == "start"]
+    assert starts == [0, 2]  # the fault struck: rank 1 died after step 3 and the group restarted from step 2
     whole = torchrun(run_args(tmp_path, "whole", 6, *args), "--standalone")
     stderr = finish(whole)
     assert whole.returncode == 0, stderr[-3000:]
@@ -370,21 +379,11 @@ def test_a_seq_len_given_equal_to_the_default_must_agree_with_the_records(tmp_pa
     with pytest.raises(ConfigError, match=rf"^data.seq_len={default}, but the records have seq_len 16 "):
         load_data(cfg, tmp_path)
     cfg = records_config(tmp_path, **{"data.input": str(path)})
-    load_data(cfg, tmp_path)
-    assert (cfg.data.seq_len, cfg.data.max_predictions) == (16, 3)
+    decided = load_data(cfg, tmp_path).decided
+    assert (decided["data.seq_len"], decided["data.max_predictions"]) == (16, 3)
 
 
 # ------------------------------------------------------------ one run per run directory (issue 21)
-
-HOLD_LOCK = """
-import sys, time
-from pathlib import Path
-from bertforge.runs import RunLock
-with RunLock(Path(sys.argv[1])):
-    print("held", flush=True)
-    time.sleep(120)
-"""
-
 
 def test_a_second_run_in_a_live_run_directory_is_refused_naming_the_holder(tmp_path, capsys):
     """``--resume auto`` started twice: the second is refused while the first lives, and takes the
@@ -392,10 +391,7 @@ def test_a_second_run_in_a_live_run_directory_is_refused_naming_the_holder(tmp_p
     assert main(run_args(tmp_path, "auto", 2, "--checkpoint.every", "2", "--resume", "auto")) == 0
     run = tmp_path / "auto"
     before = (sorted(p.name for p in run.rglob("*")), (run / "metrics.jsonl").read_bytes())
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(run)], env=env(), stdout=subprocess.PIPE,
-                              text=True)
-    try:
-        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+    with live_run(run) as holder:  # then killed, as a machine failure would: nothing released
         capsys.readouterr()
         for argv in (run_args(tmp_path, "auto", 4, "--resume", "auto"),
                      run_args(tmp_path, "auto", 4, "--resume", str(run))):
@@ -404,13 +400,79 @@ def test_a_second_run_in_a_live_run_directory_is_refused_naming_the_holder(tmp_p
             assert err.startswith(f"error: {run} is in use by another run (pid {holder.pid} on ")
             assert err.count("\n") == 1 and "choose another directory" in err
         assert (sorted(p.name for p in run.rglob("*")), (run / "metrics.jsonl").read_bytes()) == before
-    finally:
-        holder.kill()  # as a machine failure would: no chance to release anything
-        holder.wait()
     assert f"pid {holder.pid} on " in (run / ".lock").read_text()  # a stale lock file stays behind...
     assert main(run_args(tmp_path, "auto", 4, "--checkpoint.every", "2", "--resume", "auto")) == 0
     assert checkpoints(run) == ["step_00000002", "step_00000004"]  # ...and is taken over
     assert f"pid {os.getpid()} on " in (run / ".lock").read_text()
+
+
+def _start_run(cfg, lined_up, results, release) -> None:
+    """One of many runs started at once (a forked process): the directory it got or its error, then
+    it holds on until released. All wait for each other before their first mkdir and again before
+    their first lock: the worst case of starting at once, every check made and nothing taken yet."""
+    from bertforge import train
+
+    def first_lined_up(call, applies):
+        waited = False
+
+        def lined_up_call(*args):
+            nonlocal waited
+            if applies(*args) and not waited:
+                waited = True
+                with contextlib.suppress(threading.BrokenBarrierError):
+                    lined_up.wait(30)
+            return call(*args)
+        return lined_up_call
+
+    os.mkdir = first_lined_up(os.mkdir, lambda *args: True)  # in this process only
+    fcntl.flock = first_lined_up(fcntl.flock, lambda fd, operation: operation & fcntl.LOCK_EX)
+    with contextlib.ExitStack() as held:
+        try:
+            run_dir = train.locate_run(cfg, held)[1]
+        except ConfigError as err:
+            results.put((os.getpid(), str(err)))
+            return
+        results.put((os.getpid(), str(run_dir)))
+        release.wait(60)
+
+
+@pytest.mark.parametrize("resume", ["auto", ""])
+def test_runs_of_one_name_started_at_once_leave_one_live_run_per_directory(tmp_path, resume):
+    """8 runs of one name started at the same instant, 3 times over (issue 27): with ``--resume
+    auto`` exactly one goes on and the others get the one-line error naming the directory, whose
+    lock stays the winner's (a loser once removed the directory and the winner's lock); without
+    it each run gets a directory of its own (NAME, NAME-2 …). About 4 s."""
+    from bertforge import train  # noqa: F401  # imported once, before the forks
+    from bertforge.fileio import live_holder
+
+    forked = multiprocessing.get_context("fork")
+    for trial in range(3):
+        run = tmp_path / f"run{trial}"
+        cfg = load_config("tiny", [("log.run_dir", str(tmp_path)), ("log.name", run.name),
+                                   ("checkpoint.resume", resume)])
+        lined_up, release, results = forked.Barrier(8), forked.Event(), forked.Queue()
+        starters = [forked.Process(target=_start_run, args=(cfg, lined_up, results, release)) for _ in range(8)]
+        for starter in starters:
+            starter.start()
+        try:
+            outcomes = dict(results.get(timeout=60) for _ in starters)
+            if resume:
+                winners = [pid for pid, outcome in outcomes.items() if outcome == str(run)]
+                assert len(winners) == 1, outcomes
+                for pid, outcome in outcomes.items():
+                    if pid != winners[0]:
+                        assert outcome.startswith(f"{run} is in use by another run (") and outcome.endswith(
+                            "wait for it to end, or choose another directory") and "\n" not in outcome
+                assert (live_holder(run / ".lock") or "").startswith(f"pid {winners[0]} on ")
+                assert [p.name for p in run.iterdir()] == [".lock"]
+            else:
+                names = [run.name] + [f"{run.name}-{i}" for i in range(2, 9)]
+                assert sorted(outcomes.values()) == sorted(str(tmp_path / name) for name in names)
+        finally:
+            release.set()
+            for starter in starters:
+                starter.join(60)
+        assert [starter.exitcode for starter in starters] == [0] * 8
 
 
 def test_run_lock_is_exclusive_and_released_on_exit(tmp_path):

@@ -5,15 +5,18 @@ test takes under 10 s."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
+from conftest import live_run, tmpfs
 
 from bertforge.cli import main
 from bertforge.config import ConfigError, ModelConfig, load_config
-from bertforge.finetune.run import prepare_out_dir
+from bertforge.finetune.run import new_run_dir, prepare_out_dir
 from bertforge.model import BertForQuestionAnswering
 from bertforge.squad.metric import check_predictions
 from bertforge.weights import export_hf
@@ -144,8 +147,9 @@ def test_overwrite_removes_the_old_run_only_inside_the_directory_named(tmp_path,
     (elsewhere / "keep.txt").write_text("mine")
     (run / "link").symlink_to(elsewhere)  # a link is removed, not what it points to
     monkeypatch.chdir(tmp_path)
-    assert prepare_out_dir(cfg, run, overwrite=True, inputs=[tmp_path / "train.json", None]) == run
-    assert list(run.iterdir()) == []
+    with contextlib.ExitStack() as held:  # removed under the run's lock, which stays
+        assert new_run_dir(prepare_out_dir(cfg, run, True, [tmp_path / "train.json", None]), held, True) == run
+        assert [p.name for p in run.iterdir()] == [".lock"]
     assert files(elsewhere) == {"keep.txt": b"mine"}
 
     # A directory that holds an input, or the current directory, is never cleared.
@@ -158,7 +162,7 @@ def test_overwrite_removes_the_old_run_only_inside_the_directory_named(tmp_path,
     monkeypatch.chdir(run / "init")
     with pytest.raises(ConfigError, match="--overwrite would delete"):
         prepare_out_dir(cfg, run, overwrite=True)
-    assert files(run) == {"init/model.safetensors": b"w"}
+    assert files(run) == {".lock": (run / ".lock").read_bytes(), "init/model.safetensors": b"w"}
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -200,10 +204,40 @@ def test_squad_train_refuses_a_non_empty_out_then_overwrites_it(tiny, tmp_path, 
     assert main(argv) == 2
     assert capsys.readouterr().err.startswith(f"error: {run} already exists and is not empty: ")
     assert files(run) == {"old.txt": b"old run"}
+    with live_run(run) as holder:  # a live run's directory: refused before anything is removed (issue 27)
+        assert main([*argv, "--overwrite"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {run} is in use by another run (pid {holder.pid} on ") and err.count("\n") == 1
+        assert files(run)["old.txt"] == b"old run"
     assert main([*argv, "--overwrite"]) == 0
     assert not (run / "old.txt").exists()
     assert (run / "model.safetensors").is_file() and (run / "config.yaml").is_file()
     assert os.path.isfile(tiny / "model.safetensors")  # the --init directory is untouched
+
+
+@pytest.mark.parametrize("size, what", [("48k", "checkpoints/step_00000002"), ("128k", "model.safetensors")])
+def test_a_full_disk_while_saving_is_one_line(tiny, tmp_path, capsys, size, what):
+    """A real full disk (a small tmpfs) at the checkpoint, or at the fine-tuned model after it: one
+    line naming the file and the space it needs, no temporary left (issue 27: tracebacks from
+    torch.save and safetensors). About 2 s each."""
+    train = tmp_path / "train.json"
+    train.write_text(json.dumps(DEV))
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    with tmpfs(mount, size):
+        run = mount / "run"
+        assert main(["squad", "train", "--init", str(tiny), "--train-file", str(train), "--out", str(run),
+                     "--data.seq_len", "32", "--squad.max_query_length", "8", "--train.global_batch_size", "2",
+                     "--train.micro_batch_size", "2", "--train.steps", "2", "--train.epochs", "0", "--no-progress",
+                     "--log.tensorboard", "false"]) == 2
+        err = capsys.readouterr().err.splitlines()
+        match = re.fullmatch(rf"error: cannot write {re.escape(str(run / what))}: the disk is full \(it needs "
+                             rf"([0-9.]+) KiB, ([0-9.]+) KiB free on {re.escape(str((run / what).parent))} after "
+                             rf"removing the partial write\)", err[-1])
+        assert match is not None and float(match[2]) < float(match[1]), err[-1]
+        assert sorted(p.name for p in run.rglob(".*")) == [".lock"] and not (run / "model.safetensors").exists()
+        assert [p.name for p in (run / "checkpoints").iterdir()] == ([] if what.startswith("checkpoints") else
+                                                                   ["step_00000002"])
 
 
 def test_a_binary_questions_file_is_one_line(tiny, tmp_path, capsys):
@@ -231,3 +265,25 @@ def test_training_answers_not_at_their_answer_start_are_skipped_and_named(tiny, 
                    f"not at their answer_start (as google-research/bert's run_squad.py skips them, \"Could not find "
                    f"answer\"): question m1: {why}; question m2: {why}; question m3: {why}; and 1 more\n")
     assert "2 questions (2 features, 4 answers skipped)" in out
+
+
+def test_squad_train_resume_auto_goes_on_with_the_runs_files_for_the_steps_given(tiny, tmp_path, capsys):
+    """``--train.steps 3`` over squad_base's 2 epochs (of 1 step each here) trains 3 steps; then
+    ``--resume auto --out RUN`` with neither --init nor --train-file continues that run (its
+    config, training file and version) to the 4 steps now given (about 5 s)."""
+    train = tmp_path / "train.json"
+    train.write_text(json.dumps({"data": DEV["data"]}))
+    run = tmp_path / "run"
+    common = ["--out", str(run), "--data.seq_len", "32", "--squad.max_query_length", "8",
+              "--train.global_batch_size", "2", "--train.micro_batch_size", "2", "--no-progress",
+              "--log.tensorboard", "false", "--log.every", "1"]
+    assert main(["squad", "train", "--init", str(tiny), "--train-file", str(train), "--train.steps", "3",
+                 *common]) == 0
+    assert "\n3 steps on 2 questions" in capsys.readouterr().out
+    assert main(["squad", "train", "--resume", "auto", "--train.steps", "4", *common]) == 0
+    assert "\n4 steps on 2 questions" in capsys.readouterr().out
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r and r.get("split") != "eval"] == [1, 2, 3, 4]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_00000003", "step_00000004"]
+    saved = load_config(str(run / "checkpoints" / "step_00000004" / "config.yaml"))
+    assert (saved.train.steps, saved.train.epochs) == (4, 0)

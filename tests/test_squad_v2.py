@@ -38,6 +38,7 @@ from test_squad_postprocess import RawResult, random_logits
 from bertforge.cli import main
 from bertforge.config import ConfigError, ModelConfig
 from bertforge.data.tokenizer import load_tokenizer
+from bertforge.log import rounded
 from bertforge.model import BertForQuestionAnswering
 from bertforge.squad import (
     SquadError,
@@ -464,7 +465,7 @@ def test_train_version_2_end_to_end(tmp_path, capsys):
     saved = yaml.safe_load((run / "squad.yaml").read_text())
     assert (saved["version_2_with_negative"], saved["null_score_diff_threshold"]) == (True, 0.0)
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r for r in rows if r.get("split") == "eval"][-1]["best_f1"] == round(scores["best_f1"], 6)  # logged
+    assert [r for r in rows if r.get("split") == "eval"][-1]["best_f1"] == rounded(scores["best_f1"])  # logged
 
     # predict with the saved v2 setting (null_odds.json beside --out), and a threshold of our own
     out = tmp_path / "pred"

@@ -108,6 +108,24 @@ def test_shape_mismatch_names_the_field(full_run, tmp_path):
         pretrain(cfg)
 
 
+def test_init_takes_a_hugging_face_model_id_from_the_local_cache(full_run, tmp_path, hf_cache, monkeypatch):
+    """``checkpoint.init: ORG/NAME`` starts from that model's snapshot in the local Hugging Face
+    cache, which the saved config names (it was made an absolute path first, and not found)."""
+    from bertforge.cli import main
+
+    _, run_dir, summary = full_run
+    assert main(["export", str(run_dir), str(tmp_path / "hf")]) == 0
+    snapshot = hf_cache(tmp_path / "hf", "org/tiny-bert")
+    monkeypatch.chdir(tmp_path)  # where org/tiny-bert is no path
+    cfg = small_config(tmp_path, "from-id", **{"checkpoint.init": "org/tiny-bert", "train.steps": 1,
+                                                "data.vocab": str(run_dir / "vocab.txt")})
+    started = pretrain(cfg)
+    # its first evaluation is of the weights the full run ended with, on the same held-out data
+    assert started["first_eval"] == summary["last_eval"]
+    saved = load_config(str(tmp_path / "from-id" / "config.yaml"))
+    assert saved.checkpoint.init == str(snapshot)
+
+
 def test_loaded_model_reproduces_the_checkpoint_weights(full_run):
     _, run_dir, _ = full_run
     model = load_model(run_dir)

@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..fileio import refuse_live_runs
 from .errors import DataError
 
 _CHUNK = 8 << 20  # bytes read at a time: hashlib releases the GIL on large updates, so threads hash in parallel
@@ -121,6 +122,8 @@ def parse_manifest(path: Path) -> list[Entry]:
 def write_manifest(directory: Path, manifest: Path, workers: int = 1, overwrite: bool = False) -> list[Entry]:
     if manifest.exists() and not overwrite:
         raise DataError(f"{manifest} exists: --verify checks the directory against it, --overwrite replaces it")
+    if manifest.exists():
+        refuse_live_runs(manifest)
     names = data_files(directory, manifest)
     if not names:
         raise DataError(f"{directory}: no files to checksum")
@@ -162,7 +165,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verify", action="store_true", help="check the directory against its manifest")
     parser.add_argument("--manifest", type=Path, help="the manifest file (default: DIRECTORY.md5 beside it)")
     parser.add_argument("--workers", type=int, default=1, help="files hashed in parallel (threads)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing manifest")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing manifest (never in a live run's directory)")
 
 
 def run(args: argparse.Namespace) -> int:

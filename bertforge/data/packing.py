@@ -353,7 +353,8 @@ def pack_files(inputs: Sequence[Path], outputs: Sequence[Path], max_sequences_pe
         fmt = fmt or first.format
         for path, share in zip(outputs, np.array_split(packs, len(outputs))):
             with RecordWriter(path, fmt, seq_len, max_predictions, vocab_size, id_bound=max_id + 1,
-                              max_sequences_per_pack=max_sequences_per_pack) as writer:
+                              max_sequences_per_pack=max_sequences_per_pack,
+                              tokenizer=first.header_tokenizer) as writer:
                 for start in range(0, len(share), _WRITE_CHUNK):
                     chunk = share[start:start + _WRITE_CHUNK]
                     used = chunk[chunk >= 0]
@@ -396,12 +397,12 @@ def pack_command(inputs: str, output: Path, max_sequences_per_pack: int, *, fmt:
                  num_output_files: int = 0, seed: int = 0, overwrite: bool = False) -> tuple[PackingStats, list[Path]]:
     """``bertforge data pack IN OUT``: the record files of IN packed into the directory OUT.
 
-    OUT must be new or empty unless ``overwrite``; it is written under a
+    OUT must be new or empty unless ``overwrite`` (never a live run's); it is written under a
     temporary name and appears whole (replacing the old OUT) only when every
     shard is complete. Shards are ``part-0000i-of-0000N.EXT``, N the input's
     file count unless ``num_output_files``.
     """
-    from ..fileio import atomic_directory
+    from ..fileio import atomic_directory, refuse_live_runs
     from .loader import record_files
     from .record_schema import FORMATS, SUFFIXES, detect_format
 
@@ -415,6 +416,7 @@ def pack_command(inputs: str, output: Path, max_sequences_per_pack: int, *, fmt:
         inside = [f for f in files if output.resolve() in f.resolve().parents]
         if inside:
             raise DataError(f"{output}: --overwrite would delete the input {inside[0]}, which is in it")
+        refuse_live_runs(output)
     if fmt is not None and fmt not in FORMATS:
         raise DataError(f"format={fmt!r} must be one of {', '.join(FORMATS)}")
     fmt = fmt or detect_format(files[0])
@@ -437,7 +439,8 @@ def add_pack_arguments(parser) -> None:
     parser.add_argument("--num-output-files", type=int, default=0,
                         help="shards to write (default: as many as the input has)")
     parser.add_argument("--seed", type=int, default=0, help="seeds which sequences go together and the row order")
-    parser.add_argument("--overwrite", action="store_true", help="replace OUT if it is not empty")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace OUT if it is not empty (never a live run's)")
 
 
 def cmd_pack(args, extra: list[str]) -> int:

@@ -51,7 +51,7 @@ def _overrides(args: argparse.Namespace, extra: list[str]) -> list[tuple[str, An
 
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     from ..config import ConfigError
-    from .run import overwrite_out_dir
+    from .run import check_overwrite, clear_out_dir, prepare_out_dir
     from .train import finetune, load_task_config, require_main_dev
 
     _refuse_repeats("--seeds", args.seeds)
@@ -60,19 +60,22 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     sweep = len(args.seeds or []) > 1 or len(args.lr or []) > 1
     if sweep and args.resume:
         raise ConfigError("a sweep resumes by running the same command again (without --resume)")
-    cfg, task = load_task_config(args.kind, args.config, overrides, resume=args.resume)
+    cfg, task = load_task_config(args.kind, args.config, overrides, resume=args.resume, out_dir=args.out)
     if sweep:  # refused before --overwrite removes anything
         if not args.out:
             raise ConfigError("a sweep (several --seeds or --lr) needs --out DIR, the directory of its runs")
         require_main_dev(task)
     if args.overwrite:
-        overwrite_out_dir(cfg, args.out, {"--init": args.init, "--data": task.data, "--vocab": args.vocab})
+        inputs = {"--init": args.init, "--data": task.data, "--vocab": args.vocab}
+        check_overwrite(args.out, inputs)
+        if sweep and int(os.environ.get("RANK", "0")) == 0:  # not a run's directory: its runs are in it
+            clear_out_dir(prepare_out_dir(cfg, args.out, overwrite=True, inputs=list(inputs.values())))
     if not sweep:
         if args.seeds:
             cfg.train.seed = args.seeds[0]
         if args.lr:
             cfg.train.lr = args.lr[0]
-        summary = finetune(cfg, task, args.init, args.out, args.vocab)
+        summary = finetune(cfg, task, args.init, args.out, args.vocab, overwrite=args.overwrite)
         if summary["rank"] == 0:
             _print_summary(summary)
         return 0
@@ -208,7 +211,8 @@ def add_finetune_commands(sub: Any) -> None:
         p.add_argument("--resume-with-changes", action="store_true",
                        help="resume although the config or the data differ from the checkpoint's")
         p.add_argument("--overwrite", action="store_true",
-                       help="--out may be a non-empty directory: the files in it are removed first")
+                       help="--out may be a non-empty directory: the old run's files are removed first, "
+                            "under its lock (a live run's directory is refused)")
         p.add_argument("--vocab", help="vocab.txt (default: the one beside --init)")
         p.add_argument("--no-progress", action="store_true")
         p.set_defaults(func=cmd_train, kind=kind, takes_overrides=True)

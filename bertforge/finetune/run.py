@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import shutil
 import time
 import typing
@@ -47,13 +46,15 @@ from ..config import (
     _coerce,
     accumulation_steps,
     apply_dict,
+    freeze,
+    given_length_wins,
     load_yaml,
     resolve_config_path,
     set_value,
     validate,
 )
 from ..data.checksum import fingerprint
-from ..data.tokenizer import vocab_size_of
+from ..data.vocab import vocab_size_of
 from ..dist import (
     DistContext,
     barrier,
@@ -67,7 +68,7 @@ from ..dist import (
     write_error,
 )
 from ..engine import Batches, BatchStream, Engine, LossFn, Preemption, StepReport, autocast, set_threads
-from ..fileio import atomic_file
+from ..fileio import LOCK, atomic_file, refuse_live_runs, remove
 from ..log import MetricsLogger, ProgressBar, Throughput
 from ..optim import build_optimizer, build_scheduler
 from ..profile import RunMonitor
@@ -88,17 +89,22 @@ def set_section(section: Any, prefix: str, key: str, value: Any, source: str = "
 
 
 def load_config(section: Any, prefix: str, default: str, name: str | None = None,
-                overrides: Sequence[tuple[str, Any]] = (), resume: str | Path | None = None) -> Config:
+                overrides: Sequence[tuple[str, Any]] = (), resume: str | Path | None = None,
+                out_dir: str | Path | None = None) -> Config:
     """Defaults, then a YAML config, then dotted overrides; ``prefix.*`` keys go to ``section``.
 
     The YAML is ``name``, else (with ``resume``) the resumed run's own
-    ``config.yaml`` and ``{prefix}.yaml``, else ``default``. ``section`` (a
+    ``config.yaml`` and ``{prefix}.yaml``, else ``default``. ``resume: auto``
+    resumes the run in ``out_dir`` when it is one of this kind with a checkpoint
+    (:func:`locate_run`), so its files are read then too. ``section`` (a
     dataclass) is filled in place; the Config is returned, not yet validated
     against the section (the caller checks what depends on both).
     """
     cfg = Config()
     path: Path | None
-    if name is None and resume and resume != runs.AUTO:  # auto: the launch command's config
+    if name is None and resume == runs.AUTO and out_dir and (Path(out_dir) / f"{prefix}.yaml").is_file():
+        resume = runs.find_resumable(Path(out_dir), only=["config.yaml"], warn=False)  # None: a fresh start
+    if name is None and resume and resume != runs.AUTO:  # auto without a run to resume: the command's config
         checkpoint = runs.find_checkpoint(resume)
         path = checkpoint / "config.yaml"
         data = dict(load_yaml(path) or {})
@@ -124,6 +130,7 @@ def load_config(section: Any, prefix: str, default: str, name: str | None = None
             set_section(section, prefix, key[len(prefix) + 1:], value)
         else:
             set_value(cfg, key, value)
+    given_length_wins(cfg, [key for key, _ in overrides])
     validate(cfg)
     return cfg
 
@@ -172,11 +179,9 @@ def find_vocab(model_path: str | Path, vocab: str | Path | None = None) -> Path:
         if not vocab.is_file():
             raise FinetuneError(f"vocab not found: {vocab}")
         return vocab
-    path = weights.resolve_model(model_path)
+    path = weights.find_model(model_path, FinetuneError)
     candidates = [path / "vocab.txt"]
     prefix = tf1.find_prefix(path)
-    if prefix is None and not path.exists():
-        raise FinetuneError(f"model not found: {path}")
     if prefix is not None:  # a TF1 checkpoint: its vocab sits beside it, or one directory up (MLPerf's layout)
         candidates = [prefix.parent / "vocab.txt", prefix.parent.parent / "vocab.txt"]
     elif not (path / "config.json").is_file() and not (path / "model.safetensors").is_file():
@@ -193,9 +198,7 @@ def find_vocab(model_path: str | Path, vocab: str | Path | None = None) -> Path:
 def load_checked(path: str | Path, vocab: Path, head: str, num_labels: int | None = None) -> nn.Module:
     """The model at ``path`` with ``head`` (new when the source has none: a warning is expected and
     silenced), checked against the vocab; on the CPU."""
-    path = weights.resolve_model(path)
-    if not path.exists() and tf1.find_prefix(path) is None:
-        raise FinetuneError(f"model not found: {path}")
+    path = weights.find_model(path, FinetuneError)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a new head is expected when fine-tuning an encoder
         model = weights.load_model(path, head=head, num_labels=num_labels)
@@ -211,12 +214,13 @@ def save_finetuned(model: nn.Module, out_dir: Path, labels: list[str] | None = N
     """The fine-tuned weights beside the run files: ``config.json`` (so that ``transformers``'
     ``BertFor….from_pretrained(dir)`` loads the directory as it is; a classifier's labels named)
     and ``model.safetensors`` last, each atomically: a directory holds a whole model or none
-    (``load_model`` then reads its newest checkpoint)."""
+    (``load_model`` then reads its newest checkpoint); a full disk is a WriteError naming the
+    space it needs."""
     hf = {**weights.hf_config_from_model_config(typing.cast(ModelConfig, model.config), [type(model).__name__]),
           **weights.hf_head_config(model, labels), "dtype": "float32"}
     with atomic_file(out_dir / "config.json") as tmp:
         tmp.write_text(json.dumps(hf, indent=2) + "\n", encoding="utf-8")
-    with atomic_file(out_dir / "model.safetensors") as tmp:
+    with atomic_file(out_dir / "model.safetensors", ckpt.nbytes(model.state_dict())) as tmp:
         weights.save_weights(model, tmp)
     return out_dir
 
@@ -226,19 +230,19 @@ def save_finetuned(model: nn.Module, out_dir: Path, labels: list[str] | None = N
 
 def prepare_out_dir(cfg: Config, out_dir: str | Path | None, overwrite: bool = False,
                     inputs: Sequence[str | Path | None] = (), kind: str = "finetune") -> Path:
-    """The directory of a new run: a new (or empty) one, never someone's files.
+    """The directory of a new run: a new (or empty) one, never someone's files; checked before
+    anything is touched.
 
-    A new one that a run refused for bad input leaves empty is removed again
-    (:func:`new_run_dir`). With ``overwrite`` (``--out DIR --overwrite``: the
-    user named the directory) the files of a non-empty one are removed first,
-    unless it holds one of ``inputs`` (the ``--init`` weights, the data files,
-    the vocab) or the current directory.
+    A non-empty one is refused unless ``overwrite`` (``--out DIR --overwrite``: the user named
+    the directory), and then still when it holds one of ``inputs`` (the ``--init`` weights, the
+    data files, the vocab) or the current directory. Its files are removed later, under the
+    run's lock (:func:`new_run_dir`).
     """
     path = Path(out_dir) if out_dir else (
         Path(cfg.log.run_dir) / (cfg.log.name or datetime.now().strftime(f"{kind}-%Y%m%d-%H%M%S")))
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{path} exists and is not a directory: choose another --out")
-    if not path.exists() or all(p.name == runs.LOCK for p in path.iterdir()):  # a lock left by a killed run
+    if not path.exists() or all(p.name == LOCK for p in path.iterdir()):  # a lock left by a killed run
         return path
     if not overwrite:
         raise ConfigError(f"{path} already exists and is not empty: pass --resume {path} to continue "
@@ -248,32 +252,32 @@ def prepare_out_dir(cfg: Config, out_dir: str | Path | None, overwrite: bool = F
         kept = kept.resolve()
         if kept == root or root in kept.parents:
             raise ConfigError(f"--overwrite would delete {kept}, which is in {path}: choose another --out")
-    for entry in sorted(path.iterdir()):
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        else:  # a file, or a link (removed, not what it points to)
-            entry.unlink()
     return path
 
 
-def overwrite_out_dir(cfg: Config, out_dir: str | Path, inputs: dict[str, str | Path | None]) -> None:
-    """``--overwrite``: remove the files of the old run in ``out_dir`` before training starts.
+def clear_out_dir(path: Path, own: Path | None = None) -> None:
+    """Remove the files of ``path`` but its lock, after refusing (a WriteError naming it) when a
+    live run writes in it, below it or above it; ``own`` is this run's lock, held."""
+    if not path.is_dir():
+        return
+    refuse_live_runs(path, own)
+    for entry in sorted(path.iterdir()):
+        if entry.name != LOCK:
+            remove(entry)
 
-    Only the directory the user named, only once (rank 0 under torchrun: the other ranks do not
-    touch it before it has chosen it), and only when every input (``{flag: path}``) exists, so
-    that a mistyped path does not cost the old run; a directory holding an input, or the current
-    directory, is refused (:func:`prepare_out_dir`).
-    """
+
+def check_overwrite(out_dir: str | Path, inputs: dict[str, str | Path | None]) -> None:
+    """``--overwrite``: every input (``{flag: path}``) must exist before ``out_dir`` is cleared, so
+    that a mistyped path does not cost the old run."""
     for flag, value in inputs.items():
         if value and not (weights.resolve_model(value) if flag == "--init" else Path(value)).exists() \
                 and not (flag == "--init" and tf1.find_prefix(value)):
             raise FinetuneError(f"{flag} {value}: not found (nothing in {out_dir} was removed)")
-    if int(os.environ.get("RANK", "0")) == 0:
-        prepare_out_dir(cfg, out_dir, overwrite=True, inputs=list(inputs.values()))
 
 
 def locate_run(cfg: Config, out_dir: str | Path | None, held: contextlib.ExitStack, marker: str,
-               kind: str = "finetune") -> tuple[Path | None, Path]:
+               kind: str = "finetune", overwrite: bool = False,
+               inputs: Sequence[str | Path | None] = ()) -> tuple[Path | None, Path]:
     """(the checkpoint to resume, verified, or None; the run directory), on rank 0.
 
     ``checkpoint.resume: auto`` resumes the newest sound checkpoint of ``--out``
@@ -281,7 +285,8 @@ def locate_run(cfg: Config, out_dir: str | Path | None, held: contextlib.ExitSta
     settings file), skipping damaged ones with a warning, and starts fresh
     there otherwise. The run directory's lock is taken into ``held`` first
     (another live run there is an error naming it); then the temporaries of
-    interrupted saves are removed.
+    interrupted saves are removed, or with ``overwrite`` (a new run) the old
+    run's files (:func:`prepare_out_dir` checks ``inputs`` first).
     """
     resume = cfg.checkpoint.resume
     if resume == runs.AUTO:
@@ -297,36 +302,36 @@ def locate_run(cfg: Config, out_dir: str | Path | None, held: contextlib.ExitSta
         resume_from = runs.checkpoint_to_resume(resume)
         assert resume_from is not None  # a named checkpoint, or an error
         return resume_from, run_dir
-    return None, new_run_dir(prepare_out_dir(cfg, out_dir, kind=kind), held)
+    return None, new_run_dir(prepare_out_dir(cfg, out_dir, overwrite, inputs, kind), held, overwrite)
 
 
-def new_run_dir(run_dir: Path, held: contextlib.ExitStack) -> Path:
-    """Make ``run_dir`` and take its lock into ``held``. One made here goes again, when ``held``
-    closes, if the run wrote nothing into it (refused for bad input, say)."""
-    created = not run_dir.exists()
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ConfigError(f"cannot create the run directory {run_dir}: {err.strerror} (--out)") from None
-    if created:
-        held.callback(_remove_if_unused, run_dir)  # after the lock is released (an ExitStack unwinds backwards)
-    held.enter_context(runs.RunLock(run_dir))
+def new_run_dir(run_dir: Path, held: contextlib.ExitStack, overwrite: bool = False) -> Path:
+    """Take ``run_dir``'s lock into ``held``, making the directory first when it is missing (of runs
+    started at once, one goes on); with ``overwrite``, then remove the old run's files. One made
+    here goes again, when ``held`` closes, if the run wrote nothing into it (refused for bad
+    input, say)."""
+    lock = held.enter_context(runs.RunLock(run_dir, create=True))  # a live run there: refused, named
+    if lock.created:
+        held.callback(_remove_if_unused, run_dir)  # with the lock still held (an ExitStack unwinds backwards)
+    if overwrite:
+        clear_out_dir(run_dir, own=lock.path)
     return run_dir
 
 
 def _remove_if_unused(run_dir: Path) -> None:
     """Remove a run directory that holds nothing but its lock: a run refused for bad input leaves nothing."""
-    if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {runs.LOCK}:
-        shutil.rmtree(run_dir, ignore_errors=True)
+    if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {LOCK}:
+        runs.remove_run_dir(run_dir)
 
 
 def launch(cfg: Config, out_dir: str | Path | None, marker: str, kind: str,
-           body: Callable[[DistContext, Path, Path | None, float], dict[str, Any]]) -> dict[str, Any]:
+           body: Callable[[DistContext, Path, Path | None, float], dict[str, Any]], overwrite: bool = False,
+           inputs: Sequence[str | Path | None] = ()) -> dict[str, Any]:
     """Run ``body(dist, run_dir, resume_from, started)`` on every rank, alone or under torchrun.
 
-    Rank 0 finds the run directory (:func:`locate_run`) and holds its lock
-    until the run ends; a failing rank writes its traceback into the run
-    directory when there are several.
+    Rank 0 finds the run directory (:func:`locate_run`; with ``overwrite`` a new run replaces
+    the one in ``out_dir``, which must not hold ``inputs``) and holds its lock until the run
+    ends; a failing rank writes its traceback into the run directory when there are several.
     """
     started = time.perf_counter()
     set_threads(cfg.execution.threads)
@@ -334,7 +339,8 @@ def launch(cfg: Config, out_dir: str | Path | None, marker: str, kind: str,
     try:
         check_execution(cfg.execution, dist.world_size)
         with contextlib.ExitStack() as held:  # rank 0 holds the run directory's lock until the run ends
-            resume_from, run_dir = from_main(dist, lambda: locate_run(cfg, out_dir, held, marker, kind))
+            resume_from, run_dir = from_main(dist, lambda: locate_run(cfg, out_dir, held, marker, kind, overwrite,
+                                                                        inputs))
             try:
                 summary = body(dist, run_dir, resume_from, started)
                 barrier(dist)
@@ -442,8 +448,10 @@ def train(cfg: Config, job: Job, dist: DistContext, out_dir: Path, resume_from: 
 
     Returns a summary: out_dir, checkpoint, steps, losses (one per optimizer
     step of this process), rank, world_size, preempted, minutes, and what
-    ``job.finish`` returned (scores, prediction files).
+    ``job.finish`` returned (scores, prediction files). ``cfg`` is the resolved config, read
+    frozen from here on.
     """
+    cfg = freeze(cfg)
     t = cfg.train
     accumulation = accumulation_steps(t, world_size=dist.world_size)
     steps_per_epoch = len(job.rows) // t.global_batch_size
@@ -463,7 +471,7 @@ def train(cfg: Config, job: Job, dist: DistContext, out_dir: Path, resume_from: 
     wrapped = prepare_model(job.model.train(), cfg.execution, dist)
     optimizer = build_optimizer(unwrap(wrapped), t)
     engine = Engine(wrapped, optimizer, build_scheduler(optimizer, t, total), job.loss_fn,
-                    cfg.execution.precision, t.grad_clip, dist, seed=t.seed)
+                    cfg.execution.precision, t.grad_clip, dist, seed=t.seed, grad_sync=cfg.execution.grad_sync)
     step = ckpt.resume(resume_from, engine, verified=True)["step"] if resume_from is not None else 0
 
     def state() -> dict[str, Any]:  # what a checkpoint adds to the engine's: the data position and fingerprint

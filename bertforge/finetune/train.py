@@ -91,11 +91,13 @@ class TaskConfig:
 
 
 def load_task_config(kind: str, name: str | None = None, overrides: Sequence[tuple[str, Any]] = (),
-                     resume: str | Path | None = None) -> tuple[Config, TaskConfig]:
-    """(Config, TaskConfig): defaults, the YAML config (``name``, else the resumed run's, else the
-    kind's recipe), then dotted overrides (``finetune.*`` to the task)."""
+                     resume: str | Path | None = None, out_dir: str | Path | None = None
+                     ) -> tuple[Config, TaskConfig]:
+    """(Config, TaskConfig): defaults, the YAML config (``name``, else the resumed run's, with
+    ``resume: auto`` the run's in ``out_dir`` when it has a checkpoint, else the kind's recipe),
+    then dotted overrides (``finetune.*`` to the task)."""
     task = TaskConfig()
-    cfg = load_config(task, SECTION, DEFAULT_CONFIGS[kind], name, overrides, resume)
+    cfg = load_config(task, SECTION, DEFAULT_CONFIGS[kind], name, overrides, resume, out_dir)
     if kind == "ner" and not task.task:
         task.task = "ner"
     check_task(task, kind)
@@ -324,16 +326,19 @@ def load_classifier(path: str | Path, task: Task, vocab: Path) -> nn.Module:
 
 
 def finetune(cfg: Config, task_cfg: TaskConfig, init: str | Path | None, out_dir: str | Path | None = None,
-             vocab: str | Path | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+             vocab: str | Path | None = None, log: Callable[[str], None] = print,
+             overwrite: bool = False) -> dict[str, Any]:
     """Fine-tune ``init`` on the task's training split into ``out_dir``; score its dev splits and
     predict its test splits. With ``cfg.checkpoint.resume`` the run goes on from that checkpoint
-    exactly. Under torchrun every rank calls this. Returns the summary of
-    :func:`bertforge.finetune.run.train` with the dev scores."""
+    exactly; with ``overwrite`` a new run replaces the one in ``out_dir`` (not a live one). Under
+    torchrun every rank calls this. Returns the summary of :func:`bertforge.finetune.run.train`
+    with the dev scores."""
     def body(dist: DistContext, run_dir: Path, resume_from: Path | None, started: float) -> dict[str, Any]:
         return _finetune(cfg, task_cfg, dist, run_dir, resume_from, init, vocab,
                          log if dist.is_main else (lambda _: None), started)
 
-    return launch(cfg, out_dir, f"{SECTION}.yaml", task_cfg.task.lower(), body)
+    return launch(cfg, out_dir, f"{SECTION}.yaml", task_cfg.task.lower(), body, overwrite,
+                  (init, task_cfg.data, vocab))
 
 
 def _finetune(cfg: Config, task_cfg: TaskConfig, dist: DistContext, out_dir: Path, resume_from: Path | None,

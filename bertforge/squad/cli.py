@@ -49,13 +49,14 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
         raise ConfigError("--overwrite starts a new run; it cannot be used with --resume")
     if args.overwrite and not args.out:
         raise ConfigError("--overwrite needs --out DIR, the directory to replace")
-    cfg, squad = load_squad_config(args.config, overrides, resume=args.resume)
+    cfg, squad = load_squad_config(args.config, overrides, resume=args.resume, out_dir=args.out)
     if args.overwrite:
-        from ..finetune.run import overwrite_out_dir
+        from ..finetune.run import check_overwrite
 
-        overwrite_out_dir(cfg, args.out, {"--init": args.init, "--train-file": args.train_file,
-                                          "--predict-file": args.predict_file, "--vocab": args.vocab})
-    summary = finetune(cfg, squad, args.init, args.train_file, args.out, args.predict_file, args.vocab)
+        check_overwrite(args.out, {"--init": args.init, "--train-file": args.train_file,
+                                   "--predict-file": args.predict_file, "--vocab": args.vocab})
+    summary = finetune(cfg, squad, args.init, args.train_file, args.out, args.predict_file, args.vocab,
+                       overwrite=args.overwrite)
     if summary["rank"] != 0:  # under torchrun, rank 0 speaks for the run
         return 0
     losses = summary["losses"]
@@ -254,7 +255,8 @@ def add_squad_commands(sub: Any) -> None:
                    help="resume although the config or the training file differ from the checkpoint's (each "
                         "change is logged)")
     p.add_argument("--overwrite", action="store_true",
-                   help="--out may be a non-empty directory: the files in it are removed first")
+                   help="--out may be a non-empty directory: the old run's files are removed first, "
+                        "under its lock (a live run's directory is refused)")
     p.add_argument("--vocab", help="vocab.txt (default: the one beside --init)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--profile", metavar="START:END", help="torch.profiler over steps START..END-1 (from 0), "

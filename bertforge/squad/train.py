@@ -149,15 +149,17 @@ def validate_squad(squad: SquadConfig, seq_len: int) -> None:
 
 
 def load_squad_config(name: str | None = None, overrides: Sequence[tuple[str, Any]] = (),
-                      resume: str | Path | None = None) -> tuple[Config, SquadConfig]:
+                      resume: str | Path | None = None, out_dir: str | Path | None = None
+                      ) -> tuple[Config, SquadConfig]:
     """Defaults, then a YAML config, then dotted overrides.
 
-    The YAML is ``name``, else (with ``resume``) the resumed run's own
-    ``config.yaml`` and ``squad.yaml``, else ``squad_base``. ``squad.*`` keys
-    go to the :class:`SquadConfig`; all others to the Config.
+    The YAML is ``name``, else (with ``resume``, or ``resume: auto`` and a run to
+    resume in ``out_dir``) the resumed run's own ``config.yaml`` and
+    ``squad.yaml``, else ``squad_base``. ``squad.*`` keys go to the
+    :class:`SquadConfig`; all others to the Config.
     """
     squad = SquadConfig()
-    cfg = load_config(squad, "squad", DEFAULT_CONFIG, name, overrides, resume)
+    cfg = load_config(squad, "squad", DEFAULT_CONFIG, name, overrides, resume, out_dir)
     validate_squad(squad, cfg.data.seq_len)
     return cfg, squad
 
@@ -268,11 +270,13 @@ def training_features(cfg: Config, squad: SquadConfig, train_file: str | Path, t
 
 def finetune(cfg: Config, squad: SquadConfig, init: str | Path | None, train_file: str | Path | None,
              out_dir: str | Path | None = None, predict_file: str | Path | None = None,
-             vocab: str | Path | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+             vocab: str | Path | None = None, log: Callable[[str], None] = print,
+             overwrite: bool = False) -> dict[str, Any]:
     """Fine-tune ``init`` on ``train_file`` into ``out_dir``; predict and score ``predict_file``.
 
     With ``cfg.checkpoint.resume`` (a run or step directory) the run goes on
     from that checkpoint exactly; ``init`` and the files default to the run's.
+    With ``overwrite`` a new run replaces the one in ``out_dir`` (not a live one).
     Under torchrun every rank calls this (``execution.parallel`` ddp or fsdp).
 
     Returns a summary: out_dir, questions, features, steps, losses (one per
@@ -283,7 +287,7 @@ def finetune(cfg: Config, squad: SquadConfig, init: str | Path | None, train_fil
         return _finetune(cfg, squad, dist, run_dir, resume_from, init, train_file, predict_file, vocab,
                          log if dist.is_main else (lambda _: None), started)
 
-    return launch(cfg, out_dir, "squad.yaml", "squad", body)
+    return launch(cfg, out_dir, "squad.yaml", "squad", body, overwrite, (init, train_file, predict_file, vocab))
 
 
 def _finetune(cfg: Config, squad: SquadConfig, dist: DistContext, out_dir: Path, resume_from: Path | None,
