@@ -73,8 +73,9 @@ except ImportError:  # a torch built without distributed support
     _HAVE_DTENSOR = False
 
 # google-research/bert excludes these (by regex search) from weight decay;
-# "layer_norm" covers models whose LayerNorm modules are named in snake case.
-_NO_DECAY_SUBSTRINGS = ("LayerNorm", "layer_norm")
+# "layer_norm" covers models whose LayerNorm modules are named in snake case, "norm." ModernBERT's
+# (norm, attn_norm, mlp_norm, final_norm: its recipe decays neither biases nor norms).
+_NO_DECAY_SUBSTRINGS = ("LayerNorm", "layer_norm", "norm.")
 
 
 def _decays(name: str) -> bool:

@@ -83,13 +83,12 @@ from .engine import (
     set_threads,
     to_device,
 )
+from .families import build_pretraining_model
 from .feed import copied_ahead, widen
 from .fileio import atomic_file
 from .log import MetricsLogger, ProgressBar, Throughput
 from .mlperf import eval_due, eval_every_samples, open_log
 from .model import (
-    BertForMaskedLM,
-    BertForPreTraining,
     compiled_pretraining_loss,
     eval_result,
     eval_sums,
@@ -484,7 +483,7 @@ def pretraining_model(cfg: Config, from_weights: bool) -> nn.Module:
     when ``from_weights`` (a fresh start); parallelism is applied to it afterwards (build_engine)."""
     torch.manual_seed(cfg.train.seed)
     random.seed(cfg.train.seed)
-    model: nn.Module = (BertForMaskedLM if cfg.train.objective == "mlm" else BertForPreTraining)(cfg.model)
+    model = build_pretraining_model(cfg.model, cfg.train.objective)
     if cfg.checkpoint.init and from_weights:
         weights.load_weights(model, cfg.checkpoint.init)
     return model.train()
