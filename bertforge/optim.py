@@ -463,11 +463,13 @@ def _coefficients(dtype: torch.dtype) -> Callable[[float], torch.Tensor]:
 def _fused_moments_(grads: list[torch.Tensor], exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor],
                     beta1: float, beta2: float, keep: torch.Tensor) -> None:
     """The moments, left as they are where ``keep`` is false (a skipped step: its g may be NaN)."""
-    grads = [torch.where(keep, g, 0.0) for g in grads]
-    torch._foreach_lerp_(exp_avgs, grads, [(1.0 - beta1) * keep] * len(grads))
+    # Each moment moves towards its target, which a skipped step makes the moment itself: the
+    # lerps keep float weights (a tensor weight costs Inductor its fusion, doubling the bytes).
+    torch._foreach_lerp_(exp_avgs, [torch.where(keep, g, m) for g, m in zip(grads, exp_avgs)], 1.0 - beta1)
     # v = b2 v + (1 - b2) g² as a lerp towards g², like m: Inductor then stores both moments
     # in the loop that reduces the norms (with mul and addcmul it stores v in a pass of its own).
-    torch._foreach_lerp_(exp_avg_sqs, torch._foreach_mul(grads, grads), [(1.0 - beta2) * keep] * len(grads))
+    torch._foreach_lerp_(exp_avg_sqs, [torch.where(keep, g * g, v) for g, v in zip(grads, exp_avg_sqs)],
+                         1.0 - beta2)
 
 
 def _fused_directions(exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor], params: list[torch.Tensor],

@@ -477,6 +477,8 @@ def test_commands_that_are_not_run_parse(tmp_path):
                 assert importlib.util.find_spec(argv[2]) is not None, f"{where}: no module {argv[2]}"
             elif argv[0] == "python":
                 assert (ROOT / argv[1]).is_file(), f"{where}: no script {argv[1]}"
+            elif argv[0].endswith(".sh"):
+                assert (ROOT / argv[0]).is_file(), f"{where}: no script {argv[0]}"
             elif argv[:2] == ["docker", "build"]:
                 assert (ROOT / argv[argv.index("-f") + 1]).is_file(), f"{where}: no Dockerfile"
             elif argv[0] == "sbatch":

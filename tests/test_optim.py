@@ -1069,3 +1069,25 @@ def test_sgd_and_momentum_equal_graphcore_tf1_application(variant):
             # weight (a weight near 0 after a large update keeps the update's absolute rounding).
             np.testing.assert_allclose(p.detach().numpy(), ref[f"{variant}/{step}/{name}"], rtol=2.4e-7,
                                        atol=1.2e-7, err_msg=f"{variant} step {step} {name}")
+
+
+def test_the_compiled_lamb_step_moves_40_bytes_a_parameter():
+    """Inductor's count of the bytes the compiled step's kernels read and write, per fp32 parameter:
+    pass 1 reads g, m, v, w and writes m, v (24), pass 2 reads m, v, w and writes w (16). A skip
+    flag as a lerp weight once cost the fusion and doubled it to 80. About 10 s."""
+    import logging
+
+    import torch._inductor.metrics as metrics
+
+    log = logging.getLogger("torch._inductor.compile_fx.__inductor_metrics")  # counts only while on
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    torch.manual_seed(0)
+    params = [nn.Parameter(torch.randn(64, 64)), nn.Parameter(torch.randn(64))]
+    optimizer = Lamb([{"params": params, "weight_decay": 0.01}], lr=1e-3, compiled=True)
+    for param in params:
+        param.grad = torch.randn_like(param)
+    torch._dynamo.reset()
+    metrics.reset()
+    optimizer.step()
+    assert metrics.num_bytes_accessed / sum(p.numel() for p in params) == pytest.approx(40.0, abs=0.1)
