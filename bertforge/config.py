@@ -44,6 +44,8 @@ Objective = Literal["mlm_nsp", "mlm"]  # mlm: masked LM alone, no NSP head (Bert
 LambVariant = Literal["bertforge", "mlperf", "nvidia", "paper"]  # see bertforge/optim.py
 Schedule = Literal["poly", "poly_tf", "exp", "exp_staircase", "table", "constant", "wsd"]
 HiddenAct = Literal["gelu", "relu", "gelu_new"]
+# The model's architecture: BERT (model.py) or ModernBERT (modernbert.py)
+Family = Literal["bert", "modernbert"]
 # SDPA kernels, or FlexAttention with block masks for masked batches; see dist.attention_backends
 Attention = Literal["auto", "flash", "cudnn", "efficient", "math", "flex"]
 # torch.compile's modes without CUDA graphs (the optimizer step runs outside the compiled model):
@@ -71,9 +73,16 @@ class Freezable:
 
 @dataclass
 class ModelConfig(Freezable):
-    """BERT shape. Field names follow Hugging Face's ``BertConfig`` so that
-    ``config.json`` maps one to one."""
+    """The model's family and shape. Field names follow Hugging Face's ``BertConfig`` so that
+    ``config.json`` maps one to one; ModernBERT's own fields follow its ``ModernBertConfig``.
 
+    Family ``modernbert`` reads the shared fields as ``ModernBertConfig`` does its own (its
+    ``norm_eps`` is ``layer_norm_eps``, ``hidden_activation`` ``hidden_act``; ``hidden_dropout_prob``
+    is its embedding and MLP dropout, ``attention_probs_dropout_prob`` its attention dropout) and
+    has no token types; the fields after ``pad_token_id`` are its alone (``MODERNBERT_FIELDS``).
+    """
+
+    family: Family = "bert"
     vocab_size: int = 30522
     hidden_size: int = 768
     num_hidden_layers: int = 12
@@ -87,6 +96,25 @@ class ModelConfig(Freezable):
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
     pad_token_id: int = 0
+    global_attn_every_n_layers: int = 3  # layers 0, N, 2N, … attend globally, the others locally
+    local_attention: int = 128  # a local layer's window: a token sees keys at most local_attention // 2 away
+    global_rope_theta: float = 160000.0  # rotary base of the global layers
+    local_rope_theta: float = 10000.0  # … and of the local ones
+    initializer_cutoff_factor: float = 2.0  # weights start truncated-normal within ± this × their std
+
+
+# The fields only ModernBERT reads, and the one only BERT reads.
+MODERNBERT_FIELDS = ("global_attn_every_n_layers", "local_attention", "global_rope_theta", "local_rope_theta",
+                     "initializer_cutoff_factor")
+BERT_FIELDS = ("type_vocab_size",)
+# What each family's config.yaml leaves out: the other's fields (and BERT's the family itself, so
+# that a BERT config reads as it always has).
+LEFT_OUT: dict[str, tuple[str, ...]] = {"bert": ("family", *MODERNBERT_FIELDS), "modernbert": BERT_FIELDS}
+
+
+def model_dict(model: ModelConfig) -> dict[str, Any]:
+    """The fields of ``model`` its family reads, as config.yaml holds them."""
+    return {k: v for k, v in dataclasses.asdict(model).items() if k not in LEFT_OUT[model.family]}
 
 
 def _shape(layers: int, hidden: int, heads: int) -> dict[str, int]:
@@ -95,7 +123,7 @@ def _shape(layers: int, hidden: int, heads: int) -> dict[str, int]:
 
 
 # The standard BERT shapes (Turc et al. 2019 for the small ones, Devlin et al. 2018).
-MODEL_PRESETS: dict[str, dict[str, int]] = {
+MODEL_PRESETS: dict[str, dict[str, Any]] = {
     "tiny": _shape(2, 128, 2),
     "mini": _shape(4, 256, 4),
     "small": _shape(4, 512, 8),
@@ -105,13 +133,35 @@ MODEL_PRESETS: dict[str, dict[str, int]] = {
 }
 
 
+def _modernbert(layers: int, hidden: int, heads: int, intermediate: int) -> dict[str, Any]:
+    """A whole ModernBERT config: the shape, and the rest as answerdotai/ModernBERT-base and -large's
+    config.json (transformers' ModernBertConfig defaults): no dropout, GELU, LayerNorm eps 1e-5, the
+    50368-token BPE vocab with [PAD] at 50283, 8192 positions, a global layer every 3rd, windows of 128."""
+    return {"family": "modernbert", "num_hidden_layers": layers, "hidden_size": hidden, "num_attention_heads": heads,
+            "intermediate_size": intermediate, "vocab_size": 50368, "max_position_embeddings": 8192,
+            "hidden_act": "gelu", "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
+            "layer_norm_eps": 1e-5, "initializer_range": 0.02, "pad_token_id": 50283,
+            "global_attn_every_n_layers": 3, "local_attention": 128, "global_rope_theta": 160000.0,
+            "local_rope_theta": 10000.0, "initializer_cutoff_factor": 2.0}
+
+
+# ModernBERT (Warner et al. 2024): base and large as published, and a tiny one of 4 layers (global,
+# local, local, global) for tests and a first run on a laptop, with BERT's vocab size and [PAD] id 0
+# (the data's vocab decides the size; a WordPiece vocab's [PAD] is 0).
+MODEL_PRESETS.update({
+    "modernbert-tiny": {**_modernbert(4, 128, 2, 192), "vocab_size": 30522, "pad_token_id": 0},
+    "modernbert-base": _modernbert(22, 768, 12, 1152),
+    "modernbert-large": _modernbert(28, 1024, 16, 2624),
+})
+
+
 @dataclass
 class DataConfig(Freezable):
     """Where training sequences come from and how they are masked."""
 
     input: str = ""  # text file or directory, or record shards (dir or glob); "" = the built-in corpus
     eval_input: str = ""  # records of the eval set, when input is records
-    vocab: str = ""  # WordPiece vocab.txt; "" = train one on the corpus
+    vocab: str = ""  # WordPiece vocab.txt or tokenizer.json (data/vocab.py); "" = train a vocab.txt on the corpus
     vocab_size: int = 8192  # size of a vocab trained here
     lowercase: bool = True
     seq_len: int = 128
@@ -253,7 +303,7 @@ class Config(Freezable):
         self.given: set[str] = set()
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "model": model_dict(self.model)}
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
@@ -550,6 +600,8 @@ _INT_RANGES: dict[str, tuple[int, int]] = {
     "model.max_position_embeddings": (1, _INT64_MAX),
     "model.type_vocab_size": (2, _INT64_MAX),  # every input uses segments 0 and 1
     "model.pad_token_id": (0, _INT64_MAX),
+    "model.global_attn_every_n_layers": (1, _INT64_MAX),
+    "model.local_attention": (1, _INT64_MAX),
     "data.vocab_size": (1, _INT64_MAX),
     "data.seq_len": (1, _INT64_MAX),
     "data.max_predictions": (1, _INT64_MAX),
@@ -599,7 +651,9 @@ _FLOAT_RANGES: dict[str, tuple[float, float, bool]] = {
     "train.divergence_factor": (0.0, float("inf"), False),
     "train.target_mlm_accuracy": (0.0, 1.0, True),
 }
-_POSITIVE_FLOATS = ("model.layer_norm_eps", "train.eps")  # divided by: 0 is not allowed
+# Divided by, or a power's base (the rotary thetas), or a cutoff: 0 is not allowed.
+_POSITIVE_FLOATS = ("model.layer_norm_eps", "model.global_rope_theta", "model.local_rope_theta",
+                    "model.initializer_cutoff_factor", "train.eps")
 
 
 def _get(cfg: Config, key: str) -> Any:
@@ -678,7 +732,28 @@ def validate(cfg: Config) -> None:
     if samples != "mlperf" and samples < 0:
         raise ConfigError(f"train.eval_every_samples={samples} must not be negative (0 = off, or mlperf)")
     accumulation_steps(cfg.train, world_size=1)
+    _check_family(cfg)
     _check_pipeline(cfg)
+
+
+def _check_family(cfg: Config) -> None:
+    """The fields of the other family are refused where a file or an override gave them (they would
+    be silently unused), and what ModernBERT does not have."""
+    m = cfg.model
+    for name in LEFT_OUT[m.family]:
+        if f"model.{name}" in cfg.given and name != "family":
+            raise ConfigError(f"model.{name} is not a field of model.family={m.family}")
+    if m.family != "modernbert":
+        return
+    if cfg.train.objective != "mlm":
+        raise ConfigError(f"model.family=modernbert has no next-sentence head: train.objective="
+                          f"{cfg.train.objective} cannot be used; set train.objective mlm")
+    if (m.hidden_size // m.num_attention_heads) % 2:
+        raise ConfigError(f"model.family=modernbert: the head size model.hidden_size / model.num_attention_heads "
+                          f"= {m.hidden_size // m.num_attention_heads} must be even (rotary embeddings turn pairs)")
+    if cfg.execution.pipeline_stages > 1:
+        raise ConfigError(f"execution.pipeline_stages={cfg.execution.pipeline_stages} cannot be used with "
+                          f"model.family=modernbert (pipeline stages split BERT's encoder only); use 1")
 
 
 def _check_pipeline(cfg: Config) -> None:

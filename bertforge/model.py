@@ -14,12 +14,14 @@ attention is block-diagonal (a token sees only its own sequence), positions
 come from ``position_ids``, and the pooler and NSP head read each sequence's
 own [CLS] at ``cls_positions`` (B, S). Without them nothing changes.
 
-Masks reach attention in one of two forms (:func:`layers_mask`): an
-additive bias for SDPA, (B, 1, 1, T) for padding and (B, 1, T, T) for packed
-rows, or a FlexAttention ``BlockMask`` (``flex``): the same rule as a
-function of (row, query, key), evaluated per 128 × 128 block, so that blocks
-no query may see (another sequence of a packed row, padding) are skipped and
-no (T × T) tensor is made.
+Masks reach attention in one of two forms (:func:`layers_mask`), both made
+from one rule, a function of (row, head, query, key) (:func:`attention_rule`):
+an additive bias for SDPA, the rule evaluated by broadcasting ((B, 1, 1, T)
+for padding, (B, 1, T, T) for packed rows), or a FlexAttention ``BlockMask``
+(``flex``): the rule evaluated per 128 × 128 block, so that blocks no query
+may see (another sequence of a packed row, padding, beyond a sliding window)
+are skipped and no (T × T) tensor is made. ModernBERT (modernbert.py) takes
+its local layers' masks from the same builder, with a ``window``.
 """
 
 from __future__ import annotations
@@ -32,9 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
+from torch.nn.attention.flex_attention import BlockMask, and_masks, create_block_mask, flex_attention
 
-from .config import ModelConfig
+from .config import ConfigError, ModelConfig
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": F.gelu,
@@ -66,8 +68,9 @@ class LayerNorm(nn.LayerNorm):
             return super().forward(x)
         if x.dtype != torch.bfloat16:
             return super().forward(x).to(torch.bfloat16)
+        bias = None if self.bias is None else self.bias.to(x.dtype)  # (ModernBERT's norms have none)
         with torch.autocast(device, enabled=False):
-            return F.layer_norm(x, self.normalized_shape, self.weight.to(x.dtype), self.bias.to(x.dtype), self.eps)
+            return F.layer_norm(x, self.normalized_shape, self.weight.to(x.dtype), bias, self.eps)
 
 
 class BertEmbeddings(nn.Module):
@@ -131,15 +134,20 @@ class BertSelfAttention(SelfAttention):
         else:  # in fp32 the concatenation would be a copy of the weights kept for the backward
             q, k, v = (layer(x).view(B, T, self.num_heads, H // self.num_heads).transpose(1, 2)
                        for layer in (self.query, self.key, self.value))
-        if isinstance(mask, BlockMask):  # (no dropout: attention_mask makes block masks only without it)
-            out = flex_kernel(q.device)(q, k, v, block_mask=mask)
-            return out.transpose(1, 2).reshape(B, T, H)
-        # The backend choice sits inside the forward, which recomputation checkpoints as a whole,
-        # so that a recomputation runs the kernel (and draws the dropout) the forward did.
-        with sdpa_kernel(self.backends, set_priority=True) if self.backends else contextlib.nullcontext():
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=self.dropout_p if self.training else 0.0)
+        out = attend(q, k, v, mask, self.backends, self.dropout_p if self.training else 0.0)
         return out.transpose(1, 2).reshape(B, T, H)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask, backends: list[SDPBackend] | None,
+           dropout_p: float) -> torch.Tensor:
+    """Scaled dot-product attention of (B, heads, T, head size) queries, keys and values under ``mask``:
+    FlexAttention for a block mask, else SDPA with the ``backends`` (None: torch's order)."""
+    if isinstance(mask, BlockMask):  # (no dropout: layers_mask makes block masks only without it)
+        return flex_kernel(q.device)(q, k, v, block_mask=mask)
+    # Called inside the attention's forward, which recomputation checkpoints as a whole,
+    # so that a recomputation runs the kernel (and draws the dropout) the forward did.
+    with sdpa_kernel(backends, set_priority=True) if backends else contextlib.nullcontext():
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
 
 
 class BertSelfOutput(nn.Module):
@@ -218,24 +226,64 @@ class BertPooler(nn.Module):
 Mask = torch.Tensor | BlockMask | None  # what attention takes: an additive bias, a block mask, or none
 
 
-def document_block_mask(sequence_ids: torch.Tensor) -> BlockMask:
-    """Packed rows' attention as a block mask: a token sees the tokens of its own sequence (padding,
-    index 0, sees padding), the rule of :func:`block_diagonal_bias`."""
-    def same_sequence(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        return sequence_ids[b, q] == sequence_ids[b, k]
+MaskRule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
+
+def attention_rule(attention_mask: torch.Tensor | None, sequence_ids: torch.Tensor | None,
+                   window: int | None = None) -> MaskRule | None:
+    """Which keys a query may see, as a function of (row, head, query, key) indices; None: all.
+
+    With ``sequence_ids`` (B, T) (packed rows; 0 = padding) a token sees the tokens of its own
+    sequence (padding sees padding, so that no row is empty: SDPA's softmax of an all-masked row
+    is NaN); else with ``attention_mask`` (B, T) (1 = token, 0 = padding) every token sees the
+    real tokens of its row. With ``window`` also only keys at most ``window`` positions away
+    (ModernBERT's local layers; positions inside a packed row's sequence are row positions less
+    the sequence's start, so the distance is the same).
+    """
+    rules: list[MaskRule] = []
+    if sequence_ids is not None:
+        rules.append(lambda b, h, q, k: sequence_ids[b, q] == sequence_ids[b, k])
+    elif attention_mask is not None:
+        rules.append(lambda b, h, q, k: attention_mask[b, k] != 0)
+    if window is not None:
+        rules.append(lambda b, h, q, k: (q - k).abs() <= window)
+    if not rules:
+        return None
+    return rules[0] if len(rules) == 1 else and_masks(*rules)
+
+
+def block_mask(rule: MaskRule, rows: int | None, T: int, device: torch.device) -> BlockMask:
+    """``rule`` as a FlexAttention block mask over (T × T), for ``rows`` rows (None: one for every row)."""
+    return create_block_mask(rule, rows, None, T, T, device=device)
+
+
+def dense_bias(rule: MaskRule, rows: int, T: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``rule`` as an additive bias for SDPA, evaluated by broadcasting: its shape is what the rule
+    depends on ((B, 1, 1, T) for padding, (B, 1, T, T) for packed rows, (1, 1, T, T) for a window
+    alone). Built once per batch and shared by every layer and head that takes it."""
+    positions = torch.arange(T, device=device)
+    b = torch.arange(rows, device=device)[:, None, None]  # (B, 1, 1)
+    allowed = rule(b, torch.zeros((), dtype=torch.long, device=device), positions[None, :, None],
+                   positions[None, None, :])  # (B or 1, T or 1, T)
+    bias = torch.zeros(allowed.shape, dtype=dtype, device=device)
+    bias.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return bias[:, None]
+
+
+def document_block_mask(sequence_ids: torch.Tensor, window: int | None = None) -> BlockMask:
+    """Packed rows' attention as a block mask (the rule of :func:`attention_rule`)."""
     B, T = sequence_ids.shape
-    return create_block_mask(same_sequence, B, None, T, T, device=sequence_ids.device)
+    rule = attention_rule(None, sequence_ids, window)
+    assert rule is not None  # (there are sequence ids)
+    return block_mask(rule, B, T, sequence_ids.device)
 
 
-def padding_block_mask(attention_mask: torch.Tensor) -> BlockMask:
-    """Padded rows' attention as a block mask: every token sees the real tokens of its row, the
-    rule of :func:`attention_bias`."""
-    def real_key(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        return attention_mask[b, k] != 0
-
+def padding_block_mask(attention_mask: torch.Tensor, window: int | None = None) -> BlockMask:
+    """Padded rows' attention as a block mask: every token sees the real tokens of its row."""
     B, T = attention_mask.shape
-    return create_block_mask(real_key, B, None, T, T, device=attention_mask.device)
+    rule = attention_rule(attention_mask, None, window)
+    assert rule is not None  # (there is an attention mask)
+    return block_mask(rule, B, T, attention_mask.device)
 
 
 @functools.cache
@@ -248,42 +296,26 @@ def flex_kernel(device: torch.device) -> Callable[..., torch.Tensor]:
     return flex_attention
 
 
-def attention_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    """(B, T) of 1 = token, 0 = padding → additive (B, 1, 1, T) bias for SDPA."""
-    if attention_mask is None:
-        return None
-    bias = torch.zeros(attention_mask.shape, dtype=dtype, device=attention_mask.device)
-    bias.masked_fill_(attention_mask == 0, torch.finfo(dtype).min)
-    return bias[:, None, None, :]
-
-
-def block_diagonal_bias(sequence_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """(B, T) sequence index per token (0 = padding) → additive (B, 1, T, T) bias for SDPA.
-
-    A token attends only to the tokens of its own sequence (padding to padding,
-    so that no row is empty: SDPA's softmax of an all-masked row is NaN). Built
-    once per batch and shared by every layer and head.
-    """
-    same = sequence_ids[:, :, None] == sequence_ids[:, None, :]
-    bias = torch.zeros(same.shape, dtype=dtype, device=sequence_ids.device)
-    bias.masked_fill_(~same, torch.finfo(dtype).min)
-    return bias[:, None]
-
-
 def layers_mask(x: torch.Tensor, attention_mask: torch.Tensor | None, sequence_ids: torch.Tensor | None,
-                cfg: ModelConfig, flex: bool, training: bool) -> Mask:
+                cfg: ModelConfig, flex: bool, training: bool, window: int | None = None) -> Mask:
     """The mask every encoder layer of a model of ``cfg`` takes, built once per batch from the
-    embeddings ``x`` and ``sequence_ids`` (packed rows) or ``attention_mask`` (padding): None for
-    a batch without padding; with ``flex`` a FlexAttention block mask, where it changes nothing
+    embeddings ``x`` and ``sequence_ids`` (packed rows) or ``attention_mask`` (padding), and a
+    sliding ``window`` (keys at most that far from the query; ModernBERT's local layers): None
+    where nothing is masked; with ``flex`` a FlexAttention block mask, where it changes nothing
     (FlexAttention has no dropout: with attention dropout a training forward takes the bias);
     else an additive bias in the dtype SDPA runs in (under autocast, the autocast dtype)."""
     flex = flex and not (training and cfg.attention_probs_dropout_prob > 0)
-    dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
-    if sequence_ids is not None:
-        return document_block_mask(sequence_ids) if flex else block_diagonal_bias(sequence_ids, dtype)
-    if attention_mask is None:
+    B, T = x.shape[:2]
+    if window is not None and window >= T - 1:  # the window holds the whole row
+        window = None
+    rule = attention_rule(attention_mask, sequence_ids, window)
+    if rule is None:
         return None
-    return padding_block_mask(attention_mask) if flex else attention_bias(attention_mask, dtype)
+    rows = B if sequence_ids is not None or attention_mask is not None else None  # a window alone: one for all
+    if flex:
+        return block_mask(rule, rows, T, x.device)
+    dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+    return dense_bias(rule, rows or 1, T, dtype, x.device)
 
 
 class BertModel(nn.Module):
@@ -291,6 +323,9 @@ class BertModel(nn.Module):
 
     def __init__(self, cfg: ModelConfig, add_pooler: bool = True):
         super().__init__()
+        if cfg.family != "bert":  # (pre-training builds ModernBERT: families.build_pretraining_model)
+            raise ConfigError(f"model.family={cfg.family}: only bertforge pretrain builds this family so far; "
+                              f"this command builds BERT models")
         self.config = cfg
         self.flex = False  # masks as FlexAttention block masks (see set_attention_backends)
         self.embeddings = BertEmbeddings(cfg)
@@ -580,9 +615,9 @@ def set_attention_backends(model: nn.Module, names: list[str] | None) -> None:
     names = names or []
     sdpa = [ATTENTION_BACKENDS[name] for name in names if name != FLEX] or None
     for module in model.modules():
-        if isinstance(module, BertSelfAttention):
-            module.backends = sdpa
-        if hasattr(module, "flex"):  # BertModel, a pipeline stage
+        if hasattr(module, "backends"):  # BertSelfAttention, ModernBertAttention
+            module.backends = sdpa  # type: ignore[assignment]  # (as flex below)
+        if hasattr(module, "flex"):  # BertModel, ModernBertModel, a pipeline stage
             module.flex = FLEX in names  # type: ignore[assignment]  # (mypy reads it as a submodule)
 
 

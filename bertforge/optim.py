@@ -83,7 +83,8 @@ _NO_DECAY_SUBSTRINGS = ("LayerNorm", "layer_norm")
 
 def _decays(name: str, param: nn.Parameter) -> bool:
     # ModernBERT (main.py's param_groups_weight_decay) excludes every tensor of at most one
-    # dimension: its norms (norm, attn_norm, mlp_norm, final_norm, head.norm) have weights only.
+    # dimension, whatever its name: its norms (norm, attn_norm, mlp_norm, final_norm, head.norm)
+    # have weights only.
     return not (param.ndim <= 1 or name.endswith("bias") or any(s in name for s in _NO_DECAY_SUBSTRINGS))
 
 

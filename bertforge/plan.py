@@ -268,6 +268,8 @@ def plan_memory(cfg: Config, world_size: int = 1, device: str | None = None) -> 
     """
     if world_size < 1:
         raise ConfigError(f"world size must be at least 1, got {world_size}")
+    if cfg.model.family != "bert":  # (its formulas count BERT's tensors)
+        raise ConfigError(f"model.family={cfg.model.family}: bertforge plan plans BERT only so far")
     if cfg.execution.pipeline_stages > 1:
         return _plan_pipeline(cfg, world_size, device)
     ex, m, tr = cfg.execution, cfg.model, cfg.train

@@ -47,7 +47,15 @@ from .config import Config, ConfigError, DataConfig, accumulation_steps, freeze,
 from .data import PretrainingDataset, SyntheticDataset, build_datasets, decode_sample, vocab_size_of
 from .data.checksum import fingerprint
 from .data.errors import warn_prediction_cap
-from .data.loader import Prefetcher, RecordStream, check_vocab_fits, is_records, masking_spec, record_files
+from .data.loader import (
+    Prefetcher,
+    RecordStream,
+    check_tokenizer,
+    check_vocab_fits,
+    is_records,
+    masking_spec,
+    record_files,
+)
 from .dist import (
     DEFAULT_COMPILE_CACHE,
     DistContext,
@@ -75,13 +83,12 @@ from .engine import (
     set_threads,
     to_device,
 )
+from .families import build_pretraining_model
 from .feed import copied_ahead, widen
 from .fileio import atomic_file
 from .log import MetricsLogger, ProgressBar, Throughput
 from .mlperf import eval_due, eval_every_samples, open_log
 from .model import (
-    BertForMaskedLM,
-    BertForPreTraining,
     compiled_pretraining_loss,
     eval_result,
     eval_sums,
@@ -290,6 +297,8 @@ def load_data(cfg: Config, run_dir: Path, rank: int = 0, world_size: int = 1, *,
                           f"model.max_position_embeddings={cfg.model.max_position_embeddings}")
     masking = None
     vocab_size = vocab_size_of(d.vocab) if d.vocab else cfg.model.vocab_size
+    if d.vocab:
+        check_tokenizer(files + ([Path(d.eval_input)] if d.eval_input else []), d.vocab)  # native headers name theirs
     if d.vocab and d.dynamic_masking:
         masking = masking_spec(d.vocab, d.masked_lm_prob, d.whole_word_mask)
         warn_prediction_cap(seq_len, max_predictions, d.masked_lm_prob, f"{first} (data.dynamic_masking)")
@@ -474,7 +483,7 @@ def pretraining_model(cfg: Config, from_weights: bool) -> nn.Module:
     when ``from_weights`` (a fresh start); parallelism is applied to it afterwards (build_engine)."""
     torch.manual_seed(cfg.train.seed)
     random.seed(cfg.train.seed)
-    model: nn.Module = (BertForMaskedLM if cfg.train.objective == "mlm" else BertForPreTraining)(cfg.model)
+    model = build_pretraining_model(cfg.model, cfg.train.objective)
     if cfg.checkpoint.init and from_weights:
         weights.load_weights(model, cfg.checkpoint.init)
     return model.train()

@@ -59,7 +59,17 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from . import tf1
-from .config import Config, ConfigError, Head, ModelConfig, config_from_dict, load_yaml, validate
+from .config import (
+    LEFT_OUT,
+    Config,
+    ConfigError,
+    Head,
+    ModelConfig,
+    config_from_dict,
+    load_yaml,
+    model_dict,
+    validate,
+)
 from .dist import is_sharded, unwrap
 from .fileio import atomic_directory, refuse_live_runs
 from .model import (
@@ -209,12 +219,19 @@ def check_config_fits(cfg: ModelConfig, checkpoint: Path) -> None:
     """A checkpoint's model config against the shapes of its weights (our names), before a model is
     built of it: an edited ``config.yaml`` (with no manifest to tell) would build a model of any size."""
     shapes = weight_shapes(checkpoint / "model.safetensors")
-    layers = {key.split(".")[3] for key in shapes if key.startswith("bert.encoder.layer.")}
-    dims = {"vocab_size": ("bert.embeddings.word_embeddings.weight", 0),
-            "hidden_size": ("bert.embeddings.word_embeddings.weight", 1),
-            "max_position_embeddings": ("bert.embeddings.position_embeddings.weight", 0),
-            "type_vocab_size": ("bert.embeddings.token_type_embeddings.weight", 0),
-            "intermediate_size": ("bert.encoder.layer.0.intermediate.dense.weight", 0)}
+    if cfg.family == "modernbert":  # (rotary positions: no position table to measure)
+        layer_prefix = "model.layers."
+        dims = {"vocab_size": ("model.embeddings.tok_embeddings.weight", 0),
+                "hidden_size": ("model.embeddings.tok_embeddings.weight", 1),
+                "intermediate_size": ("model.layers.0.mlp.Wo.weight", 1)}
+    else:
+        layer_prefix = "bert.encoder.layer."
+        dims = {"vocab_size": ("bert.embeddings.word_embeddings.weight", 0),
+                "hidden_size": ("bert.embeddings.word_embeddings.weight", 1),
+                "max_position_embeddings": ("bert.embeddings.position_embeddings.weight", 0),
+                "type_vocab_size": ("bert.embeddings.token_type_embeddings.weight", 0),
+                "intermediate_size": ("bert.encoder.layer.0.intermediate.dense.weight", 0)}
+    layers = {key[len(layer_prefix):].split(".")[0] for key in shapes if key.startswith(layer_prefix)}
     for name, (key, dim) in dims.items():
         shape = shapes.get(key)
         if shape is None or len(shape) != 2 or shape[dim] != getattr(cfg, name):
@@ -227,7 +244,7 @@ def check_config_fits(cfg: ModelConfig, checkpoint: Path) -> None:
 
 def check_model_config(saved: ModelConfig, wanted: ModelConfig, source: Path) -> None:
     """Weights fit only a model of the same shape: name the first field that differs."""
-    shape_fields = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+    shape_fields = ("family", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                     "intermediate_size", "max_position_embeddings", "type_vocab_size")
     for name in shape_fields:
         have, want = getattr(saved, name), getattr(wanted, name)
@@ -405,7 +422,7 @@ def model_config_from_hf(config_json: dict, source: str) -> ModelConfig:
     hints = typing.get_type_hints(ModelConfig)
     values = {}
     for f in dataclasses.fields(ModelConfig):
-        value = config_json.get(f.name)
+        value = None if f.name in LEFT_OUT["bert"] else config_json.get(f.name)  # a BERT config.json is BERT's
         if value is None:  # absent, or null (e.g. pad_token_id): keep our default
             continue
         typ = hints[f.name]
@@ -430,7 +447,7 @@ def hf_config_from_model_config(cfg: ModelConfig, architectures: list[str]) -> d
     return {
         "architectures": list(architectures),
         "model_type": "bert",
-        **dataclasses.asdict(cfg),
+        **model_dict(cfg),
         "position_embedding_type": "absolute",
         "tie_word_embeddings": True,  # our MLM decoder always shares the word embeddings
     }

@@ -27,6 +27,7 @@ from bertforge.config import (
 )
 from bertforge.runs import config_from_args
 
+PRESETS = "(presets: tiny, mini, small, medium, base, large, modernbert-tiny, modernbert-base, modernbert-large)"
 SHIPPED = sorted(p.stem for p in CONFIG_DIR.glob("pretrain_*.yaml"))  # squad_*: tests/test_squad_train.py
 
 
@@ -36,6 +37,9 @@ def test_presets_are_the_standard_bert_shapes():
     assert shapes == {
         "tiny": (2, 128, 2, 512), "mini": (4, 256, 4, 1024), "small": (4, 512, 8, 2048),
         "medium": (8, 512, 8, 2048), "base": (12, 768, 12, 3072), "large": (24, 1024, 16, 4096),
+        # ModernBERT's (the rest of their configs: tests/test_modernbert.py)
+        "modernbert-tiny": (4, 128, 2, 192), "modernbert-base": (22, 768, 12, 1152),
+        "modernbert-large": (28, 1024, 16, 2624),
     }
 
 
@@ -179,6 +183,7 @@ def test_choices_are_the_literal_types_of_the_fields():
     assert typing.get_type_hints(TrainConfig)["schedule"] is Schedule
     assert typing.get_type_hints(ModelConfig)["hidden_act"] is HiddenAct
     assert literal_fields() == {
+        "model.family": ("bert", "modernbert"),
         "model.hidden_act": ("gelu", "relu", "gelu_new"),
         "train.objective": ("mlm_nsp", "mlm"),
         "train.optimizer": ("lamb", "adamw", "sgd", "stableadamw"),
@@ -345,8 +350,8 @@ def test_a_range_error_from_a_file_names_the_file(tmp_path):
 
 @pytest.mark.parametrize("text, message", [
     ("model: [1, 2]\n", "model: expected a mapping, got [1, 2] in {path}"),
-    ("model: {preset: [1]}\n", "model: unknown preset [1] (presets: tiny, mini, small, medium, base, large) in {path}"),
-    ("model: huge\n", "model: unknown preset 'huge' (presets: tiny, mini, small, medium, base, large) in {path}"),
+    ("model: {preset: [1]}\n", f"model: unknown preset [1] {PRESETS} in {{path}}"),
+    ("model: huge\n", f"model: unknown preset 'huge' {PRESETS} in {{path}}"),
     ("train: {lr_table: '[1'}\n", "train.lr_table: '[1' is not a YAML mapping ("),
     ("- 1\n- 2\n", "config in {path}: expected a mapping of sections, got [1, 2]"),
 ])

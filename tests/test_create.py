@@ -889,10 +889,10 @@ def test_dynamic_masking_masks_whole_words(tmp_path, vocab, regrouped):
                    mode="fast", fmt="native")
     arrays = read_records(stats.files[0]).take(slice(0, 500))
     spec = masking_spec(vocab, 0.15, whole_word=True)
-    assert spec.subword is not None
+    assert spec.whole_word
     again = remask(arrays, spec, np.random.default_rng(0))
     assert np.array_equal(originals(again), originals(arrays))
-    assert assert_whole_words(again, originals(again), spec.subword) > 0.05
+    assert assert_whole_words(again, originals(again), spec.vocab.continues) > 0.05
     assert not np.array_equal(again.masked_lm_positions, arrays.masked_lm_positions)
 
 

@@ -1,5 +1,6 @@
 """On a CUDA device: the attention kernels' gradients against math, dropout in training, an engine
-step without a host sync (eager and compiled), and bf16 and fp16 training against fp32.
+step without a host sync (eager and compiled), bf16 and fp16 training against fp32, and pipeline
+stages in eager bf16.
 
 These run where a GPU is (``pytest -m cuda``; ``benchmarks/gpu.sh`` runs them first) and skip
 elsewhere. Their CPU counterparts: test_cuda_rules.py (dtype rules), test_host_syncs.py (syncs
@@ -21,6 +22,7 @@ from bertforge.data.packing import pack_arrays
 from bertforge.engine import Engine
 from bertforge.model import BertForPreTraining, set_attention_backends, set_vocab_multiple
 from bertforge.optim import build_optimizer, build_scheduler
+from bertforge.pipeline_parallel import BertStage
 from bertforge.train import forward_loss, training_loss
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -147,3 +149,30 @@ def test_half_precision_losses_follow_fp32(precision, tolerance):
     assert reference[-1] < 0.9 * reference[0]  # it learns
     for step, (want, got) in enumerate(zip(reference, half)):
         assert got == pytest.approx(want, rel=tolerance), step
+
+
+def stages_against_the_whole_model(device: torch.device) -> None:
+    """Both stages of a two-stage split, eager bf16 (the path the first GPU run crashed on), against the
+    whole model under the same autocast: the same logits, and a backward with finite gradients."""
+    torch.manual_seed(0)
+    model = BertForPreTraining(NO_DROPOUT).to(device).train()
+    first, last = BertStage(model, 0, 2), BertStage(model, 1, 2)
+    for stage in (first, last):
+        stage.precision = "bf16"
+    fields = {k: v.to(device).long() if v.dtype == torch.int32 else v.to(device) for k, v in rows("packed").items()}
+    packing = {name: fields[name] for name in ("position_ids", "sequence_ids")}
+    hidden, rng = first(fields["input_ids"], token_type_ids=fields["token_type_ids"], **packing)
+    mlm_logits, nsp_logits = last(hidden, rng, sequence_ids=fields["sequence_ids"],
+                                  masked_lm_positions=fields["masked_lm_positions"],
+                                  cls_positions=fields["cls_positions"])
+    with torch.no_grad(), torch.autocast(device.type, torch.bfloat16):
+        want_mlm, want_nsp = model(fields["input_ids"], fields["token_type_ids"], None, fields["masked_lm_positions"],
+                                   cls_positions=fields["cls_positions"], **packing)
+    torch.testing.assert_close(mlm_logits.float(), want_mlm.float(), rtol=0.02, atol=0.02)
+    torch.testing.assert_close(nsp_logits.float(), want_nsp.float(), rtol=0.02, atol=0.02)
+    (mlm_logits.float().sum() + nsp_logits.float().sum()).backward()
+    assert all(p.grad is not None and p.grad.isfinite().all() for p in first.parameters())
+
+
+def test_pipeline_stages_run_eager_bf16():
+    stages_against_the_whole_model(CUDA)

@@ -27,8 +27,8 @@ from bertforge.data.tokenizer import (
     special_ids,
     tokenize_documents,
     train_wordpiece,
-    vocab_size_of,
 )
+from bertforge.data.vocab import load_vocab, vocab_size_of
 
 DATA = Path(os.environ.get("BERTFORGE_TEST_DATA",
                            Path(__file__).parents[1] / ".." / "shared" / "data"))
@@ -266,8 +266,7 @@ def real_instances(corpus, vocab):
     documents = tokenize_documents(tokenizer, corpus)
     instances = create_instances(
         documents, seq_len=128, max_predictions=20, masked_lm_prob=0.15, short_seq_prob=0.1,
-        dupe_factor=5, vocab_size=vocab_size_of(vocab), specials=special_ids(tokenizer),
-        rng=random.Random(12345))
+        dupe_factor=5, vocab=load_vocab(vocab), rng=random.Random(12345))
     return documents, instances, to_arrays(instances, 128, 20)
 
 
@@ -401,7 +400,7 @@ def test_instances_equal_bert_reference(tmp_path, seq_len, dupe_factor, seed):
     instances = create_instances(
         tokenize_documents(tokenizer, read_text_corpus(SAMPLE_TEXT)), seq_len=seq_len,
         max_predictions=20, masked_lm_prob=0.15, short_seq_prob=0.1, dupe_factor=dupe_factor,
-        vocab_size=30522, specials=special_ids(tokenizer), rng=random.Random(seed))
+        vocab=load_vocab(BERT_VOCAB), rng=random.Random(seed))
     arrays = to_arrays(instances, seq_len, 20)
     assert len(arrays) == len(reference) > 10 * dupe_factor
     # The reference's padding, as in its write_instance_to_example_files.

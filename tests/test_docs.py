@@ -90,7 +90,8 @@ MARKED = {
     ("docs/benchmarks.md", "python benchmarks/vs_transformers.py"):
         ("long-running", "8 scripts: BERT-base steps in fresh processes, MiniLM fine-tuning, many minutes"),
     ("docs/benchmarks.md", "--benchmark pretrain_base_128"): ("long-running", "BERT-base benchmarks, minutes"),
-    ("docs/gpu.md", "-m cuda"): ("gpu-only", "CUDA tests and H100 throughput"),
+    ("docs/gpu.md", "benchmarks/gpu.sh gpu-out"):
+        ("gpu-only", "the GPU measurement: CUDA tests, BERT-large throughput"),
 }
 
 
@@ -662,9 +663,15 @@ def benchmarks(workspace, data_page) -> PageRun:
     return run_page("docs/benchmarks.md", folder)
 
 
+@pytest.fixture(scope="module")
+def modernbert_page(tmp_path_factory) -> PageRun:  # needs nothing from ../shared/data
+    folder = page_folder(tmp_path_factory.mktemp("docs-modernbert"), "docs/modernbert.md")
+    return run_page("docs/modernbert.md", folder)
+
+
 PAGE_FIXTURES = {"README.md": readme, "docs/data.md": data_page, "docs/training.md": training,
                  "docs/scale.md": scale, "docs/finetuning.md": finetuning, "docs/interop.md": interop,
-                 "docs/mlperf.md": mlperf, "docs/benchmarks.md": benchmarks}
+                 "docs/mlperf.md": mlperf, "docs/benchmarks.md": benchmarks, "docs/modernbert.md": modernbert_page}
 
 
 @pytest.mark.shared_data
@@ -720,6 +727,17 @@ def test_training_page(training):
         assert sorted(map(int, spans)) == list(window), folder
     assert (training.folder / "report" / "index.html").is_file()
     assert list((training.folder / "report").glob("*.png"))
+
+
+def test_modernbert_page(modernbert_page):
+    import yaml
+
+    assert_all_ran(modernbert_page)
+    resolved = yaml.safe_load(modernbert_page.result("bertforge config").output)["model"]
+    assert (resolved["family"], resolved["num_hidden_layers"], resolved["local_attention"]) == ("modernbert", 22, 128)
+    run = modernbert_page.run_dir("bertforge pretrain")
+    assert yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))["model"]["family"] == "modernbert"
+    assert (run / "checkpoints" / "step_00000002" / "model.safetensors").is_file()
 
 
 def test_scale_page(scale):

@@ -13,8 +13,11 @@ from bertforge.data.loader import MaskingSpec, Prefetcher, RecordStream, is_reco
 from bertforge.data.record_reader import read_records
 from bertforge.data.record_writer import write_records
 from bertforge.data.rows import PretrainingArrays
+from bertforge.data.vocab import Vocabulary
 
-BERT_SPECIALS = MaskingSpec(vocab_size=30522, cls_id=101, sep_id=102, mask_id=103)
+# bert-base-uncased's layout: [CLS] 101, [SEP] 102, [MASK] 103 in 30522 tokens
+BERT_SPECIALS = MaskingSpec(Vocabulary.wordpiece(["[PAD]", *(f"[unused{i}]" for i in range(99)), "[UNK]", "[CLS]",
+                                                  "[SEP]", "[MASK]", *(f"w{i}" for i in range(30418))]))
 
 
 def numbered_arrays(first: int, count: int, seq_len: int = 16, predictions: int = 3) -> PretrainingArrays:

@@ -25,12 +25,13 @@ from bertforge.data.create import create, generate  # noqa: E402
 from bertforge.data.errors import warn_prediction_cap  # noqa: E402
 from bertforge.data.instances import create_arrays_mlm, pack_full_sentences  # noqa: E402
 from bertforge.data.record_reader import read_records  # noqa: E402
-from bertforge.data.tokenizer import SpecialIds  # noqa: E402
+from bertforge.data.vocab import Vocabulary  # noqa: E402
 from bertforge.model import BertForMaskedLM, BertForPreTraining, pretraining_loss  # noqa: E402
 from bertforge.train import pretrain  # noqa: E402
 from bertforge.weights import export_hf, load_hf, load_model, load_weights  # noqa: E402
 
-SPECIALS = SpecialIds(pad=0, unk=1, cls=2, sep=3, mask=4)
+VOCAB = Vocabulary.wordpiece(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *(f"w{i}" for i in range(505))])
+SPECIALS = VOCAB.specials  # [CLS] 2, [SEP] 3, [MASK] 4
 
 
 def flat_corpus(seed: int, documents: int = 30) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -83,7 +84,7 @@ def test_masking_ratio_copies_and_80_10_10(ratio, max_predictions):
     rows = pack_full_sentences(tokens, sentence_offsets, document_offsets, 128, max_predictions, SPECIALS)
     arrays = create_arrays_mlm(tokens, sentence_offsets, document_offsets, seq_len=128,
                                max_predictions=max_predictions, masked_lm_prob=ratio, dupe_factor=3,
-                               vocab_size=510, specials=SPECIALS, rng=np.random.default_rng(7))
+                               vocab=VOCAB, rng=np.random.default_rng(7))
     assert len(arrays) == 3 * len(rows)
     count = arrays.masked_lm_weights.sum(1)
     length = arrays.input_mask.sum(1)

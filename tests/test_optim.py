@@ -505,42 +505,6 @@ def test_param_groups_on_bert():
     assert all(n.endswith("bias") or "LayerNorm" in n for n, p in model.named_parameters() if p.ndim <= 1)
 
 
-class ModernBertNames(nn.Module):
-    """ModernBERT's parameter names and shapes in small: norms without biases, linears without biases
-    but the decoder's."""
-
-    def __init__(self):
-        super().__init__()
-        self.embeddings = nn.Module()
-        self.embeddings.tok_embeddings = nn.Embedding(10, 4)
-        self.embeddings.norm = nn.LayerNorm(4, bias=False)
-        layer = nn.Module()
-        layer.attn_norm = nn.LayerNorm(4, bias=False)
-        layer.attn = nn.Module()
-        layer.attn.Wqkv = nn.Linear(4, 12, bias=False)
-        layer.mlp_norm = nn.LayerNorm(4, bias=False)
-        layer.mlp = nn.Module()
-        layer.mlp.Wi = nn.Linear(4, 16, bias=False)
-        self.layers = nn.ModuleList([layer])
-        self.final_norm = nn.LayerNorm(4, bias=False)
-        self.head = nn.Module()
-        self.head.dense = nn.Linear(4, 4, bias=False)
-        self.head.norm = nn.LayerNorm(4, bias=False)
-        self.decoder = nn.Linear(4, 10)
-
-
-def test_param_groups_leave_modernbert_norms_undecayed():
-    """ModernBERT's main.py (param_groups_weight_decay) decays no tensor of at most one dimension: its
-    norms, named norm, attn_norm, mlp_norm, final_norm and head.norm, have a weight and no bias."""
-    model = ModernBertNames()
-    decay, no_decay = param_groups(model, 1e-5)
-    names = {id(p): n for n, p in model.named_parameters()}
-    assert {names[id(p)] for p in decay["params"]} == {
-        "embeddings.tok_embeddings.weight", "layers.0.attn.Wqkv.weight", "layers.0.mlp.Wi.weight",
-        "head.dense.weight", "decoder.weight"}
-    assert {names[id(p)] for p in no_decay["params"]} == {
-        "embeddings.norm.weight", "layers.0.attn_norm.weight", "layers.0.mlp_norm.weight", "final_norm.weight",
-        "head.norm.weight", "decoder.bias"}
 
 
 @pytest.mark.parametrize("optimizer, bias_correction, factor", [

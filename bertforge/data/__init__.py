@@ -1,4 +1,4 @@
-"""Pre-training data: corpus -> WordPiece vocab -> masked next-sentence instances -> datasets.
+"""Pre-training data: corpus -> vocab (WordPiece or BPE) -> masked instances -> datasets.
 
 Modules, in pipeline order:
 
@@ -6,6 +6,8 @@ Modules, in pipeline order:
 * ``corpus``     -- documents as lists of sentences (built-in corpus, text files)
 * ``tokenizer``  -- train / load a WordPiece vocab, tokenize documents
 * ``wordpiece``  -- the same ids, fast, for whole corpora (``bertforge data create``)
+* ``bpe``        -- tokenizer.json vocabs (byte-level BPE, as ModernBERT's): train, read, fast ids
+* ``vocab``      -- ``Vocabulary``: either kind as every step sees it (special ids, words, size)
 * ``instances``  -- BERT's instance creation and masking, padded into numpy arrays
 * ``dataset``    -- the datasets the trainer reads, and ``build_datasets``
 
@@ -18,7 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .errors import DataError
-from .tokenizer import vocab_size_of
+from .vocab import vocab_size_of
 
 if TYPE_CHECKING:
     from .dataset import PretrainingDataset, SyntheticDataset, build_datasets, decode_sample

@@ -4,6 +4,7 @@
     bertforge data wikipedia extract DUMP OUT.jsonl
     bertforge data preprocess OUT.jsonl TEXT_DIR --shards 64
     bertforge data vocab TEXT_DIR/train vocab.txt
+    bertforge data vocab TEXT_DIR/train tokenizer.json --kind bpe --vocab-size 50368   # or a BPE, as ModernBERT's
     bertforge data create --input 'TEXT_DIR/train/*.txt' --vocab vocab.txt --output records/train.tfrecord \\
         --mode fast --workers 8 --num-output-files 64
     bertforge data create --input corpus.parquet --text-column text --vocab vocab.txt --output records/train.tfrecord
@@ -67,7 +68,7 @@ def add_data_commands(sub: argparse._SubParsersAction) -> None:
     p = data_sub.add_parser("preprocess", help="articles or text → one sentence per line, shards + eval")
     preprocess.add_preprocess_arguments(p)
     p.set_defaults(func=preprocess.cmd_preprocess)
-    p = data_sub.add_parser("vocab", help="train a WordPiece vocab on text")
+    p = data_sub.add_parser("vocab", help="train a WordPiece vocab.txt or a BPE tokenizer.json on text")
     preprocess.add_vocab_arguments(p)
     p.set_defaults(func=preprocess.cmd_vocab)
 
@@ -90,5 +91,5 @@ def add_data_commands(sub: argparse._SubParsersAction) -> None:
     p = data_sub.add_parser("inspect", help="count, validate and decode a few records")
     p.add_argument("file", type=Path)
     p.add_argument("--num", type=int, default=3, help="records to decode (default 3)")
-    p.add_argument("--vocab", help="vocab.txt, to show tokens instead of ids")
+    p.add_argument("--vocab", help="vocab.txt or tokenizer.json, to show tokens instead of ids")
     p.set_defaults(func=cmd_inspect)

@@ -36,9 +36,14 @@ Input is read by :mod:`.text` (files, globs and directories of ``*.txt``;
 chunks as byte ranges), or from tables (JSON Lines, Parquet, ``save_to_disk``
 directories: one document per row of ``text_column``, its lines the sentences,
 read by the parent process and sent to the workers as documents; the same text
-as a text file gives the same records in both modes). Tokenization gives the ids of
-:func:`.tokenizer.encode_texts` (the reference ``FullTokenizer``'s), found with
-numpy and a cache (:class:`.wordpiece.FastWordPiece`).
+as a text file gives the same records in both modes). The vocab is a WordPiece
+``vocab.txt`` or a ``tokenizer.json`` (:mod:`.vocab`): tokenization gives the ids of
+:func:`.tokenizer.encode_texts` (the reference ``FullTokenizer``'s) for the one,
+of ``tokenizers`` itself for the other (each document as its running text, see
+:meth:`.bpe.FastBPE.encode_documents`), found with numpy and a cache
+(:class:`.wordpiece.FastWordPiece`, :class:`.bpe.FastBPE`). The special tokens
+and their ids come from the vocab, and a native file's header names it
+(:meth:`.vocab.Vocabulary.identity`).
 
 Output: ``num_output_files`` files in ``fmt`` (``tfrecord`` with the reference
 feature schema, or ``native``), filled round-robin as the reference does. One
@@ -77,14 +82,13 @@ from pathlib import Path
 import numpy as np
 
 from ..fileio import atomic_files, refuse_live_runs
-from .errors import DataError, warn_no_word_pieces, warn_one_document, warn_prediction_cap
+from .errors import DataError, warn_one_document, warn_prediction_cap
 from .instances import create_arrays_fast, create_arrays_mlm, create_instances, to_arrays
 from .record_schema import FORMATS
 from .record_writer import EncodedRecords, RecordEncoder, RecordWriter
 from .rows import PretrainingArrays
 from .text import Chunk, expand_inputs, input_chunks, input_documents, read_chunk
-from .tokenizer import read_vocab, subword_flags
-from .wordpiece import FastWordPiece
+from .vocab import Vocabulary, load_vocab
 
 MODES = ("reference", "fast")
 CHUNK_CHARS = 1 << 18  # fast mode: bytes of text per chunk (characters, for ASCII)
@@ -195,8 +199,8 @@ class _ChunkMaker:
         self.options = options
         self.encoder = encoder
         self.key = _maker_key(options, encoder)
-        self.tokenizer = FastWordPiece(vocab, options.lowercase)
-        self.subword = subword_flags(self.tokenizer.vocab) if options.whole_word_mask else None
+        self.vocab = load_vocab(vocab)
+        self.tokenizer = self.vocab.encoder(options.lowercase)
 
     def __call__(self, index: int, ranges: Chunk) -> ChunkResult:
         o = self.options
@@ -207,8 +211,7 @@ class _ChunkMaker:
         arrays = make(
             chunk.tokens, chunk.sentence_offsets, chunk.document_offsets, seq_len=o.seq_len,
             max_predictions=o.max_predictions, masked_lm_prob=o.masked_lm_prob, dupe_factor=o.dupe_factor,
-            vocab_size=self.tokenizer.vocab_size, specials=self.tokenizer.specials, rng=rng,
-            subword=self.subword)
+            vocab=self.vocab, rng=rng, whole_word=o.whole_word_mask)
         records = None
         if self.encoder is not None:  # the writer then only appends bytes
             records = self.encoder.encode(arrays, where=f"chunk {index}")
@@ -474,7 +477,7 @@ def create(inputs: Sequence[str | Path], vocab: str | Path, output: str | Path, 
         raise DataError(f"workers={workers}: reference mode runs in one process (use mode fast)")
     _check(options, mode, workers, chunk_chars)
     vocab = Path(vocab)
-    vocab_size = len(_read_checked_vocab(vocab, options))  # a missing or empty vocab fails here, before any work
+    made_with = _checked_vocab(vocab, options)  # a missing or empty vocab fails here, before any work
     files = expand_inputs(inputs, saved_datasets=True)
     paths = output_paths(output, num_output_files)
     stats = CreateStats(mode=mode, files=paths)
@@ -483,8 +486,8 @@ def create(inputs: Sequence[str | Path], vocab: str | Path, output: str | Path, 
         # All files in a hidden directory first, renamed into place together when every one is
         # complete: a failure (a full disk at the fifth of eight) leaves none that looks whole.
         staged = stack.enter_context(atomic_files(paths))
-        writers = [stack.enter_context(RecordWriter(path, fmt, seq_len, max_predictions,
-                                                    vocab_size=vocab_size)) for path in staged]
+        writers = [stack.enter_context(RecordWriter(path, fmt, seq_len, max_predictions, vocab_size=made_with.size,
+                                                    tokenizer=made_with.identity())) for path in staged]
         out = _RoundRobin(writers)
         if mode == "reference":
             _create_reference(files, vocab, options, out, stats, text_column)
@@ -526,7 +529,7 @@ def generate(inputs: Sequence[str | Path], vocab: str | Path, *, seq_len: int = 
     options = CreateOptions(seq_len, max_predictions, masked_lm_prob, short_seq_prob,
                             dupe_factor, seed, lowercase, whole_word_mask, mlm_only)
     _check(options, "fast", workers, chunk_chars)
-    _read_checked_vocab(vocab, options)  # a missing or empty vocab fails here, before any work
+    _checked_vocab(vocab, options)  # a missing or empty vocab fails here, before any work
     stats = stats if stats is not None else CreateStats(mode="fast", files=[])
     results = _generate(expand_inputs(inputs, saved_datasets=True), Path(vocab), options, None,
                         workers, chunk_chars, start_method, stats, text_column=text_column)
@@ -549,12 +552,14 @@ def _check(options: CreateOptions, mode: str, workers: int, chunk_chars: int) ->
         raise DataError(f"chunk_chars={chunk_chars} must be at least 1")
 
 
-def _read_checked_vocab(vocab: str | Path, options: CreateOptions) -> list[str]:
-    """The vocab's tokens, read once in the parent (the workers read it again) and checked."""
-    tokens = read_vocab(vocab)
+def _checked_vocab(vocab: str | Path, options: CreateOptions) -> Vocabulary:
+    """The vocab, read once in the parent (the workers read it again) and checked: it has the
+    special tokens the records need."""
+    vocabulary = load_vocab(vocab)
+    vocabulary.special_ids()  # raises, naming the file and the missing token
     if options.whole_word_mask:
-        warn_no_word_pieces(vocab, tokens, "data create --whole-word-mask")
-    return tokens
+        vocabulary.check_word_pieces("data create --whole-word-mask")
+    return vocabulary
 
 
 def _generate(files: list[Path], vocab: Path, options: CreateOptions,
@@ -588,9 +593,9 @@ def _names(files: Sequence[Path]) -> str:
 def _create_reference(files: list[Path], vocab: Path, options: CreateOptions, out: _RoundRobin,
                       stats: CreateStats, text_column: str = "text") -> None:
     """The whole corpus at once, as google-research/bert's create_pretraining_data.py."""
-    tokenizer = FastWordPiece(vocab, options.lowercase)
+    vocabulary = load_vocab(vocab)
     documents = list(input_documents(files, text_column))
-    chunk = tokenizer.encode_documents(documents)
+    chunk = vocabulary.encode_documents(documents, options.lowercase)
     del documents
     stats.documents = len(chunk.document_offsets) - 1
     stats.sentences = len(chunk.sentence_offsets) - 1
@@ -601,9 +606,8 @@ def _create_reference(files: list[Path], vocab: Path, options: CreateOptions, ou
     instances = create_instances(
         chunk.as_lists(), seq_len=options.seq_len, max_predictions=options.max_predictions,
         masked_lm_prob=options.masked_lm_prob, short_seq_prob=options.short_seq_prob,
-        dupe_factor=options.dupe_factor, vocab_size=tokenizer.vocab_size,
-        specials=tokenizer.specials, rng=random.Random(options.seed),
-        subword=subword_flags(tokenizer.vocab).tolist() if options.whole_word_mask else None)
+        dupe_factor=options.dupe_factor, vocab=vocabulary, rng=random.Random(options.seed),
+        whole_word=options.whole_word_mask)
     del chunk
     for first in range(0, len(instances), REFERENCE_WRITE_BATCH):
         batch = instances[first:first + REFERENCE_WRITE_BATCH]
@@ -622,7 +626,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "directory written by datasets' save_to_disk")
     parser.add_argument("--text-column", default="text",
                         help="the column of tables that holds the text (default: text)")
-    parser.add_argument("--vocab", required=True, help="vocab.txt, one token per line")
+    parser.add_argument("--vocab", required=True,
+                        help="vocab.txt (WordPiece, one token per line) or tokenizer.json (Hugging Face "
+                             "tokenizers, e.g. a byte-level BPE as ModernBERT's)")
     parser.add_argument("--output", required=True,
                         help="output file (with --num-output-files N: NAME-0000i-of-0000N.EXT)")
     parser.add_argument("--seq-len", type=int, default=128)
@@ -631,9 +637,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--short-seq-prob", type=float, default=0.1)
     parser.add_argument("--dupe-factor", type=int, default=5)
     parser.add_argument("--seed", type=int, default=12345)
-    parser.add_argument("--cased", action="store_true", help="do not lower-case (cased vocabs)")
+    parser.add_argument("--cased", action="store_true",
+                        help="do not lower-case (cased vocab.txt; a tokenizer.json's own normalizer decides)")
     parser.add_argument("--whole-word-mask", action="store_true",
-                        help="mask all WordPieces of a word or none (the reference's --do_whole_word_mask)")
+                        help="mask all pieces of a word or none (the reference's --do_whole_word_mask; "
+                             "for a tokenizer.json, a word starts at a token with the space marker Ġ)")
     parser.add_argument("--mlm-only", action="store_true",
                         help="masked LM alone (train.objective mlm): rows of whole sentences of "
                              "contiguous text, across documents, no sentence pairs (needs --mode fast)")
@@ -656,7 +664,7 @@ def run(args: argparse.Namespace) -> int:
     (and, with ``--pack N``, one for the packing: see :mod:`.packing`)."""
     from .packing import packing_to
 
-    read_vocab(args.vocab)  # a missing vocab is named before an existing output
+    load_vocab(args.vocab)  # a missing vocab is named before an existing output
     final = check_outputs(args.output, args.num_output_files, args.overwrite)
     with (packing_to(args.output, final, args.pack, seed=args.seed) if args.pack
           else contextlib.nullcontext((args.output, None))) as (output, packed):

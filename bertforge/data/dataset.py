@@ -22,18 +22,11 @@ import torch
 
 from ..config import DataConfig
 from .corpus import builtin_corpus, read_text_corpus
-from .errors import DataError, warn_no_word_pieces, warn_one_document, warn_prediction_cap
+from .errors import DataError, warn_one_document, warn_prediction_cap
 from .instances import create_arrays_mlm, create_instances, to_arrays
 from .rows import PretrainingArrays, Rows
-from .tokenizer import (
-    load_tokenizer,
-    read_vocab,
-    special_ids,
-    subword_flags,
-    tokenize_documents,
-    train_wordpiece,
-    vocab_size_of,
-)
+from .tokenizer import train_wordpiece
+from .vocab import load_vocab
 
 log = logging.getLogger(__name__)
 
@@ -130,9 +123,10 @@ def build_datasets(data: DataConfig, work_dir: Path, mlm_only: bool = False,
     ``mlm_only``, rows of whole sentences of contiguous text (:func:`.instances.create_arrays_mlm`).
 
     The corpus is ``data.input`` (a file or directory of text) or, if empty,
-    the built-in corpus. A vocab is trained on the train documents and written
-    to ``work_dir/vocab.txt`` unless ``data.vocab`` names one. ``data.synthetic``
-    is not looked at here: the caller builds a :class:`SyntheticDataset` instead.
+    the built-in corpus. A WordPiece vocab is trained on the train documents and
+    written to ``work_dir/vocab.txt`` unless ``data.vocab`` names one (a vocab.txt
+    or a tokenizer.json, see :mod:`.vocab`). ``data.synthetic`` is not looked at
+    here: the caller builds a :class:`SyntheticDataset` instead.
     """
     start = time.perf_counter()
     documents = read_text_corpus(data.input) if data.input else builtin_corpus()
@@ -146,29 +140,26 @@ def build_datasets(data: DataConfig, work_dir: Path, mlm_only: bool = False,
     else:
         vocab_path = train_wordpiece(train_docs, data.vocab_size, Path(work_dir) / "vocab.txt",
                                      lowercase=data.lowercase)
-    tokenizer = load_tokenizer(vocab_path, lowercase=data.lowercase)
-    subword = None
+    vocab = load_vocab(vocab_path)
+    vocab.special_ids()  # a vocab without [CLS], [SEP] or [MASK] is named before any work
+    encoder = vocab.encoder(data.lowercase)
     if data.whole_word_mask:
-        tokens = read_vocab(vocab_path)
-        warn_no_word_pieces(vocab_path, tokens, "data.whole_word_mask")
-        subword = subword_flags(tokens)
+        vocab.check_word_pieces("data.whole_word_mask")
     options: dict[str, Any] = dict(seq_len=data.seq_len, max_predictions=data.max_predictions,
-                                   masked_lm_prob=data.masked_lm_prob, vocab_size=vocab_size_of(vocab_path),
-                                   specials=special_ids(tokenizer))
+                                   masked_lm_prob=data.masked_lm_prob, vocab=vocab, whole_word=data.whole_word_mask)
     warn_prediction_cap(data.seq_len, data.max_predictions, data.masked_lm_prob, "data")
 
     datasets = []
     for docs, dupe_factor, seed in ((train_docs, data.dupe_factor, data.seed),
                                     # eval: the same text masked dupe_factor ways, a steadier estimate
                                     (eval_docs, data.dupe_factor, data.seed + EVAL_SEED_OFFSET)):
-        tokenized = tokenize_documents(tokenizer, docs)
+        chunk = encoder.encode_documents(docs)
         if mlm_only:
-            arrays = create_arrays_mlm(*_flat(tokenized), dupe_factor=dupe_factor,
-                                       rng=np.random.default_rng(seed), subword=subword, **options)
+            arrays = create_arrays_mlm(chunk.tokens, chunk.sentence_offsets, chunk.document_offsets,
+                                       dupe_factor=dupe_factor, rng=np.random.default_rng(seed), **options)
         else:
-            instances = create_instances(tokenized, short_seq_prob=data.short_seq_prob, dupe_factor=dupe_factor,
-                                         rng=random.Random(seed), **options,
-                                         subword=None if subword is None else subword.tolist())
+            instances = create_instances(chunk.as_lists(), short_seq_prob=data.short_seq_prob,
+                                         dupe_factor=dupe_factor, rng=random.Random(seed), **options)
             arrays = to_arrays(instances, data.seq_len, data.max_predictions)
         if not len(arrays):
             raise DataError(f"{data.input or 'the built-in corpus'}: no text left after tokenizing")
@@ -176,22 +167,12 @@ def build_datasets(data: DataConfig, work_dir: Path, mlm_only: bool = False,
     train, held_out = datasets
     log.info("data: %d train / %d eval documents -> %d / %d instances, vocab %s (%d tokens), %.1fs",
              len(train_docs), len(eval_docs), len(train), len(held_out), vocab_path,
-             options["vocab_size"], time.perf_counter() - start)
+             vocab.size, time.perf_counter() - start)
     return train, held_out, vocab_path
-
-
-def _flat(documents: list[list[list[int]]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Token documents as (tokens, sentence offsets, document offsets), the flat form of the fast paths."""
-    sentences = [sentence for document in documents for sentence in document if sentence]
-    sentence_offsets = np.cumsum([0] + [len(s) for s in sentences])
-    document_offsets = np.cumsum([0] + [sum(1 for s in document if s) for document in documents])
-    tokens = np.fromiter((t for s in sentences for t in s), np.int32, int(sentence_offsets[-1]))
-    return tokens, sentence_offsets, document_offsets
 
 
 def decode_sample(batch: dict[str, torch.Tensor], vocab_path: str | Path, row: int = 0) -> str:
     """One sequence (or packed row) of a batch as the model sees it (masks included), for a person to read."""
-    vocab = read_vocab(vocab_path)
     mask = batch.get("sequence_ids", batch.get("attention_mask"))  # neither: no padding
     ids = batch["input_ids"][row] if mask is None else batch["input_ids"][row][mask[row].bool()]
-    return " ".join(vocab[i] for i in ids.tolist())
+    return load_vocab(vocab_path).decode(ids.tolist())

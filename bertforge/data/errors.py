@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -32,9 +31,9 @@ def warn_prediction_cap(seq_len: int, max_predictions: int, masked_lm_prob: floa
                     100 * max_predictions / seq_len, math.ceil(wanted))
 
 
-def warn_no_word_pieces(vocab: str | Path, tokens: Iterable[str], where: str) -> None:
-    """Warn when whole-word masking meets a vocab without ``##`` pieces: every word is then one
+def warn_no_word_pieces(vocab: str | Path, pieces: str, where: str) -> None:
+    """Warn that whole-word masking meets a vocab without pieces that continue a word (``pieces``:
+    ``##`` pieces; for byte-level BPE, tokens without the space marker): every word is then one
     token, so masking whole words masks single tokens, as masking without it does."""
-    if not any(token.startswith("##") for token in tokens):
-        log.warning("%s: %s has no ## pieces (the continuations of a word), so every word is one token and "
-                    "whole-word masking masks single tokens, as masking without it does", where, vocab)
+    log.warning("%s: %s has no %s (the continuations of a word), so every word is one token and "
+                "whole-word masking masks single tokens, as masking without it does", where, vocab, pieces)

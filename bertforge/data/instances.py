@@ -4,9 +4,11 @@ This follows google-research/bert's ``create_pretraining_data.py``: the same
 sequence packing, next-sentence sampling, truncation and 80/10/10 masking, and
 the same order of draws from one ``random.Random``, so the same documents and
 seed give the very same instances (tests/test_data.py checks this against the
-reference). It works on token ids instead of strings. Whole-word masking
-(``subword``: which ids are ``##`` continuations) is the reference's
-``--do_whole_word_mask``: a word's pieces are predicted together or not at all.
+reference). It works on token ids instead of strings, and takes the special
+ids, the random replacements and the word boundaries from a
+:class:`.vocab.Vocabulary` (for a ``vocab.txt``, the reference's). Whole-word
+masking (``whole_word``) is the reference's ``--do_whole_word_mask``: a
+word's pieces (``vocab.continues``) are predicted together or not at all.
 
 :func:`create_arrays_fast` is the same algorithm with the same distributions
 drawn differently: with numpy, for many documents at once, straight into
@@ -20,17 +22,13 @@ same document or, half of the time, a span of another document
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .rows import PretrainingArrays
 from .tokenizer import SpecialIds
-
-if TYPE_CHECKING:
-    pass
+from .vocab import Vocabulary
 
 TokenDocument = list[list[int]]  # token ids per sentence
 
@@ -57,31 +55,45 @@ class Instance:
         return ids
 
 
+@dataclass(frozen=True)
+class _MaskRules:
+    """What :func:`_mask` takes from the vocab, as Python lists (it draws one position at a time)."""
+
+    mask_id: int
+    random_ids: list[int]
+    continues: list[bool] | None  # None: single positions, not whole words
+    words_span_specials: bool
+
+    @classmethod
+    def of(cls, vocab: Vocabulary, whole_word: bool) -> _MaskRules:
+        return cls(vocab.specials.mask, vocab.random_ids.tolist(), vocab.continues.tolist() if whole_word else None,
+                   vocab.reference_rules)
+
+
 def create_instances(documents: list[TokenDocument], *, seq_len: int, max_predictions: int,
                      masked_lm_prob: float, short_seq_prob: float, dupe_factor: int,
-                     vocab_size: int, specials: SpecialIds, rng: random.Random,
-                     subword: Sequence[bool] | None = None) -> list[Instance]:
+                     vocab: Vocabulary, rng: random.Random, whole_word: bool = False) -> list[Instance]:
     """All instances of ``dupe_factor`` passes over the documents, shuffled.
 
     Each pass packs and masks every document anew, so the passes differ. With
-    ``subword`` (indexed by token id) whole words are masked.
+    ``whole_word`` whole words are masked.
     """
     documents = [d for d in documents if d]
     rng.shuffle(documents)
+    rules = _MaskRules.of(vocab, whole_word)
     instances: list[Instance] = []
     for _ in range(dupe_factor):
         for index in range(len(documents)):
             instances.extend(_document_instances(
                 documents, index, seq_len, short_seq_prob, masked_lm_prob, max_predictions,
-                vocab_size, specials, rng, subword))
+                vocab.specials, rules, rng))
     rng.shuffle(instances)
     return instances
 
 
 def _document_instances(documents: list[TokenDocument], index: int, seq_len: int,
                         short_seq_prob: float, masked_lm_prob: float, max_predictions: int,
-                        vocab_size: int, specials: SpecialIds, rng: random.Random,
-                        subword: Sequence[bool] | None = None) -> list[Instance]:
+                        specials: SpecialIds, rules: _MaskRules, rng: random.Random) -> list[Instance]:
     document = documents[index]
     max_num_tokens = seq_len - 3  # room for [CLS], [SEP], [SEP]
     # Mostly fill the sequence (padding is wasted compute), but sometimes aim
@@ -111,8 +123,7 @@ def _document_instances(documents: list[TokenDocument], index: int, seq_len: int
                 tokens_b = [t for sentence in chunk[a_end:] for t in sentence]
             _truncate_pair(tokens_a, tokens_b, max_num_tokens, rng)
             tokens = [specials.cls, *tokens_a, specials.sep, *tokens_b, specials.sep]
-            positions, replacements = _mask(tokens, len(tokens_a), masked_lm_prob,
-                                            max_predictions, vocab_size, specials.mask, rng, subword)
+            positions, replacements = _mask(tokens, len(tokens_a), masked_lm_prob, max_predictions, rules, rng)
             instances.append(Instance(tokens, len(tokens_a), is_random_next,
                                       positions, replacements))
             chunk = []
@@ -150,23 +161,25 @@ def _truncate_pair(tokens_a: list[int], tokens_b: list[int], max_num_tokens: int
 
 
 def _mask(tokens: list[int], num_a: int, masked_lm_prob: float, max_predictions: int,
-          vocab_size: int, mask_id: int, rng: random.Random,
-          subword: Sequence[bool] | None = None) -> tuple[list[int], list[int]]:
+          rules: _MaskRules, rng: random.Random) -> tuple[list[int], list[int]]:
     """Positions to predict (sorted) and what the input shows there.
 
     The reference's draws in its order: the candidates ([CLS] and [SEP] are
     not) in groups, shuffled; groups are taken whole while they fit the
     number to predict; each taken position shows [MASK] 80%, its own token
-    10%, a random token of the vocab 10%. A group is one position, or with
-    ``subword`` a word: a ``##`` piece joins the group before it (the group
-    before the middle [SEP] too, as in the reference).
+    10%, a random token 10% (of the vocab; of ``rules.random_ids``). A group is
+    one position, or with ``rules.continues`` a word: a continuing piece joins
+    the group before it (the group before the middle [SEP] too, as in the
+    reference, where ``rules.words_span_specials``).
     """
     special = {0, num_a + 1, len(tokens) - 1}  # [CLS], [SEP], [SEP]
+    continues, random_ids = rules.continues, rules.random_ids
     groups: list[list[int]] = []
     for i in range(len(tokens)):
         if i in special:
             continue
-        if subword is not None and groups and subword[tokens[i]]:
+        if (continues is not None and groups and continues[tokens[i]]
+                and (rules.words_span_specials or i - 1 not in special)):
             groups[-1].append(i)
         else:
             groups.append([i])
@@ -180,11 +193,11 @@ def _mask(tokens: list[int], num_a: int, masked_lm_prob: float, max_predictions:
             continue
         for position in group:
             if rng.random() < 0.8:
-                chosen[position] = mask_id
+                chosen[position] = rules.mask_id
             elif rng.random() < 0.5:
                 chosen[position] = tokens[position]
             else:
-                chosen[position] = rng.randint(0, vocab_size - 1)
+                chosen[position] = random_ids[rng.randint(0, len(random_ids) - 1)]
     positions = sorted(chosen)
     return positions, [chosen[p] for p in positions]
 
@@ -214,8 +227,7 @@ def to_arrays(instances: list[Instance], seq_len: int, max_predictions: int) -> 
 def create_arrays_fast(tokens: np.ndarray, sentence_offsets: np.ndarray,
                        document_offsets: np.ndarray, *, seq_len: int, max_predictions: int,
                        masked_lm_prob: float, short_seq_prob: float, dupe_factor: int,
-                       vocab_size: int, specials: SpecialIds, rng: np.random.Generator,
-                       subword: np.ndarray | None = None) -> PretrainingArrays:
+                       vocab: Vocabulary, rng: np.random.Generator, whole_word: bool = False) -> PretrainingArrays:
     """BERT's instances for a block of documents, drawn with numpy, already padded and shuffled.
 
     The documents are given flat: ``tokens`` holds every token id; sentence s is
@@ -234,9 +246,9 @@ def create_arrays_fast(tokens: np.ndarray, sentence_offsets: np.ndarray,
       lengths this ends at are computed in closed form and the number trimmed
       from the front is Binomial(trimmed, 1/2), which is the same law;
     * ``min(max_predictions, max(1, round(len * masked_lm_prob)))`` distinct
-      positions (never [CLS] or [SEP]), uniform (with ``subword``, whole words
-      as :func:`whole_word_positions` draws them); 80% [MASK], 10% kept, 10% a
-      uniform random id of the vocab.
+      positions (never [CLS] or [SEP]), uniform (with ``whole_word``, whole
+      words as :func:`whole_word_positions` draws them); 80% [MASK], 10% kept,
+      10% a uniform random id of ``vocab.random_ids``.
 
     The one difference: a random B comes from another document of this block,
     and the reference's 10 tries to avoid the same document become one exact
@@ -255,8 +267,8 @@ def create_arrays_fast(tokens: np.ndarray, sentence_offsets: np.ndarray,
     b_start = b_start + rng.binomial(b_len - b_keep, 0.5)
     order = rng.permutation(len(a_start))
     arrays = _pack(np.asarray(tokens), a_start[order], a_keep[order], b_start[order],
-                   b_keep[order], random_next[order], seq_len, max_predictions, specials)
-    _mask_arrays(arrays, a_keep[order], masked_lm_prob, vocab_size, specials.mask, rng, subword)
+                   b_keep[order], random_next[order], seq_len, max_predictions, vocab.specials)
+    _mask_arrays(arrays, a_keep[order], masked_lm_prob, vocab, rng, whole_word)
     return arrays
 
 
@@ -371,14 +383,31 @@ def _pack(tokens: np.ndarray, a_start: np.ndarray, a_len: np.ndarray, b_start: n
     )
 
 
-def whole_word_positions(ids: np.ndarray, candidate: np.ndarray, subword: np.ndarray, count: np.ndarray,
+def word_starts(ids: np.ndarray, positions: np.ndarray, vocab: Vocabulary) -> np.ndarray:
+    """Which of a row's candidate tokens (``ids`` at ``positions``, increasing) start a word.
+
+    The first does, and every token that does not continue the word before it
+    (``vocab.continues``); unless ``vocab.reference_rules``, also every token
+    after a gap in the positions (a special token there): no word spans one.
+    """
+    starts = ~vocab.continues[ids]
+    if len(starts):
+        starts[0] = True
+    if not vocab.reference_rules:
+        starts[1:] |= np.diff(positions) > 1
+    return starts
+
+
+def whole_word_positions(ids: np.ndarray, candidate: np.ndarray, vocab: Vocabulary, count: np.ndarray,
                          max_predictions: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Whole-word choices of every row: ((N, P) positions sorted, 0 where unused; (N, P) used).
 
     Row r's candidate positions (``candidate[r]``) in groups as :func:`_mask`
-    makes them (a ``##`` piece, ``subword[id]``, joins the group before it),
-    in a uniformly random order; groups are taken whole while they fit
-    ``count[r]``. One row at a time: slower than the one-position draw.
+    makes them (a continuing piece, ``vocab.continues[id]``, joins the group
+    before it; unless ``vocab.reference_rules``, not across a position that
+    is no candidate: a special token), in a uniformly random order; groups
+    are taken whole while they fit ``count[r]``. One row at a time: slower
+    than the one-position draw.
     """
     n = len(ids)
     positions = np.zeros((n, max_predictions), np.int64)
@@ -387,9 +416,7 @@ def whole_word_positions(ids: np.ndarray, candidate: np.ndarray, subword: np.nda
         where = np.flatnonzero(candidate[r])
         if not len(where):
             continue
-        starts = ~subword[ids[r, where]]
-        starts[0] = True
-        group = np.cumsum(starts) - 1
+        group = np.cumsum(word_starts(ids[r, where], where, vocab)) - 1
         sizes = np.bincount(group)
         taken, total = np.zeros(len(sizes), bool), 0
         for g in rng.permutation(len(sizes)):
@@ -403,14 +430,13 @@ def whole_word_positions(ids: np.ndarray, candidate: np.ndarray, subword: np.nda
 
 
 def mask_candidates(arrays: PretrainingArrays, candidate: np.ndarray, masked_lm_prob: float,
-                    vocab_size: int, mask_id: int, rng: np.random.Generator,
-                    subword: np.ndarray | None = None) -> None:
+                    vocab: Vocabulary, rng: np.random.Generator, whole_word: bool = False) -> None:
     """Mask every row of unmasked ``arrays`` in place, choosing among ``candidate`` (N, T) positions.
 
     Per row ``min(P, max(1, round(tokens × masked_lm_prob)))`` positions (no
-    more than the candidates), uniform (with ``subword``, whole words as
+    more than the candidates), uniform (with ``whole_word``, whole words as
     :func:`whole_word_positions` draws them); 80% [MASK], 10% kept, 10% a
-    uniform random id of the vocab.
+    uniform random id of ``vocab.random_ids``.
     """
     n, t = candidate.shape
     max_predictions = arrays.masked_lm_positions.shape[1]
@@ -418,8 +444,8 @@ def mask_candidates(arrays: PretrainingArrays, candidate: np.ndarray, masked_lm_
     # np.round rounds half to even, like Python's round() in the reference.
     count = np.minimum(max_predictions, np.maximum(1, np.round(length * masked_lm_prob)).astype(np.int64))
     count = np.minimum(count, candidate.sum(axis=1))
-    if subword is not None:
-        positions, used = whole_word_positions(arrays.input_ids, candidate, subword, count, max_predictions, rng)
+    if whole_word:
+        positions, used = whole_word_positions(arrays.input_ids, candidate, vocab, count, max_predictions, rng)
     else:
         # A random key per candidate; the count smallest keys of each row are its picks.
         keys = np.where(candidate, rng.random((n, t)), np.inf)
@@ -428,7 +454,7 @@ def mask_candidates(arrays: PretrainingArrays, candidate: np.ndarray, masked_lm_
         positions.sort(axis=1)  # t sorts after every real position
         used = positions < t
         positions = np.where(used, positions, 0)
-    _apply_masks(arrays, positions, used, vocab_size, mask_id, rng)
+    _apply_masks(arrays, positions, used, vocab, rng)
 
 
 # ---------------------------------------------------------------- masked LM alone: full sentences
@@ -478,26 +504,25 @@ def pack_full_sentences(tokens: np.ndarray, sentence_offsets: np.ndarray, docume
 
 def create_arrays_mlm(tokens: np.ndarray, sentence_offsets: np.ndarray, document_offsets: np.ndarray, *,
                       seq_len: int, max_predictions: int, masked_lm_prob: float, dupe_factor: int,
-                      vocab_size: int, specials: SpecialIds, rng: np.random.Generator,
-                      subword: np.ndarray | None = None) -> PretrainingArrays:
+                      vocab: Vocabulary, rng: np.random.Generator, whole_word: bool = False) -> PretrainingArrays:
     """Masked-LM-only rows (:func:`pack_full_sentences`), masked ``dupe_factor`` ways and shuffled.
 
     The documents come flat, as for :func:`create_arrays_fast`. Each copy of a
     row is masked on its own (:func:`mask_candidates`: any real token but
     [CLS] and [SEP]); the copies of all rows are shuffled together.
     """
+    specials = vocab.specials
     rows = pack_full_sentences(np.asarray(tokens), np.asarray(sentence_offsets, np.int64),
                                np.asarray(document_offsets, np.int64), seq_len, max_predictions, specials)
     arrays = rows.take(np.tile(np.arange(len(rows)), dupe_factor))
     ids = arrays.input_ids
     candidate = arrays.input_mask.astype(bool) & (ids != specials.cls) & (ids != specials.sep)
-    mask_candidates(arrays, candidate, masked_lm_prob, vocab_size, specials.mask, rng, subword)
+    mask_candidates(arrays, candidate, masked_lm_prob, vocab, rng, whole_word)
     return arrays.take(rng.permutation(len(arrays)))
 
 
 def _mask_arrays(arrays: PretrainingArrays, a_len: np.ndarray, masked_lm_prob: float,
-                 vocab_size: int, mask_id: int, rng: np.random.Generator,
-                 subword: np.ndarray | None = None) -> None:
+                 vocab: Vocabulary, rng: np.random.Generator, whole_word: bool = False) -> None:
     """Choose and apply the masked-LM predictions of every row, in place."""
     n, _ = arrays.input_ids.shape
     max_predictions = arrays.masked_lm_positions.shape[1]
@@ -508,10 +533,10 @@ def _mask_arrays(arrays: PretrainingArrays, a_len: np.ndarray, masked_lm_prob: f
     # np.round rounds half to even, like Python's round() in the reference.
     count = np.minimum(max_predictions, np.maximum(1, np.round(length * masked_lm_prob)))
     count = np.minimum(count, candidates).astype(np.int64)
-    if subword is not None:
+    if whole_word:
         positions, used = whole_word_positions(
-            arrays.input_ids, _candidates(arrays.input_mask, a_len), subword, count, max_predictions, rng)
-        _apply_masks(arrays, positions, used, vocab_size, mask_id, rng)
+            arrays.input_ids, _candidates(arrays.input_mask, a_len), vocab, count, max_predictions, rng)
+        _apply_masks(arrays, positions, used, vocab, rng)
         return
     # A uniform random count-subset of 0..candidates-1 per row, by Floyd's algorithm,
     # all rows at once: for j = c-k .. c-1, draw t in 0..j and take t, or j if t is taken.
@@ -529,7 +554,7 @@ def _mask_arrays(arrays: PretrainingArrays, a_len: np.ndarray, masked_lm_prob: f
     used = np.arange(max_predictions) < count[:, None]
     # Candidate v is column v + 1 in A, v + 2 in B (past the middle [SEP]).
     positions = np.where(used, chosen + 1 + (chosen >= a_len[:, None]), 0).astype(np.int32)
-    _apply_masks(arrays, positions, used, vocab_size, mask_id, rng)
+    _apply_masks(arrays, positions, used, vocab, rng)
 
 
 def _candidates(input_mask: np.ndarray, a_len: np.ndarray) -> np.ndarray:
@@ -540,15 +565,15 @@ def _candidates(input_mask: np.ndarray, a_len: np.ndarray) -> np.ndarray:
     return (column > 0) & (column < length[:, None] - 1) & (column != a_len[:, None] + 1)
 
 
-def _apply_masks(arrays: PretrainingArrays, positions: np.ndarray, used: np.ndarray, vocab_size: int,
-                 mask_id: int, rng: np.random.Generator) -> None:
+def _apply_masks(arrays: PretrainingArrays, positions: np.ndarray, used: np.ndarray, vocab: Vocabulary,
+                 rng: np.random.Generator) -> None:
     """Write the chosen predictions into ``arrays``: 80% [MASK], 10% kept, 10% a random id."""
     max_predictions = positions.shape[1]
     n = len(positions)
     original = np.take_along_axis(arrays.input_ids, positions, axis=1)
     draw = rng.random((n, max_predictions))
-    random_ids = rng.integers(0, vocab_size, (n, max_predictions))
-    shown = np.where(draw < 0.8, mask_id, np.where(draw < 0.9, original, random_ids))
+    random_ids = vocab.random_ids[rng.integers(0, len(vocab.random_ids), (n, max_predictions))]
+    shown = np.where(draw < 0.8, vocab.specials.mask, np.where(draw < 0.9, original, random_ids))
     # Unused slots write column 0 with what it holds ([CLS]).
     np.put_along_axis(arrays.input_ids, positions, np.where(used, shown, original), axis=1)
     arrays.masked_lm_positions[:] = positions

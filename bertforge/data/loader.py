@@ -36,34 +36,31 @@ import numpy as np
 import torch
 
 from ..feed import pinned
-from .errors import DataError, warn_no_word_pieces
+from .errors import DataError
 from .instances import mask_candidates
 from .record_reader import RecordFile, open_records
 from .record_schema import detect_format
 from .rows import PretrainingArrays, Rows, concat_rows
 from .text import expand_inputs
-from .tokenizer import read_vocab, subword_flags
+from .vocab import Vocabulary, load_vocab
 
 
 @dataclass(frozen=True)
 class MaskingSpec:
-    """What dynamic masking needs to know about the vocab."""
+    """What dynamic masking needs: the vocab (its special ids, random replacements, words) and the ratio."""
 
-    vocab_size: int
-    cls_id: int
-    sep_id: int
-    mask_id: int
+    vocab: Vocabulary
     masked_lm_prob: float = 0.15
-    subword: np.ndarray | None = None  # per id, a ## piece: whole words are masked (data.whole_word_mask)
+    whole_word: bool = False  # whole words are masked (data.whole_word_mask)
 
 
 def remask(a: PretrainingArrays, spec: MaskingSpec, rng: np.random.Generator) -> PretrainingArrays:
     """Undo the records' masks and mask every sequence anew, as the reference would.
 
     Per sequence: n = min(P, max(1, round(len(tokens) × prob))) positions drawn
-    uniformly among the non-special tokens (with ``spec.subword``, whole words
-    while they fit n, as the reference's whole-word masking); of those 80%
-    become [MASK], 10% a random token, 10% stay.
+    uniformly among the non-special tokens (with ``spec.whole_word``, whole
+    words while they fit n, as the reference's whole-word masking); of those
+    80% become [MASK], 10% a random token, 10% stay.
     """
     ids = a.input_ids.astype(np.int64)  # a copy
     rows = np.arange(len(ids))[:, None]
@@ -75,8 +72,9 @@ def remask(a: PretrainingArrays, spec: MaskingSpec, rng: np.random.Generator) ->
         masked_lm_positions=np.zeros_like(a.masked_lm_positions), masked_lm_ids=np.zeros_like(a.masked_lm_ids),
         masked_lm_weights=np.zeros(a.masked_lm_weights.shape, np.float32),
         next_sentence_labels=a.next_sentence_labels)
-    candidate = a.input_mask.astype(bool) & (ids != spec.cls_id) & (ids != spec.sep_id)
-    mask_candidates(fresh, candidate, spec.masked_lm_prob, spec.vocab_size, spec.mask_id, rng, spec.subword)
+    specials = spec.vocab.specials
+    candidate = a.input_mask.astype(bool) & (ids != specials.cls) & (ids != specials.sep)
+    mask_candidates(fresh, candidate, spec.masked_lm_prob, spec.vocab, rng, spec.whole_word)
     return fresh
 
 
@@ -266,15 +264,11 @@ def is_records(pattern: str) -> bool:
 
 
 def masking_spec(vocab_path: str | Path, masked_lm_prob: float, whole_word: bool = False) -> MaskingSpec:
-    vocab = read_vocab(vocab_path)
-    index = {token: i for i, token in enumerate(vocab)}
-    missing = [t for t in ("[CLS]", "[SEP]", "[MASK]") if t not in index]
-    if missing:
-        raise DataError(f"{vocab_path}: no {', '.join(missing)} token")
+    vocab = load_vocab(vocab_path)
+    vocab.special_ids()  # a vocab without [CLS], [SEP] or [MASK] is named now, not at the first batch
     if whole_word:
-        warn_no_word_pieces(vocab_path, vocab, "data.whole_word_mask")
-    return MaskingSpec(len(vocab), index["[CLS]"], index["[SEP]"], index["[MASK]"], masked_lm_prob,
-                       subword_flags(vocab) if whole_word else None)
+        vocab.check_word_pieces("data.whole_word_mask")
+    return MaskingSpec(vocab, masked_lm_prob, whole_word)
 
 
 def check_vocab_fits(records: RecordFile, vocab_path: str | Path) -> None:
@@ -285,12 +279,10 @@ def check_vocab_fits(records: RecordFile, vocab_path: str | Path) -> None:
     this vocab's [CLS], and at least half of the masked positions (80 % under 80/10/10
     masking) must show its [MASK], once there are enough of them (50) to tell.
     """
-    vocab = read_vocab(vocab_path)
-    index = {token: i for i, token in enumerate(vocab)}
-    missing = [t for t in ("[CLS]", "[SEP]", "[MASK]") if t not in index]
-    if missing:
-        raise DataError(f"{vocab_path}: no {', '.join(missing)} token, which the records in {records.path} "
-                        f"hold: train with the vocab they were made with")
+    vocab = load_vocab(vocab_path)
+    specials = vocab.special_ids(f", which the records in {records.path} hold: train with the vocab they were "
+                                 f"made with")
+    index = {"[CLS]": specials.cls, "[MASK]": specials.mask}
     rows = records.take(np.arange(min(len(records), 1024)))
     ids = np.asarray(rows.input_ids)
     weights = rows.masked_lm_weights if isinstance(rows, PretrainingArrays) else rows.masked_lm_mask
@@ -298,13 +290,23 @@ def check_vocab_fits(records: RecordFile, vocab_path: str | Path) -> None:
     used = {}
     if isinstance(rows, PretrainingArrays) and len(ids):
         used["[CLS]"] = int(np.bincount(ids[:, 0]).argmax())
-    if shown.size >= 50 and np.count_nonzero(shown == index["[MASK]"]) < shown.size / 2:
+    if shown.size >= 50 and np.count_nonzero(shown == specials.mask) < shown.size / 2:
         used["[MASK]"] = int(np.bincount(shown).argmax())
     wrong = [f"{token} is id {index[token]} in the vocab but {used[token]} in the records"
              for token in used if index[token] != used[token]]
     if wrong:
         raise DataError(f"{vocab_path} does not fit the records in {records.path}: {'; '.join(wrong)} (made with "
                         f"another vocab?): train with the vocab they were made with")
+
+
+def check_tokenizer(files: list[Path], vocab_path: str | Path) -> None:
+    """Refuse record files whose header names another tokenizer than ``data.vocab`` (see
+    :meth:`.vocab.Vocabulary.check_made`); TFRecords and older native files name none."""
+    vocab = load_vocab(vocab_path)
+    for path in files:
+        if detect_format(path) == "native":
+            with open_records(path, verify=False) as records:
+                vocab.check_made(records.header_tokenizer, path, "data.vocab")
 
 
 class Prefetcher:

@@ -15,8 +15,11 @@ feature: a record is one contiguous read, and a writer streams rows straight
 to the file in one pass with no temporary files.
 
 The header holds the count, shapes, the row dtype (name, dtype, width, offset
-and encoding of each field), the largest token id written, and the crc32c of
-every 16 MiB block of the row region. Opening reads 64 bytes and the header,
+and encoding of each field), the largest token id written, the crc32c of
+every 16 MiB block of the row region, and (files written since BPE vocabs
+came, by ``data create``) the tokenizer that made the rows: ``"tokenizer":
+{"kind", "name", "vocab_size", "fingerprint"}`` (:meth:`.vocab.Vocabulary.identity`;
+a file without it is read as before). Opening reads 64 bytes and the header,
 so it is O(1); rows are read through a memory map, so ``take`` is one numpy
 fancy index. Verifying means reading the whole row region once for the block
 checksums (about the speed of reading the file: crc32c runs at >10 GB/s).
@@ -151,8 +154,9 @@ class NativeWriter:
     """Streams rows (made by :func:`to_rows`) to an open binary file; :meth:`finish` writes the header."""
 
     def __init__(self, file: BinaryIO, seq_len: int, max_predictions: int, id_dtype: np.dtype,
-                 vocab_size: int | None, max_sequences_per_pack: int = 0):
+                 vocab_size: int | None, max_sequences_per_pack: int = 0, tokenizer: dict | None = None):
         self.file = file
+        self.tokenizer = tokenizer
         self.seq_len, self.max_predictions, self.vocab_size = seq_len, max_predictions, vocab_size
         self.max_sequences_per_pack = max_sequences_per_pack
         self.dtype, self.encodings = row_dtype(seq_len, max_predictions, id_dtype, max_sequences_per_pack)
@@ -198,6 +202,8 @@ class NativeWriter:
         }
         if self.max_sequences_per_pack:  # absent: unpacked rows, as every file before packing
             header["max_sequences_per_pack"] = self.max_sequences_per_pack
+        if self.tokenizer is not None:  # absent: not known, as in every file before BPE vocabs
+            header["tokenizer"] = self.tokenizer
         text = json.dumps(header, indent=1).encode()
         header_offset = DATA_OFFSET + self.count * self.dtype.itemsize
         self.file.write(text)
@@ -219,6 +225,7 @@ class Header:
     block_bytes: int
     block_crcs: list[int]
     max_sequences_per_pack: int = 0  # 0: unpacked rows
+    tokenizer: dict | None = None  # what made the rows (Vocabulary.identity()); None: not said
 
 
 MAX_SEQ_LEN = 1 << 16  # positions are stored as uint16 at most
@@ -326,7 +333,22 @@ def read_header(file: BinaryIO, size: int) -> Header:
     if any(type(crc) is not int or not 0 <= crc < 1 << 32 for crc in crcs):
         bad = next(crc for crc in crcs if type(crc) is not int or not 0 <= crc < 1 << 32)
         raise ValueError(f"header field 'block_crc32c' holds {_show(bad)}, expected uint32 checksums")
-    return Header(count, seq_len, max_predictions, vocab_size, max_id, dtype, block_bytes, crcs, slots)
+    tokenizer = _tokenizer(h["tokenizer"]) if "tokenizer" in h else None
+    return Header(count, seq_len, max_predictions, vocab_size, max_id, dtype, block_bytes, crcs, slots, tokenizer)
+
+
+_TOKENIZER_FIELDS = {"kind": str, "name": str, "vocab_size": int, "fingerprint": str}
+
+
+def _tokenizer(value: object) -> dict:
+    """The header's ``tokenizer`` object, its fields checked; a ValueError naming the first bad one."""
+    if not isinstance(value, dict):
+        raise ValueError(f"header field 'tokenizer' is {_show(value)}, expected an object")
+    for key, kind in _TOKENIZER_FIELDS.items():
+        if type(value.get(key)) is not kind:
+            raise ValueError(f"header field 'tokenizer' has {key} {_show(value.get(key))}, expected "
+                             f"{'an integer' if kind is int else 'a string'}")
+    return {key: value[key] for key in _TOKENIZER_FIELDS}
 
 
 def _header_dtype(h: dict, seq_len: int, max_predictions: int, row_bytes: int, slots: int = 0) -> np.dtype:

@@ -353,7 +353,8 @@ def pack_files(inputs: Sequence[Path], outputs: Sequence[Path], max_sequences_pe
         fmt = fmt or first.format
         for path, share in zip(outputs, np.array_split(packs, len(outputs))):
             with RecordWriter(path, fmt, seq_len, max_predictions, vocab_size, id_bound=max_id + 1,
-                              max_sequences_per_pack=max_sequences_per_pack) as writer:
+                              max_sequences_per_pack=max_sequences_per_pack,
+                              tokenizer=first.header_tokenizer) as writer:
                 for start in range(0, len(share), _WRITE_CHUNK):
                     chunk = share[start:start + _WRITE_CHUNK]
                     used = chunk[chunk >= 0]

@@ -58,8 +58,10 @@ def pick_indices(available: int, num: int) -> np.ndarray:
 
 
 def pick_eval(inputs: Sequence[str | Path], output: str | Path, num: int = 10_000, *,
-              fmt: str = "tfrecord") -> PickStats:
-    """Write the ``num`` records MLPerf's pick_eval_samples.py keeps (see the module docstring)."""
+              fmt: str = "tfrecord", tokenizer: dict | None = None) -> PickStats:
+    """Write the ``num`` records MLPerf's pick_eval_samples.py keeps (see the module docstring).
+
+    A native output's header names ``tokenizer`` (default: the one the first input's names)."""
     start = time.perf_counter()
     if num < 1:
         raise DataError(f"num={num} must be at least 1")
@@ -79,7 +81,8 @@ def pick_eval(inputs: Sequence[str | Path], output: str | Path, num: int = 10_00
             raise DataError(f"{', '.join(str(f.path) for f in files)}: no records to pick from")
         picked = pick_indices(available, num)
         ends = np.cumsum(sizes)
-        with RecordWriter(output, fmt, first.seq_len, first.max_predictions) as writer:
+        with RecordWriter(output, fmt, first.seq_len, first.max_predictions,
+                          tokenizer=tokenizer or first.header_tokenizer) as writer:
             for begin in range(0, num, _BATCH):
                 rows = picked[begin:begin + _BATCH]
                 which = np.searchsorted(ends, rows, side="right")  # the file of each row
@@ -100,6 +103,7 @@ def make_eval(texts: Sequence[str | Path], vocab: str | Path, output: str | Path
     """MLPerf's two steps from held-out text: reference-mode records with MLPerf's eval
     settings (``MLPERF_EVAL``, changed by ``overrides``), then :func:`pick_eval`."""
     from .create import create
+    from .vocab import load_vocab
 
     settings = {**MLPERF_EVAL, **overrides}
     output = Path(output)
@@ -109,7 +113,7 @@ def make_eval(texts: Sequence[str | Path], vocab: str | Path, output: str | Path
         intermediate = Path(tmp) / "eval_intermediate.tfrecord"
         create(texts, vocab, intermediate, mode="reference", fmt="tfrecord",
                lowercase=lowercase, **settings)
-        return pick_eval([intermediate], output, num, fmt=fmt)
+        return pick_eval([intermediate], output, num, fmt=fmt, tokenizer=load_vocab(vocab).identity())
 
 
 # ---------------------------------------------------------------- command line

@@ -8,8 +8,8 @@ line after each document) to::
     OUT/eval/eval.txt          (the held-out articles)
 
 The two splits live in separate directories so that a reader globbing
-``*.txt`` never mixes them. :func:`train_vocab` trains a WordPiece vocab on
-such files.
+``*.txt`` never mixes them. :func:`train_vocab` trains a vocab on such files:
+a WordPiece ``vocab.txt`` or a byte-level BPE ``tokenizer.json``.
 
 Input documents come from ``.jsonl`` files (one JSON object per line with a
 ``"text"`` of paragraphs separated by newlines: what
@@ -45,11 +45,13 @@ from pathlib import Path
 from typing import IO
 
 from ..fileio import atomic_directory, fsync
+from .bpe import train_bpe
 from .corpus import iter_text_corpus
 from .errors import DataError
 from .text import expand_inputs, read_rows
 from .text import read_documents as read_text_documents
-from .tokenizer import train_wordpiece, vocab_size_of
+from .tokenizer import train_wordpiece
+from .vocab import load_vocab
 
 SENTENCEX_VERSION = "1.0.32"
 TRAIN_DIR, EVAL_DIR, EVAL_FILE = "train", "eval", "eval.txt"
@@ -244,14 +246,23 @@ def preprocess(inputs: str | Path | Iterable[str | Path], out_dir: str | Path, *
 
 # ---------------------------------------------------------------- vocab
 
-def train_vocab(corpus: str | Path | Iterable[str | Path], out: str | Path, vocab_size: int = 30522,
-                lowercase: bool = True) -> Path:
-    """Train a WordPiece vocab on pre-training text files (or directories of ``*.txt``); write ``out``.
+VOCAB_KINDS = ("wordpiece", "bpe")
 
-    Uses :func:`bertforge.data.tokenizer.train_wordpiece`, which reads the
-    files twice as a stream: memory does not grow with the corpus.
+
+def train_vocab(corpus: str | Path | Iterable[str | Path], out: str | Path, vocab_size: int = 30522,
+                lowercase: bool = True, kind: str = "wordpiece") -> Path:
+    """Train a vocab on pre-training text files (or directories of ``*.txt``); write ``out``.
+
+    ``kind`` ``wordpiece``: a ``vocab.txt`` (:func:`bertforge.data.tokenizer.train_wordpiece`,
+    which reads the files twice as a stream: memory does not grow with the
+    corpus); ``bpe``: a byte-level BPE ``tokenizer.json`` (:func:`bertforge.data.bpe.train_bpe`,
+    cased whatever ``lowercase`` says, as ModernBERT's).
     """
+    if kind not in VOCAB_KINDS:
+        raise DataError(f"kind={kind!r} must be one of {', '.join(VOCAB_KINDS)}")
     paths = [corpus] if isinstance(corpus, (str, Path)) else list(corpus)
+    if kind == "bpe":
+        return train_bpe(_TextDocuments(paths), vocab_size, out)
     return train_wordpiece(_TextDocuments(paths), vocab_size, out, lowercase=lowercase)
 
 
@@ -305,16 +316,27 @@ def add_vocab_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``bertforge data vocab``."""
     parser.add_argument("corpus", nargs="+", type=Path,
                         help="pre-training text files, or directories of *.txt (e.g. OUT/train)")
-    parser.add_argument("out", type=Path, help="vocab file to write (vocab.txt)")
+    parser.add_argument("out", type=Path, help="vocab file to write (vocab.txt; tokenizer.json with --kind bpe)")
+    parser.add_argument("--kind", choices=VOCAB_KINDS, default="wordpiece",
+                        help="wordpiece: BERT's vocab.txt (default); bpe: a byte-level BPE tokenizer.json with "
+                             "ModernBERT's special tokens")
     parser.add_argument("--vocab-size", type=int, default=30522,
                         help="at most this many tokens (default 30522)")
-    parser.add_argument("--cased", action="store_true", help="keep case and accents (default: lower-case)")
+    parser.add_argument("--cased", action="store_true",
+                        help="keep case and accents (default: lower-case; a BPE keeps them always)")
 
 
 def cmd_vocab(args: argparse.Namespace, extra: list[str] | None = None) -> int:
     start = time.perf_counter()
-    path = train_vocab(args.corpus, args.out, args.vocab_size, lowercase=not args.cased)
-    size = vocab_size_of(path)
-    short = f" (of --vocab-size {args.vocab_size}: the corpus gave no more)" if size < args.vocab_size else ""
-    print(f"{size} tokens{short} -> {path} ({time.perf_counter() - start:.1f} s)")
+    path = train_vocab(args.corpus, args.out, args.vocab_size, lowercase=not args.cased, kind=args.kind)
+    vocab = load_vocab(path)
+    seconds = time.perf_counter() - start
+    short = (f" (of --vocab-size {args.vocab_size}: the corpus gave no more)" if vocab.size < args.vocab_size
+             else "")
+    specials = ""
+    if args.kind == "bpe":
+        roles = vocab.specials
+        specials = "; special tokens " + ", ".join(
+            f"{vocab.tokens[i]} {i}" for i in (roles.pad, roles.unk, roles.cls, roles.sep, roles.mask) if i is not None)
+    print(f"{vocab.size} tokens{short} -> {path} ({seconds:.1f} s){specials}")
     return 0

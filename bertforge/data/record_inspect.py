@@ -12,18 +12,18 @@ from .packing import PackingStats, unpack_rows
 from .record_reader import NativeFile, RecordFile, open_records
 from .record_schema import CHUNK_ROWS, detect_format
 from .rows import PackedArrays
+from .vocab import Vocabulary, load_vocab
 
 
-def _token(vocab: list[str] | None, token_id: int) -> str:
-    if vocab is None:
-        return str(token_id)
-    return vocab[token_id] if 0 <= token_id < len(vocab) else f"<{token_id}?>"
+def _token(vocab: Vocabulary | None, token_id: int) -> str:
+    return str(token_id) if vocab is None else vocab.token(token_id)
 
 
 def describe(path: str | Path, num: int = 3, vocab_path: str | Path | None = None) -> str:
     """What ``bertforge data inspect`` prints: count, validation, and ``num`` records as text.
 
-    Without a vocab the tokens are shown as ids. In each record the masked
+    Without a vocab the tokens are shown as ids; a vocab other than the one a
+    native file's header names is refused. In each record the masked
     positions are listed as ``position shown→target``; a packed record is shown
     as its sequences. The last line gives the packing factor (real sequences
     per row) and the padding fraction of the whole file.
@@ -40,10 +40,8 @@ def inspect_records(path: str | Path, num: int = 3,
     but has bad records or data (checksums, values, token ids beyond the vocab)
     fails validation: the text says which, and the records that can be read are shown.
     """
-    from .tokenizer import read_vocab
-
-    vocab = read_vocab(vocab_path) if vocab_path else None
-    vocab_size = len(vocab) if vocab else None
+    vocab = load_vocab(vocab_path) if vocab_path else None
+    vocab_size = vocab.size if vocab else None
     failure = None
     records: RecordFile
     if detect_format(path) == "native":  # open on the header alone, then validate
@@ -57,10 +55,16 @@ def inspect_records(path: str | Path, num: int = 3,
             failure = (f"validation: FAILED for {records.skipped} record(s), which a reader skips "
                        f"only with max_bad >= {records.skipped}; first: {records.errors[0]}")
     with records:
+        if vocab is not None:
+            vocab.check_made(records.header_tokenizer, path, "--vocab")
         slots = records.max_sequences_per_pack
         packed = f", packed: up to {slots} sequences per record" if slots else ""
         lines = [(f"{path}: {records.format}, {len(records)} records, seq_len {records.seq_len}, "
                   f"max_predictions {records.max_predictions}{packed}")]
+        made_with = records.header_tokenizer
+        if made_with:
+            lines.append(f"tokenizer: {made_with['name']} ({made_with['kind']}, {made_with['vocab_size']} tokens, "
+                         f"fingerprint {made_with['fingerprint']})")
         checked = ("both checksums and every feature of every record" if records.format == "tfrecord"
                    else "header and data checksums")
         if vocab_size:

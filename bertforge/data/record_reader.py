@@ -64,6 +64,7 @@ class RecordFile:
     max_predictions: int
     max_sequences_per_pack: int  # 0: unpacked rows
     header_vocab_size: int | None  # the vocab size the file says it was written for (native only)
+    header_tokenizer: dict | None  # the tokenizer its header says made it (native only; Vocabulary.identity())
     skipped: int
     errors: list[str]
 
@@ -151,7 +152,7 @@ class TFRecordFile(RecordFile):
         self.path, self.format = Path(path), "tfrecord"
         self.verify, self.max_bad, self.vocab_size = verify, max_bad, vocab_size
         self.seq_len = self.max_predictions = self.max_sequences_per_pack = 0
-        self.header_vocab_size = None  # TFRecords declare none
+        self.header_vocab_size = self.header_tokenizer = None  # TFRecords declare none
         self.skipped, self.errors = 0, []
         self._map()
         try:
@@ -346,6 +347,7 @@ class NativeFile(RecordFile):
         self.seq_len, self.max_predictions = self.header.seq_len, self.header.max_predictions
         self.max_sequences_per_pack = self.header.max_sequences_per_pack
         self.header_vocab_size = self.header.vocab_size
+        self.header_tokenizer = self.header.tokenizer
         self._map()
         try:
             problem = self.problem(verify, vocab_size)

@@ -161,13 +161,15 @@ class RecordWriter:
     elsewhere (``self.encoder``), e.g. in worker processes.
 
     For the native format ``vocab_size`` (or ``id_bound``, a bound on the ids
-    known in advance) also picks the id dtype: uint16 up to 65536, else int32.
-    With ``max_sequences_per_pack`` the file holds packed rows (:class:`.rows.PackedArrays`).
+    known in advance) also picks the id dtype: uint16 up to 65536, else int32,
+    and ``tokenizer`` (:meth:`.vocab.Vocabulary.identity`), when given, goes
+    into the header; a TFRecord has no place for it. With
+    ``max_sequences_per_pack`` the file holds packed rows (:class:`.rows.PackedArrays`).
     """
 
     def __init__(self, path: str | Path, fmt: str, seq_len: int, max_predictions: int,
                  vocab_size: int | None = None, *, id_bound: int | None = None,
-                 max_sequences_per_pack: int = 0):
+                 max_sequences_per_pack: int = 0, tokenizer: dict | None = None):
         self.encoder = RecordEncoder(fmt, seq_len, max_predictions, vocab_size, id_bound=id_bound,
                                      max_sequences_per_pack=max_sequences_per_pack)
         self.path = Path(path)
@@ -182,8 +184,8 @@ class RecordWriter:
             self._native = None
             if fmt == "native":
                 assert self.encoder.id_dtype is not None  # a native encoder picks one
-                self._native = native.NativeWriter(self._file, seq_len, max_predictions,
-                                                   self.encoder.id_dtype, vocab_size, max_sequences_per_pack)
+                self._native = native.NativeWriter(self._file, seq_len, max_predictions, self.encoder.id_dtype,
+                                                   vocab_size, max_sequences_per_pack, tokenizer)
             self._stack = stack.pop_all()
         self._open = True
 

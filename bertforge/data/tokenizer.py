@@ -10,6 +10,7 @@ longest-match WordPiece with ``##`` marking a word's continuation.
 from __future__ import annotations
 
 import os
+import re
 import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -30,10 +31,11 @@ MAX_WORD_CHARS = 200  # longer words become [UNK], as in BERT's WordpieceTokeniz
 
 @dataclass(frozen=True)
 class SpecialIds:
-    """Ids of the special tokens in one vocab (they differ between vocabs)."""
+    """Ids of the special tokens in one vocab (they differ between vocabs); a tokenizer.json may
+    have no padding or unknown token (None)."""
 
-    pad: int
-    unk: int
+    pad: int | None
+    unk: int | None
     cls: int
     sep: int
     mask: int
@@ -150,6 +152,8 @@ def read_vocab(vocab_path: str | Path) -> list[str]:
         raise not_utf8(path, err.start) from None  # names a record or compressed file as such
     except IsADirectoryError:
         raise DataError(f"{path}: is a directory, not a vocab file") from None
+    if looks_like_json(text[:64].encode("utf-8")):
+        raise DataError(f"{path}: a tokenizer.json, where a WordPiece vocab.txt (one token per line) is needed")
     # Split on "\n" only (not str.splitlines) to count lines exactly as tokenizers does.
     tokens = [line.strip() for line in text.split("\n")]
     if tokens and tokens[-1] == "":
@@ -159,9 +163,9 @@ def read_vocab(vocab_path: str | Path) -> list[str]:
     return tokens
 
 
-def vocab_size_of(vocab_path: str | Path) -> int:
-    """Number of tokens in a vocab.txt: the model's ``vocab_size``."""
-    return len(read_vocab(vocab_path))
+def looks_like_json(head: bytes) -> bool:
+    """Whether a file's first bytes open a JSON object (a tokenizer.json), not vocab lines."""
+    return re.match(rb'\s*\{\s*("|\}|$)', head) is not None
 
 
 def load_tokenizer(vocab_path: str | Path, lowercase: bool = True) -> Tokenizer:

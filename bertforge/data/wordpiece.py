@@ -207,38 +207,13 @@ class FastWordPiece:
     def _clear(self) -> None:
         self._table = _UnitTable(max(16, (4 * len(self._seed)).bit_length()))  # units ≤ 16 bytes
         self._long: dict[bytes, int] = {}  # longer units
-        # Entry e's ids are _ids[_start[e]:_start[e] + _len[e]].
-        self._ids = np.zeros(1 << 16, np.int32)
-        self._start = np.zeros(1 << 12, np.int64)
-        self._len = np.zeros(1 << 12, np.int64)
-        self._entries = 0
-        self._used_ids = 0
+        self._store = IdStore()
         if self._seed:
             units = _Units("\n".join(self._seed), lowercase=False)
             assert len(units.starts) == len(self._seed)
             key1, key2 = units.keys(np.arange(len(self._seed)))
             _, new = self._table.insert(key1, key2, 0)  # entries in the order of `new`
-            ids = np.array([self.vocab[self._seed[k]] for k in new.tolist()], np.int32)
-            self._store(np.ones(len(ids), np.int64), ids)
-
-    def _new_entries(self, ids: list[list[int]]) -> None:
-        """Store the ids of new units, as the next entries."""
-        lengths = np.fromiter(map(len, ids), np.int64, len(ids))
-        self._store(lengths, np.fromiter((i for unit in ids for i in unit), np.int32,
-                                         int(lengths.sum())))
-
-    def _store(self, lengths: np.ndarray, flat: np.ndarray) -> None:
-        first, count = self._entries, len(lengths)
-        if first + count > len(self._start):
-            size = max(first + count, 2 * len(self._start))
-            self._start, self._len = np.resize(self._start, size), np.resize(self._len, size)
-        end = self._used_ids + len(flat)
-        if end > len(self._ids):
-            self._ids = np.resize(self._ids, max(end, 2 * len(self._ids)))
-        self._ids[self._used_ids:end] = flat
-        self._start[first:first + count] = self._used_ids + np.cumsum(lengths) - lengths
-        self._len[first:first + count] = lengths
-        self._entries, self._used_ids = first + count, end
+            self._store.add([[self.vocab[self._seed[k]]] for k in new.tolist()])
 
     def _unit_ids(self, texts: list[str], whole: list[bool]) -> list[list[int]]:
         """Ids of new units: words of ASCII pieces, or whole other pieces."""
@@ -264,7 +239,7 @@ class FastWordPiece:
         Lines must not contain "\\n".
         """
         units = _Units("\n".join(lines), self.lowercase)
-        if self._entries > self.max_units:
+        if len(self._store) > self.max_units:
             self._clear()  # bound memory; the ids do not depend on what is cached
         entry = np.full(len(units.starts), -1, np.int64)
         short = np.flatnonzero(units.length <= 16)
@@ -273,10 +248,10 @@ class FastWordPiece:
             entry[short] = self._table.lookup(key1, key2)
             missing = np.flatnonzero(entry[short] < 0)
             if len(missing):
-                found, new = self._table.insert(key1[missing], key2[missing], self._entries)
+                found, new = self._table.insert(key1[missing], key2[missing], len(self._store))
                 entry[short[missing]] = found
                 first = short[missing[new]]
-                self._new_entries(self._unit_ids(units.texts(first), units.whole[first].tolist()))
+                self._store.add(self._unit_ids(units.texts(first), units.whole[first].tolist()))
         long = np.flatnonzero(units.length > 16)
         if len(long):
             raws = units.raw(long)
@@ -284,30 +259,17 @@ class FastWordPiece:
                         if raw not in self._long}
             if new_raws:
                 texts = [raw.decode("utf-8") for raw in new_raws]
-                self._long.update(zip(new_raws, range(self._entries, self._entries + len(texts))))
-                self._new_entries(self._unit_ids(texts, list(new_raws.values())))
+                self._long.update(zip(new_raws, range(len(self._store), len(self._store) + len(texts))))
+                self._store.add(self._unit_ids(texts, list(new_raws.values())))
             entry[long] = [self._long[raw] for raw in raws]
 
-        counts, first_id = self._len[entry], self._start[entry]
-        total = int(counts.sum())
-        # Gather every unit's ids: id t of unit k is _ids[first_id[k] + t].
-        ids = self._ids[np.repeat(first_id - np.cumsum(counts) + counts, counts) + np.arange(total)]
+        ids, counts = self._store.gather(entry)
         line_lengths = np.bincount(units.line, weights=counts, minlength=len(lines))
         return ids, line_lengths.astype(np.int64)
 
     def encode_documents(self, documents: list[list[str]]) -> TokenizedChunk:
         """Documents as flat arrays; lines without tokens and documents without lines dropped."""
-        lines = [line for document in documents for line in document]
-        ids, line_lengths = self.encode_lines(lines)
-        kept = line_lengths > 0
-        doc_of_line = np.repeat(np.arange(len(documents)), [len(d) for d in documents])
-        lines_per_doc = np.bincount(doc_of_line[kept], minlength=len(documents))
-        lines_per_doc_kept = lines_per_doc[lines_per_doc > 0]
-        return TokenizedChunk(
-            tokens=ids,
-            sentence_offsets=np.concatenate([[0], np.cumsum(line_lengths[kept])]).astype(np.int64),
-            document_offsets=np.concatenate([[0], np.cumsum(lines_per_doc_kept)]).astype(np.int64),
-            empty_documents=int((lines_per_doc == 0).sum()))
+        return TokenizedChunk.of(documents, *self.encode_lines([line for document in documents for line in document]))
 
 
 class _Units:
@@ -373,6 +335,45 @@ class _Units:
         return joined.tobytes().decode("utf-8").split("\n")
 
 
+class IdStore:
+    """The token ids of cached entries (units, pieces), numbered 0, 1, … as they are added, in
+    growing numpy arrays: the ids of many entries are gathered with one fancy index."""
+
+    def __init__(self) -> None:
+        # Entry e's ids are _ids[_start[e]:_start[e] + _len[e]].
+        self._ids = np.zeros(1 << 16, np.int32)
+        self._start = np.zeros(1 << 12, np.int64)
+        self._len = np.zeros(1 << 12, np.int64)
+        self._entries = 0
+        self._used_ids = 0
+
+    def __len__(self) -> int:
+        return self._entries
+
+    def add(self, ids: list[list[int]]) -> None:
+        """Store the ids of new entries, as the next entries."""
+        lengths = np.fromiter(map(len, ids), np.int64, len(ids))
+        flat = np.fromiter((i for unit in ids for i in unit), np.int32, int(lengths.sum()))
+        first, count = self._entries, len(lengths)
+        if first + count > len(self._start):
+            size = max(first + count, 2 * len(self._start))
+            self._start, self._len = np.resize(self._start, size), np.resize(self._len, size)
+        end = self._used_ids + len(flat)
+        if end > len(self._ids):
+            self._ids = np.resize(self._ids, max(end, 2 * len(self._ids)))
+        self._ids[self._used_ids:end] = flat
+        self._start[first:first + count] = self._used_ids + np.cumsum(lengths) - lengths
+        self._len[first:first + count] = lengths
+        self._entries, self._used_ids = first + count, end
+
+    def gather(self, entries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(the ids of the entries, concatenated; the number of ids of each)."""
+        counts, first_id = self._len[entries], self._start[entries]
+        total = int(counts.sum())
+        # Id t of entry k is _ids[first_id[k] + t].
+        return self._ids[np.repeat(first_id - np.cumsum(counts) + counts, counts) + np.arange(total)], counts
+
+
 @dataclass
 class TokenizedChunk:
     """Documents as flat arrays: see :func:`.instances.create_arrays_fast`."""
@@ -381,6 +382,20 @@ class TokenizedChunk:
     sentence_offsets: np.ndarray
     document_offsets: np.ndarray
     empty_documents: int
+
+    @classmethod
+    def of(cls, documents: list[list[str]], ids: np.ndarray, line_lengths: np.ndarray) -> TokenizedChunk:
+        """The chunk of ``documents`` whose lines, in order, have ``ids`` (``line_lengths`` of them
+        each); lines without tokens and documents without lines are dropped."""
+        kept = line_lengths > 0
+        doc_of_line = np.repeat(np.arange(len(documents)), [len(d) for d in documents])
+        lines_per_doc = np.bincount(doc_of_line[kept], minlength=len(documents))
+        lines_per_doc_kept = lines_per_doc[lines_per_doc > 0]
+        return cls(
+            tokens=ids,
+            sentence_offsets=np.concatenate([[0], np.cumsum(line_lengths[kept])]).astype(np.int64),
+            document_offsets=np.concatenate([[0], np.cumsum(lines_per_doc_kept)]).astype(np.int64),
+            empty_documents=int((lines_per_doc == 0).sum()))
 
     def as_lists(self) -> list[list[list[int]]]:
         """Token ids per sentence per document (the reference's layout)."""

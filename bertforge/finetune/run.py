@@ -54,7 +54,7 @@ from ..config import (
     validate,
 )
 from ..data.checksum import fingerprint
-from ..data.tokenizer import vocab_size_of
+from ..data.vocab import vocab_size_of
 from ..dist import (
     DistContext,
     barrier,
