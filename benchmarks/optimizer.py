@@ -1,5 +1,6 @@
-"""One optimizer step on BERT's parameter shapes: our LAMB (each variant, eager and compiled)
-against ``torch.optim.AdamW(foreach=True)``: time per step, and memory traffic per step.
+"""One optimizer step on BERT's parameter shapes, ours against AdamW: time and memory traffic per step.
+
+Ours: each LAMB variant and StableAdamW, eager and compiled; AdamW: ``torch.optim.AdamW(foreach=True)``.
 
     python benchmarks/optimizer.py                      # CPU, 1 thread, 3 rounds of 5 timed steps
     taskset -c 1 python benchmarks/optimizer.py --rounds 5 --json
@@ -13,7 +14,7 @@ allocates the state; for ``_compiled`` rows it compiles, once per process), then
 ``--steps`` steps; rounds interleave the optimizers so that a busy machine slows them alike.
 The table gives the median step time over all rounds and its ratio to AdamW's median.
 
-Traffic (``--traffic``), for each LAMB variant on BERT-large's shapes:
+Traffic (``--traffic``), for each LAMB variant and StableAdamW on BERT-large's shapes:
 
 * eager: every aten op of one step is counted (a TorchDispatchMode) with the bytes of each
   tensor argument read, of each argument it writes in place and of each new output written
@@ -55,8 +56,13 @@ MakeOptimizer = Callable[[torch.nn.Module], torch.optim.Optimizer]
 LARGE = dict(hidden_size=1024, num_attention_heads=16, intermediate_size=4096)  # BERT-large's widths
 
 
-def lamb(variant: str, compiled: bool) -> MakeOptimizer:
-    train = TrainConfig(lr=1e-3, weight_decay=0.01, lamb=variant)
+# Ours by row name: the TrainConfig changes that build each.
+OURS = {**{f"lamb_{variant}": {"lamb": variant} for variant in LAMB_VARIANTS},
+        "stableadamw": {"optimizer": "stableadamw"}}
+
+
+def ours(name: str, compiled: bool) -> MakeOptimizer:
+    train = TrainConfig(lr=1e-3, weight_decay=0.01, **OURS[name])
     return lambda model: build_optimizer(model, train, compiled=compiled)
 
 
@@ -74,10 +80,10 @@ def optimizers(device: torch.device, compiled: bool) -> dict[str, MakeOptimizer]
             return torch.optim.AdamW(param_groups(model, train.weight_decay), lr=train.lr, eps=train.eps,
                                      weight_decay=train.weight_decay, fused=True)
         rows["adamw_fused"] = adamw_fused
-    for variant in LAMB_VARIANTS:
-        rows[f"lamb_{variant}"] = lamb(variant, False)
+    for name in OURS:
+        rows[name] = ours(name, False)
         if compiled:
-            rows[f"lamb_{variant}_compiled"] = lamb(variant, True)
+            rows[f"{name}_compiled"] = ours(name, True)
     return rows
 
 
@@ -201,10 +207,10 @@ def traffic_rows(device: torch.device, layers: int, steps: int) -> dict[str, Any
     large = bert(24, "meta", **LARGE)
     small = bert(layers, device, **LARGE)
     rows = []
-    for variant in LAMB_VARIANTS:
-        eager, compiled = lamb(variant, False), lamb(variant, True)
-        rows.append({"optimizer": f"lamb_{variant}", **eager_traffic(eager, large)})
-        rows.append({"optimizer": f"lamb_{variant}_compiled", **compiled_traffic(compiled, small)})
+    for name in OURS:
+        eager, compiled = ours(name, False), ours(name, True)
+        rows.append({"optimizer": name, **eager_traffic(eager, large)})
+        rows.append({"optimizer": f"{name}_compiled", **compiled_traffic(compiled, small)})
         if device.type == "cuda":
             rows[-2].update(gpu_kernels(eager, small, steps))
             rows[-1].update(gpu_kernels(compiled, small, steps))
@@ -222,7 +228,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=5, help="timed steps per optimizer and round")
     parser.add_argument("--layers", type=int, default=12, help="encoder layers of the timed BERT-base (12)")
-    parser.add_argument("--compiled", action="store_true", help="also time each LAMB variant's compiled step")
+    parser.add_argument("--compiled", action="store_true", help="also time our optimizers' compiled steps")
     parser.add_argument("--traffic", action="store_true",
                         help="bytes per parameter and ops or kernels per step instead of times")
     parser.add_argument("--traffic-layers", type=int, default=0,

@@ -39,10 +39,10 @@ Parallel = Literal["none", "ddp", "fsdp"]
 Recompute = Literal["none", "layer", "attention"]
 FsdpGradSync = Literal["auto", "step", "micro_batch"]  # when FSDP2 reduce-scatters accumulated gradients
 PipelineSchedule = Literal["1f1b", "gpipe"]  # torch.distributed.pipelining schedules, see pipeline_parallel.py
-Optimizer = Literal["lamb", "adamw", "sgd"]
+Optimizer = Literal["lamb", "adamw", "sgd", "stableadamw"]
 Objective = Literal["mlm_nsp", "mlm"]  # mlm: masked LM alone, no NSP head (BertForMaskedLM)
 LambVariant = Literal["bertforge", "mlperf", "nvidia", "paper"]  # see bertforge/optim.py
-Schedule = Literal["poly", "poly_tf", "exp", "exp_staircase", "table", "constant"]
+Schedule = Literal["poly", "poly_tf", "exp", "exp_staircase", "table", "constant", "wsd"]
 HiddenAct = Literal["gelu", "relu", "gelu_new"]
 # The model's architecture: BERT (model.py) or ModernBERT (modernbert.py)
 Family = Literal["bert", "modernbert"]
@@ -196,6 +196,8 @@ class TrainConfig(Freezable):
     max_trust_ratio: float = 10.0  # LAMB trust-ratio clamp (lamb: bertforge only); 0 = no clamp
     momentum: float = 0.0  # sgd: torch.optim.SGD's momentum (0: plain SGD)
     nesterov: bool = False  # sgd: Nesterov momentum (needs momentum > 0)
+    # stableadamw: weight decay scaled by lr / train.lr, not by the lr (ModernBERT's decoupled_stableadamw)
+    decouple_lr: bool = True
     micro_batch_size: int = 32
     global_batch_size: int = 32
     steps: int = 1000
@@ -205,7 +207,9 @@ class TrainConfig(Freezable):
     schedule: Schedule = "poly"
     start_warmup_step: int = 0  # poly_tf: warm-up lr × (step - this) / warmup_steps; <= 0
     decay_power: float = 1.0  # poly: 1.0 is linear decay
-    end_lr: float = 0.0  # poly: lr reached at the last step
+    end_lr: float = 0.0  # poly, poly_tf, wsd: the lr the decay heads to
+    decay_steps: int = 0  # wsd: the last this many steps decay linearly to end_lr (0: no decay)
+    decay_proportion: float = 0.0  # wsd: used when decay_steps is 0
     exp_decay_rate: float = 0.5  # exp: lr × exp(-rate × step / exp_decay_steps); exp_staircase: floor(...)
     exp_decay_steps: int = 1000
     lr_table: dict[int, float] = field(default_factory=dict)  # table: step → lr from that step
@@ -611,6 +615,7 @@ _INT_RANGES: dict[str, tuple[int, int]] = {
     "train.epochs": (0, _INT64_MAX),
     "train.warmup_steps": (0, _INT64_MAX),
     "train.exp_decay_steps": (1, _INT64_MAX),
+    "train.decay_steps": (0, _INT64_MAX),
     "train.divergence_steps": (1, _INT64_MAX),
     "train.eval_every": (0, _INT64_MAX),
     "train.eval_batches": (0, _INT64_MAX),
@@ -640,6 +645,7 @@ _FLOAT_RANGES: dict[str, tuple[float, float, bool]] = {
     "train.warmup_proportion": (0.0, 1.0, True),
     "train.decay_power": (0.0, float("inf"), False),
     "train.end_lr": (0.0, float("inf"), False),
+    "train.decay_proportion": (0.0, 1.0, True),
     "train.exp_decay_rate": (0.0, float("inf"), False),
     "train.grad_clip": (0.0, float("inf"), False),
     "train.divergence_factor": (0.0, float("inf"), False),
@@ -718,6 +724,10 @@ def validate(cfg: Config) -> None:
     if cfg.train.lr_table and cfg.train.schedule != "table":  # else the table would be silently unused
         raise ConfigError(f"train.lr_table is given but train.schedule={cfg.train.schedule}: the table is read only "
                           f"with train.schedule table")
+    for key in ("decay_steps", "decay_proportion"):
+        if getattr(cfg.train, key) and cfg.train.schedule != "wsd":  # as the table: else silently unused
+            raise ConfigError(f"train.{key} is given but train.schedule={cfg.train.schedule}: it is read only with "
+                              f"train.schedule wsd (poly and poly_tf decay over the whole run)")
     samples = cfg.train.eval_every_samples
     if samples != "mlperf" and samples < 0:
         raise ConfigError(f"train.eval_every_samples={samples} must not be negative (0 = off, or mlperf)")

@@ -1,7 +1,7 @@
 """Optimisers and learning-rate schedules for BERT pre-training and fine-tuning.
 
 * ``param_groups``: splits a model's parameters into a weight-decay group and
-  a no-decay group (biases and LayerNorm), as google-research/bert does.
+  a no-decay group (biases and norms), as google-research/bert and ModernBERT do.
 * ``Lamb``: LAMB (You et al. 2019, "Large Batch Optimization for Deep
   Learning", Algorithm 2) with per-group layer adaptation and an optional
   clamp of the trust ratio; ``build_optimizer`` sets these per
@@ -31,12 +31,16 @@
 * ``AdamWNoBiasCorrection``: Adam with decoupled weight decay and no bias
   correction, the update of google-research/bert's AdamWeightDecayOptimizer.
   With bias correction we use ``torch.optim.AdamW`` (fused on CUDA).
+* ``StableAdamW``: AdamW with each tensor's step clipped by the RMS of its
+  gradient over the second moment, and weight decay that does not scale with
+  the lr (``decouple_lr``): ModernBERT's ``decoupled_stableadamw``.
 * ``build_optimizer``: one of the above from a ``TrainConfig``.
 * ``lr_at`` / ``build_scheduler``: polynomial decay after a warm-up
   (``poly``), the MLPerf reference's TensorFlow polynomial decay over the
   whole run (``poly_tf``), natural exponential decay, smooth (``exp``) or as
   Graphcore's TF1 BERT application steps it (``exp_staircase``), a step → lr
-  table, and a constant; see ``lr_at``.
+  table, a constant, and ModernBERT's warm-up, stable, decay (``wsd``); see
+  ``lr_at``.
 
 Our optimisers update all tensors of a device and dtype with multi-tensor
 (``torch._foreach_*``) operations: no Python loop over tensors does arithmetic.
@@ -64,7 +68,7 @@ from typing import TypeGuard
 import torch
 from torch import nn
 
-from .config import ConfigError, LambVariant, Schedule, TrainConfig
+from .config import ConfigError, LambVariant, Optimizer, Schedule, TrainConfig
 
 try:  # the parameters of a model sharded by FSDP2
     from torch.distributed.tensor import DTensor, Shard
@@ -73,28 +77,31 @@ except ImportError:  # a torch built without distributed support
     _HAVE_DTENSOR = False
 
 # google-research/bert excludes these (by regex search) from weight decay;
-# "layer_norm" covers models whose LayerNorm modules are named in snake case, "norm." ModernBERT's
-# (norm, attn_norm, mlp_norm, final_norm: its recipe decays neither biases nor norms).
-_NO_DECAY_SUBSTRINGS = ("LayerNorm", "layer_norm", "norm.")
+# "layer_norm" covers models whose LayerNorm modules are named in snake case.
+_NO_DECAY_SUBSTRINGS = ("LayerNorm", "layer_norm")
 
 
-def _decays(name: str) -> bool:
-    return not (name.endswith("bias") or any(s in name for s in _NO_DECAY_SUBSTRINGS))
+def _decays(name: str, param: nn.Parameter) -> bool:
+    # ModernBERT (main.py's param_groups_weight_decay) excludes every tensor of at most one
+    # dimension, whatever its name: its norms (norm, attn_norm, mlp_norm, final_norm, head.norm)
+    # have weights only.
+    return not (param.ndim <= 1 or name.endswith("bias") or any(s in name for s in _NO_DECAY_SUBSTRINGS))
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """``[decay group, no-decay group]`` of the trainable parameters of ``model``.
 
-    Biases and LayerNorm parameters get no weight decay. Both groups are always
-    present (possibly empty) so that the group order of a saved optimizer state
-    does not depend on the model.
+    Biases, LayerNorm parameters and every other tensor of at most one dimension
+    (a norm's weight) get no weight decay. Both groups are always present
+    (possibly empty) so that the group order of a saved optimizer state does not
+    depend on the model.
     """
     decay: list[nn.Parameter] = []
     no_decay: list[nn.Parameter] = []
     for name, param in model.named_parameters():  # tied weights are listed once
         if not param.requires_grad:
             continue
-        (decay if _decays(name) else no_decay).append(param)
+        (decay if _decays(name, param) else no_decay).append(param)
     return [{"params": decay, "weight_decay": weight_decay},
             {"params": no_decay, "weight_decay": 0.0}]
 
@@ -190,7 +197,7 @@ class _AdamMoments(torch.optim.Optimizer):
         here with r = 1 (AdamW's update), in one pass over memory."""
         coefficient = _coefficients(lists.params[0].dtype)
         _compiled(_fused_adam)(*lists, *group["betas"], coefficient(eps),
-                               coefficient(group["weight_decay"] / scale), coefficient(scale * -group["lr"]), keep)
+                               coefficient(self._decay(group) / scale), coefficient(scale * -group["lr"]), keep)
 
     @torch.no_grad()
     def step(  # type: ignore[override]  # torch's stub says closures return a float; they return the loss tensor
@@ -226,24 +233,30 @@ class _AdamMoments(torch.optim.Optimizer):
             exp_avg_sqs.append(_local(state["exp_avg_sq"]))
         return grads, exp_avgs, exp_avg_sqs
 
+    def _decay(self, group: dict) -> float:
+        """The λ of u = m̂ / (sqrt(v̂) + eps) + λ · w: the group's weight decay."""
+        return group["weight_decay"]
+
+    def _corrections(self, group: dict, params: list[torch.Tensor]) -> tuple[list[float], list[float]]:
+        """Per tensor, c and eps' of ``_step_bucket`` (1 and eps without bias correction)."""
+        beta1, beta2 = group["betas"]
+        # Steps may differ between tensors (one without a gradient on some step), so the scalars are per tensor.
+        steps = [self.state[p]["step"] for p in params]
+        if not group.get("bias_correction", False):
+            return [1.0] * len(steps), [group["eps"]] * len(steps)
+        root2 = [math.sqrt(1.0 - beta2 ** t) for t in steps]
+        return [r / (1.0 - beta1 ** t) for r, t in zip(root2, steps)], [group["eps"] * r for r in root2]
+
     def _step_bucket(self, group: dict, params: list[torch.Tensor], keep: torch.Tensor | None = None) -> None:
         """One bucket's update; ``keep`` (a 0-dim bool device tensor, false: skip) from ``found_inf``."""
-        beta1, beta2 = group["betas"]
         grads, exp_avgs, exp_avg_sqs = self._state_lists(params)
 
         # With c = sqrt(1 - b2^t) / (1 - b1^t) and eps' = eps · sqrt(1 - b2^t),
         #   u = m̂ / (sqrt(v̂) + eps) + wd · w = c · (m / (sqrt(v) + eps') + (wd / c) · w):
         # the bias corrections are scalars, and the bracket is built in place in
         # one new buffer per tensor (on the CPU a fresh buffer costs as much as
-        # several passes over it). Steps may differ between tensors (one without
-        # a gradient on some step), so the scalars are per tensor.
-        steps = [self.state[p]["step"] for p in params]
-        if group.get("bias_correction", False):
-            root2 = [math.sqrt(1.0 - beta2 ** t) for t in steps]
-            scales = [r / (1.0 - beta1 ** t) for r, t in zip(root2, steps)]
-            eps = [group["eps"] * r for r in root2]
-        else:
-            scales, eps = [1.0] * len(steps), [group["eps"]] * len(steps)
+        # several passes over it).
+        scales, eps = self._corrections(group, params)
         local = [_local(p) for p in params]
         scale, eps_ = _scalars(scales), _scalars(eps)
         if self.compiled and isinstance(scale, float) and isinstance(eps_, float):
@@ -251,26 +264,39 @@ class _AdamMoments(torch.optim.Optimizer):
             self._step_compiled(group, _Lists(grads, exp_avgs, exp_avg_sqs, local), scale, eps_,
                                 _shard_group(params[0]), keep)
             return
-        if keep is None:
-            torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)  # m += (1 - b1)(g - m)
-            torch._foreach_mul_(exp_avg_sqs, beta2)
-        else:  # a skipped step: g zeroed (no NaN reaches the moments), m and v kept by their coefficients
-            for grad in grads:
-                grad.masked_fill_(~keep, 0.0)
-            torch._foreach_lerp_(exp_avgs, grads, [(1.0 - beta1) * keep] * len(grads))
-            torch._foreach_mul_(exp_avg_sqs, torch.where(keep, beta2, 1.0))
-        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
+        _update_moments(grads, exp_avgs, exp_avg_sqs, group["betas"], keep)
         updates = list(torch._foreach_sqrt(exp_avg_sqs))
-        torch._foreach_add_(updates, eps_)
-        torch._foreach_reciprocal_(updates)
-        torch._foreach_mul_(updates, exp_avgs)
-        if group["weight_decay"] != 0:
-            decay = _scalars([group["weight_decay"] / c for c in scales])
-            if isinstance(decay, float):
-                torch._foreach_add_(updates, local, alpha=decay)
-            else:
-                torch._foreach_add_(updates, torch._foreach_mul(local, decay))
+        _directions_from_roots(updates, exp_avgs, local, eps_, self._decay(group), scales)
         self._apply(group, local, updates, scale, _shard_group(params[0]), keep)
+
+
+def _update_moments(grads: list[torch.Tensor], exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor],
+                    betas: tuple[float, float], keep: torch.Tensor | None) -> None:
+    """m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g²; where ``keep`` is false m and v stay as they are."""
+    beta1, beta2 = betas
+    if keep is None:
+        torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)  # m += (1 - b1)(g - m)
+        torch._foreach_mul_(exp_avg_sqs, beta2)
+    else:  # a skipped step: g zeroed (no NaN reaches the moments), m and v kept by their coefficients
+        for grad in grads:
+            grad.masked_fill_(~keep, 0.0)
+        torch._foreach_lerp_(exp_avgs, grads, [(1.0 - beta1) * keep] * len(grads))
+        torch._foreach_mul_(exp_avg_sqs, torch.where(keep, beta2, 1.0))
+    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
+
+
+def _directions_from_roots(updates: list[torch.Tensor], exp_avgs: list[torch.Tensor], params: list[torch.Tensor],
+                           eps: Scalars, decay: float, scales: list[float]) -> None:
+    """``updates`` holds sqrt(v); makes it u / c = m / (sqrt(v) + eps') + (λ / c) · w, in place."""
+    torch._foreach_add_(updates, eps)
+    torch._foreach_reciprocal_(updates)
+    torch._foreach_mul_(updates, exp_avgs)
+    if decay != 0:
+        decays = _scalars([decay / c for c in scales])
+        if isinstance(decays, float):
+            torch._foreach_add_(updates, params, alpha=decays)
+        else:
+            torch._foreach_add_(updates, torch._foreach_mul(params, decays))
 
 
 Scalars = float | list[float]  # one number for every tensor of a foreach call, or one each
@@ -351,7 +377,7 @@ class Lamb(_AdamMoments):
             super()._step_compiled(group, lists, scale, eps, shard_group, keep)
             return
         coefficient = _coefficients(lists.params[0].dtype)
-        eps_, decay = coefficient(eps), coefficient(group["weight_decay"] / scale)
+        eps_, decay = coefficient(eps), coefficient(self._decay(group) / scale)
         norms = _compiled(_fused_lamb_norms)(*lists, *group["betas"], eps_, decay, keep)
         _compiled(_fused_lamb_update)(lists.params, lists.exp_avgs, lists.exp_avg_sqs,
                                       _whole_norms(norms, shard_group), eps_, decay, coefficient(scale),
@@ -417,6 +443,85 @@ class AdamWNoBiasCorrection(_AdamMoments):
                scale: Scalars, shard_group, keep: torch.Tensor | None) -> None:
         # Elementwise: each rank updates its own shard, no communication needed.
         _add_scaled(params, updates, _times(scale, -group["lr"]), keep)
+
+
+class StableAdamW(_AdamMoments):
+    """AdamW whose step size each tensor clips by the RMS of its gradient over the second
+    moment (StableAdamW: Wortsman et al. 2023, "Stable and low-precision training for
+    large-scale vision-language models", Algorithm 2), with weight decay optionally decoupled
+    from the learning rate: optimi's ``StableAdamW``, which ModernBERT trains with
+    (``decoupled_stableadamw``: ``decouple_lr=True``).
+
+    Per tensor w of n elements with gradient g at step t (always bias-corrected)::
+
+        m = b1 m + (1 - b1) g;   v = b2 v + (1 - b2) g²;   m̂, v̂ = m / (1 - b1^t), v / (1 - b2^t)
+        rms = sqrt(sum(g² / max(v̂, eps²)) / n)     (v̂ of this step)
+        lr_t = lr / max(1, rms)
+        w = w · (1 - (lr_t / max_lr) · weight_decay)  (decouple_lr; else w · (1 - lr_t · weight_decay))
+        w -= lr_t · m̂ / (sqrt(v̂) + eps)
+
+    ``max_lr`` (default: the ``lr`` it is made with, the schedule's peak) keeps the decay
+    following the schedule's shape but not the size of the lr. optimi moves m and v with
+    "debiased" betas, b(1 - b^(t-1)) / (1 - b^t), which keeps m̂ and v̂ themselves; here
+    the moments are Adam's, as in our other optimizers, and the corrections scalars. The
+    whole step stays on the device: optimi reads each tensor's rms on the host.
+
+    This is u = m̂ / (sqrt(v̂) + eps) + λ · w with λ = weight_decay / max_lr (or
+    weight_decay), w -= lr · r · u with r = 1 / max(1, rms): LAMB's form with another r.
+    """
+
+    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.99),
+                 eps: float = 1e-6, weight_decay: float = 1e-2, decouple_lr: bool = False,
+                 max_lr: float | None = None, compiled: bool = False):
+        _check_hyperparameters(lr, betas, eps, weight_decay)
+        max_lr = lr if max_lr is None else max_lr
+        if decouple_lr and not max_lr > 0:
+            raise ValueError(f"invalid max_lr {max_lr}: decouple_lr divides the lr by it")
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, bias_correction=True,
+                        decouple_lr=decouple_lr, max_lr=max_lr)
+        super().__init__(params, defaults, compiled)
+
+    def _decay(self, group: dict) -> float:
+        return group["weight_decay"] / group["max_lr"] if group["decouple_lr"] else group["weight_decay"]
+
+    def _step_bucket(self, group: dict, params: list[torch.Tensor], keep: torch.Tensor | None = None) -> None:
+        grads, exp_avgs, exp_avg_sqs = self._state_lists(params)
+        scales, eps = self._corrections(group, params)  # c and eps', as for the other optimizers
+        local, shard_group = [_local(p) for p in params], _shard_group(params[0])
+        # sum(g² / max(v̂, eps²)) / n = ||q||² · (1 - b2^t) / n with q = g / sqrt(max(v, eps'²)):
+        # rms = ||q|| · spread, n the whole tensor's (a DTensor's numel).
+        beta2 = group["betas"][1]
+        corrections = [1.0 - beta2 ** self.state[p]["step"] for p in params]
+        numels = [max(p.numel(), 1) for p in params]
+        scale, eps_, correction = _scalars(scales), _scalars(eps), _scalars(corrections)
+        if self.compiled and isinstance(scale, float) and isinstance(eps_, float) and isinstance(correction, float):
+            coefficient = _coefficients(local[0].dtype)
+            decay = coefficient(self._decay(group) / scale)
+            lists = _Lists(grads, exp_avgs, exp_avg_sqs, local)
+            keep = _always(local[0].device) if keep is None else keep
+            norms = _compiled(_fused_stable_norms)(*lists, *group["betas"], coefficient(eps_ * eps_), keep)
+            _compiled(_fused_stable_update)(local, exp_avgs, exp_avg_sqs, _whole_norms(norms, shard_group),
+                                            coefficient(eps_), decay, coefficient(correction), numels,
+                                            coefficient(-group["lr"] * scale), keep)
+            return
+        spreads = [math.sqrt(c / n) for c, n in zip(corrections, numels)]
+        _update_moments(grads, exp_avgs, exp_avg_sqs, group["betas"], keep)
+        work = list(torch._foreach_maximum(exp_avg_sqs, _scalars([e * e for e in eps])))
+        torch._foreach_sqrt_(work)
+        torch._foreach_reciprocal_(work)
+        torch._foreach_mul_(work, grads)
+        norms = torch._foreach_norm(work, 2, dtype=_norm_dtype(local))
+        if shard_group is not None:
+            norms = list(_whole_norms(torch.stack(norms), shard_group).unbind())
+        ratios = torch.stack(torch._foreach_mul(norms, spreads)).clamp(min=1.0).reciprocal()  # 1 / max(1, rms)
+        if keep is not None:
+            ratios = ratios * keep
+        # The same buffers, now for u / c; then w += (-lr · c · r) · u / c, each tensor with its own r.
+        torch._foreach_copy_(work, exp_avg_sqs)
+        torch._foreach_sqrt_(work)
+        _directions_from_roots(work, exp_avgs, local, eps_, self._decay(group), scales)
+        coeffs = torch._foreach_mul(ratios.to(local[0].dtype).unbind(), [-group["lr"] * c for c in scales])
+        torch._foreach_addcmul_(local, work, coeffs)
 
 
 # ------------------------------------------------------------ the compiled step
@@ -511,6 +616,30 @@ def _fused_lamb_update(params: list[torch.Tensor], exp_avgs: list[torch.Tensor],
     torch._foreach_addcmul_(params, updates, coeffs.to(params[0].dtype).unbind())
 
 
+def _fused_stable_norms(grads: list[torch.Tensor], exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor],
+                        params: list[torch.Tensor], beta1: float, beta2: float, eps_sq: torch.Tensor,
+                        keep: torch.Tensor) -> torch.Tensor:
+    """StableAdamW's first pass: the moments, and ||g / sqrt(max(v, eps'²))|| of every tensor, ``(tensors,)``."""
+    dtype = _norm_dtype(params)
+    norms = []
+    for part in (slice(i, i + _TRACED_TOGETHER) for i in range(0, len(params), _TRACED_TOGETHER)):
+        _fused_moments_(grads[part], exp_avgs[part], exp_avg_sqs[part], beta1, beta2, keep)
+        norms += [torch.linalg.vector_norm(torch.where(keep, g, 0.0) / torch.clamp(v, min=eps_sq).sqrt(), dtype=dtype)
+                  for g, v in zip(grads[part], exp_avg_sqs[part])]
+    return torch.stack(norms)
+
+
+def _fused_stable_update(params: list[torch.Tensor], exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor],
+                         norms: torch.Tensor, eps: torch.Tensor, decay: torch.Tensor, correction: torch.Tensor,
+                         numels: list[int], coeff: torch.Tensor, keep: torch.Tensor) -> None:
+    """StableAdamW's second pass: w += coeff · r · u / c with r = 1 / max(1, rms) from the (whole tensors')
+    ``norms``, rms = norm · sqrt((1 - b2^t) / n), coeff = -lr · c."""
+    updates = _fused_directions(exp_avgs, exp_avg_sqs, params, eps, decay)
+    rms = norms * (correction / torch.tensor(numels, dtype=norms.dtype, device=norms.device)).sqrt()
+    coeffs = coeff / rms.clamp(min=1.0) * keep
+    torch._foreach_addcmul_(params, updates, coeffs.to(params[0].dtype).unbind())
+
+
 def _fused_adam(grads: list[torch.Tensor], exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor],
                 params: list[torch.Tensor], beta1: float, beta2: float, eps: torch.Tensor, decay: torch.Tensor,
                 coeff: torch.Tensor, keep: torch.Tensor) -> None:
@@ -520,6 +649,7 @@ def _fused_adam(grads: list[torch.Tensor], exp_avgs: list[torch.Tensor], exp_avg
     torch._foreach_add_(params, torch._foreach_mul(updates, coeff * keep))
 
 
+OPTIMIZERS: tuple[str, ...] = typing.get_args(Optimizer)
 LAMB_VARIANTS: tuple[LambVariant, ...] = typing.get_args(LambVariant)
 _ALWAYS_BIAS_CORRECTED = ("mlperf", "paper")
 
@@ -535,6 +665,12 @@ def _check_train_optimizer(train: TrainConfig) -> None:
         value = getattr(train, key)
         if value < 0:
             raise ConfigError(f"train.{key}={value} must not be negative")
+    if train.optimizer == "stableadamw":
+        if not train.bias_correction:
+            raise ConfigError("train.bias_correction=false: train.optimizer=stableadamw always corrects the bias")
+        if train.decouple_lr and train.lr <= 0:
+            raise ConfigError(f"train.lr={train.lr} must be positive for train.optimizer=stableadamw with "
+                              "train.decouple_lr (its weight decay is scaled by lr / train.lr)")
     if train.optimizer == "lamb":
         if train.lamb not in LAMB_VARIANTS:
             raise ConfigError(f"train.lamb: {train.lamb!r} is not one of {', '.join(LAMB_VARIANTS)}")
@@ -567,7 +703,7 @@ def lamb_groups(model: nn.Module, train: TrainConfig) -> list[dict]:
 def build_optimizer(model: nn.Module, train: TrainConfig, compiled: bool = False) -> torch.optim.Optimizer:
     """The optimizer named by ``train.optimizer`` over ``param_groups(model, ...)``.
 
-    ``compiled``: our LAMB and AdamW without bias correction take the compiled step (training
+    ``compiled``: our LAMB, AdamW without bias correction and StableAdamW take the compiled step (training
     passes ``dist.compiles_optimizer``: where the model compiles on CUDA); torch's AdamW and
     SGD are as torch makes them.
     """
@@ -590,7 +726,10 @@ def build_optimizer(model: nn.Module, train: TrainConfig, compiled: bool = False
             raise ConfigError("train.nesterov=true needs train.momentum > 0")
         return torch.optim.SGD(groups, lr=train.lr, momentum=train.momentum, nesterov=train.nesterov,
                                weight_decay=train.weight_decay, fused=True)
-    raise ConfigError(f"train.optimizer: {train.optimizer!r} is not one of lamb, adamw, sgd")
+    if train.optimizer == "stableadamw":  # max_lr: train.lr, the peak the schedules scale
+        return StableAdamW(groups, lr=train.lr, betas=betas, eps=train.eps, weight_decay=train.weight_decay,
+                           decouple_lr=train.decouple_lr, compiled=compiled)
+    raise ConfigError(f"train.optimizer: {train.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
 
 
 # ------------------------------------------------------------ lr schedules
@@ -616,11 +755,11 @@ def _check_schedule(train: TrainConfig, total_steps: int) -> None:
         raise ConfigError(f"train.warmup_proportion={train.warmup_proportion} must be in [0, 1]")
     if train.lr < 0:
         raise ConfigError(f"train.lr={train.lr} must not be negative")
+    if train.schedule in ("poly", "poly_tf", "wsd") and train.end_lr < 0:
+        raise ConfigError(f"train.end_lr={train.end_lr} must not be negative")
     if train.schedule in ("poly", "poly_tf"):
         if train.decay_power < 0:
             raise ConfigError(f"train.decay_power={train.decay_power} must not be negative")
-        if train.end_lr < 0:
-            raise ConfigError(f"train.end_lr={train.end_lr} must not be negative")
         if train.schedule == "poly_tf" and train.start_warmup_step > 0:
             # The reference's formula would give negative learning rates before that step.
             raise ConfigError(f"train.start_warmup_step={train.start_warmup_step} must not be positive "
@@ -630,12 +769,54 @@ def _check_schedule(train: TrainConfig, total_steps: int) -> None:
             raise ConfigError(f"train.exp_decay_rate={train.exp_decay_rate} must not be negative")
         if train.exp_decay_steps <= 0:
             raise ConfigError(f"train.exp_decay_steps={train.exp_decay_steps} must be positive")
+    elif train.schedule == "wsd":
+        _check_wsd(train, total_steps)
     elif train.schedule == "table":
         table = train.lr_table
         if 0 not in table:
             raise ConfigError(f"train.lr_table must have an entry for step 0, got {table!r}")
         if any(step < 0 or lr < 0 for step, lr in table.items()):
             raise ConfigError(f"train.lr_table: steps and learning rates must not be negative, got {table!r}")
+
+
+def wsd_steps(train: TrainConfig, total_steps: int) -> tuple[int, int]:
+    """``wsd``'s warm-up and decay lengths: ``train.warmup_steps`` and ``train.decay_steps``, else those
+    shares of ``total_steps``, truncated as Composer converts a duration ("0.1dur") to steps."""
+    warmup = train.warmup_steps or int(train.warmup_proportion * total_steps)
+    return warmup, train.decay_steps or int(train.decay_proportion * total_steps)
+
+
+def _check_wsd(train: TrainConfig, total_steps: int) -> None:
+    if train.decay_steps < 0:
+        raise ConfigError(f"train.decay_steps={train.decay_steps} must not be negative")
+    if not 0.0 <= train.decay_proportion <= 1.0:
+        raise ConfigError(f"train.decay_proportion={train.decay_proportion} must be in [0, 1]")
+    warmup, decay = wsd_steps(train, total_steps)
+    decay_key = "train.decay_steps" if train.decay_steps else "train.decay_proportion"
+    if decay > total_steps:
+        raise ConfigError(f"{decay_key} gives a decay of {decay} steps, longer than the run's {total_steps}")
+    if warmup + decay > total_steps:
+        warmup_key = "train.warmup_steps" if train.warmup_steps else "train.warmup_proportion"
+        raise ConfigError(f"{warmup_key} and {decay_key}: a warm-up of {warmup} steps and a decay of {decay} "
+                          f"do not fit in the run's {total_steps} steps")
+
+
+# Composer's LinearScheduler, which ModernBERT's warm-up runs, starts at this multiplier, not 0.
+WSD_WARMUP_START = 1e-10
+
+
+def _wsd_multiplier(step: int, train: TrainConfig, total_steps: int) -> float:
+    """ModernBERT's ``WarmupStableDecayScheduler`` (src/scheduler.py) at optimizer step ``step``."""
+    # Composer steps its schedulers after a batch but before counting it, so step k runs at the
+    # value for k - 1 batches done (and step 0, as step 1, at the value for none).
+    done = max(step - 1, 0)
+    warmup, decay = wsd_steps(train, total_steps)
+    if done < warmup:
+        return WSD_WARMUP_START + min(1.0, done / warmup) * (1.0 - WSD_WARMUP_START)
+    if done < total_steps - decay:
+        return 1.0
+    into_decay = (done - (total_steps - decay)) / decay
+    return max(0.0, 1 - into_decay * (1 - train.end_lr / train.lr))
 
 
 def lr_at(step: int, train: TrainConfig, total_steps: int) -> float:
@@ -659,6 +840,16 @@ def lr_at(step: int, train: TrainConfig, total_steps: int) -> float:
       updates the lr once per ``device_iterations`` steps; this is its value
       at every step (``device_iterations`` 1).
     * ``table``: the entry of the largest step ≤ k; ``constant``: L after warm-up.
+    * ``wsd`` (warm-up, stable, decay: "trapezoidal"): ModernBERT's
+      ``warmup_stable_decay`` (AnswerDotAI/ModernBERT ``src/scheduler.py``, run
+      by Composer), with D decay steps (``train.decay_steps``, else
+      ``int(decay_proportion · N)``; W likewise, truncated as Composer
+      converts durations): L · f(j) at j = max(k - 1, 0), f(j) = a + (j / W)(1 - a)
+      with a = 1e-10 for j < W, 1 for j < N - D, then
+      max(0, 1 - (j - (N - D)) / D · (1 - E / L)). j lags k by one because
+      Composer's trainer steps the scheduler before it counts the finished
+      batch: steps 0 and 1 both run at 1e-10 · L. With D = 0 (ModernBERT's
+      pre-training, whose decay was a run of its own) the lr stays at L.
     """
     _check_schedule(train, total_steps)
     if step < 0:
@@ -667,6 +858,8 @@ def lr_at(step: int, train: TrainConfig, total_steps: int) -> float:
     if train.schedule == "table":  # absolute values; no warm-up
         keys = sorted(train.lr_table)
         return float(train.lr_table[keys[bisect.bisect_right(keys, step) - 1]])
+    if train.schedule == "wsd":
+        return train.lr * _wsd_multiplier(step, train, total_steps)
 
     warmup = warmup_steps(train, total_steps)
     if train.schedule == "poly_tf":

@@ -8,7 +8,8 @@ from the config alone (nothing is allocated). Per rank, in bytes:
 
 * parameters: fp32 master weights (autocast keeps fp32 weights);
 * gradients: fp32, one per parameter;
-* optimizer state: LAMB and AdamW keep two fp32 moments per parameter;
+* optimizer state: LAMB, AdamW and StableAdamW keep two fp32 moments per
+  parameter;
 * activations: the peak of what autograd keeps for the backward pass of one
   micro-batch, counted op by op from model.py (see ``_layer_activations``),
   plus the layer being recomputed and the gradients in flight in the backward;
@@ -136,8 +137,8 @@ class _Shapes:
 
 
 def _optimizer_states(tr: TrainConfig) -> int:
-    """fp32 tensors of optimizer state per parameter: two moments for LAMB and AdamW; SGD one
-    momentum buffer, or none without momentum."""
+    """fp32 tensors of optimizer state per parameter: two moments for LAMB, AdamW and StableAdamW;
+    SGD one momentum buffer, or none without momentum."""
     return (1 if tr.momentum > 0 else 0) if tr.optimizer == "sgd" else 2
 
 

@@ -88,6 +88,17 @@ def test_an_lr_table_without_the_table_schedule_is_refused_naming_both_keys(caps
     assert cfg.train.lr_table == {0: 1e-4}
 
 
+def test_a_decay_length_without_the_wsd_schedule_is_refused_naming_both_keys():
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [("train.decay_steps", "100")])
+    assert str(err.value) == ("train.decay_steps is given but train.schedule=poly: it is read only with train.schedule "
+                              "wsd (poly and poly_tf decay over the whole run)")
+    with pytest.raises(ConfigError, match=r"^train\.decay_proportion is given but train\.schedule=exp: "):
+        load_config(None, [("train.decay_proportion", "0.1"), ("train.schedule", "exp")])
+    cfg = load_config(None, [("train.decay_steps", "100"), ("train.schedule", "wsd")])
+    assert (cfg.train.schedule, cfg.train.decay_steps) == ("wsd", 100)
+
+
 def test_the_length_the_command_line_gives_wins_over_the_files(tmp_path):
     """A config file counts epochs; ``--train.steps`` trains that many steps (it was ignored, since
     epochs win when both are set); given both, epochs still win; a file with both keeps its epochs."""
@@ -112,7 +123,7 @@ def test_model_preset_then_field_override():
     ([("trian.lr", "1")], "unknown config section 'trian'"),
     ([("train.steps", "ten")], "train.steps: expected an integer, got 'ten'"),
     ([("data.synthetic", "maybe")], "data.synthetic: expected true or false"),
-    ([("train.optimizer", "adagrad")], "train.optimizer: 'adagrad' is not one of lamb, adamw, sgd"),
+    ([("train.optimizer", "adagrad")], "train.optimizer: 'adagrad' is not one of lamb, adamw, sgd, stableadamw"),
     ([("model", "huge")], "unknown preset 'huge'"),
     ([("train.global_batch_size", "100"), ("train.micro_batch_size", "32")],
      "train.global_batch_size=100 is not a multiple"),
@@ -175,9 +186,9 @@ def test_choices_are_the_literal_types_of_the_fields():
         "model.family": ("bert", "modernbert"),
         "model.hidden_act": ("gelu", "relu", "gelu_new"),
         "train.objective": ("mlm_nsp", "mlm"),
-        "train.optimizer": ("lamb", "adamw", "sgd"),
+        "train.optimizer": ("lamb", "adamw", "sgd", "stableadamw"),
         "train.lamb": ("bertforge", "mlperf", "nvidia", "paper"),
-        "train.schedule": ("poly", "poly_tf", "exp", "exp_staircase", "table", "constant"),
+        "train.schedule": ("poly", "poly_tf", "exp", "exp_staircase", "table", "constant", "wsd"),
         "execution.precision": ("fp32", "bf16", "fp16"),
         "execution.parallel": ("none", "ddp", "fsdp"),
         "execution.recompute": ("none", "layer", "attention"),
@@ -200,7 +211,7 @@ def test_literal_defaults_are_among_their_choices():
     ("execution.parallel", "zero3", "execution.parallel: 'zero3' is not one of none, ddp, fsdp"),
     ("execution.recompute", "all", "execution.recompute: 'all' is not one of none, layer, attention"),
     ("train.schedule", "cosine",
-     "train.schedule: 'cosine' is not one of poly, poly_tf, exp, exp_staircase, table, constant"),
+     "train.schedule: 'cosine' is not one of poly, poly_tf, exp, exp_staircase, table, constant, wsd"),
     ("model.hidden_act", "silu", "model.hidden_act: 'silu' is not one of gelu, relu, gelu_new"),
     ("execution.precision", "BF16", "execution.precision: 'BF16' is not one of fp32, bf16, fp16"),
 ])
@@ -302,6 +313,8 @@ def test_config_from_args_resumes_with_the_saved_config(tmp_path):
     ("train.lr", "-1e-3", "train.lr=-0.001 must be in [0, inf)"),
     ("train.beta2", "1", "train.beta2=1.0 must be in [0, 1)"),
     ("train.warmup_proportion", "1.5", "train.warmup_proportion=1.5 must be in [0, 1]"),
+    ("train.decay_steps", "-3", "train.decay_steps=-3 must not be negative"),
+    ("train.decay_proportion", "1.5", "train.decay_proportion=1.5 must be in [0, 1]"),
     ("model.hidden_dropout_prob", "1", "model.hidden_dropout_prob=1.0 must be in [0, 1)"),
     ("data.masked_lm_prob", "-0.1", "data.masked_lm_prob=-0.1 must be in [0, 1]"),
     ("train.eps", "0", "train.eps=0.0 must be positive"),

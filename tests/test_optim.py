@@ -17,7 +17,15 @@ from bertforge.config import ConfigError, ExecutionConfig, ModelConfig, TrainCon
 from bertforge.dist import compiles_optimizer
 from bertforge.engine import Engine, skips_on_device
 from bertforge.model import BertForPreTraining
-from bertforge.optim import AdamWNoBiasCorrection, Lamb, build_optimizer, build_scheduler, lr_at, param_groups
+from bertforge.optim import (
+    AdamWNoBiasCorrection,
+    Lamb,
+    StableAdamW,
+    build_optimizer,
+    build_scheduler,
+    lr_at,
+    param_groups,
+)
 
 SQRT_0_001 = math.sqrt(0.001)  # sqrt(1 - beta2) for beta2 = 0.999
 
@@ -493,6 +501,10 @@ def test_param_groups_on_bert():
     # 1 layer: 3 embeddings + q, k, v, attention out, intermediate, out, pooler,
     # head transform, NSP = 12 decayed matrices
     assert len(decay_names) == 12
+    # The rule of at most one dimension changes nothing for BERT: its vectors are biases and LayerNorms.
+    assert all(n.endswith("bias") or "LayerNorm" in n for n, p in model.named_parameters() if p.ndim <= 1)
+
+
 
 
 @pytest.mark.parametrize("optimizer, bias_correction, factor", [
@@ -500,6 +512,7 @@ def test_param_groups_on_bert():
     ("lamb", False, 0.9),
     ("adamw", True, 0.95),  # g = 0: w -= lr·wd·w = 0.05·w
     ("adamw", False, 0.95),
+    ("stableadamw", True, 0.5),  # g = 0: rms 0, r = 1, w -= lr·(wd / max_lr)·w = wd·w
 ])
 def test_built_optimizer_excludes_bias_and_layernorm_from_decay(optimizer, bias_correction, factor):
     torch.manual_seed(0)
@@ -535,6 +548,14 @@ def test_build_optimizer_types_and_settings():
     assert adamw.defaults["fused"] is True and not adamw.defaults["foreach"]  # on the CPU too
     assert type(build_optimizer(model, TrainConfig(optimizer="adamw", bias_correction=False))) \
         is AdamWNoBiasCorrection
+    stable = build_optimizer(model, TrainConfig(optimizer="stableadamw", lr=8e-4, beta2=0.98, weight_decay=1e-5))
+    assert type(stable) is StableAdamW
+    g = stable.param_groups[0]
+    assert (g["lr"], g["betas"], g["eps"], g["weight_decay"], g["decouple_lr"], g["max_lr"]) == (
+        8e-4, (0.9, 0.98), 1e-6, 1e-5, True, 8e-4)
+    assert stable.param_groups[1]["weight_decay"] == 0.0
+    assert build_optimizer(model, TrainConfig(optimizer="stableadamw", decouple_lr=False)).defaults["decouple_lr"] \
+        is False
 
 
 
@@ -550,6 +571,8 @@ def test_build_optimizer_types_and_settings():
     (dict(lamb="apex"), "train.lamb"),
     (dict(lamb="mlperf", bias_correction=False), "train.bias_correction"),
     (dict(lamb="paper", bias_correction=False), "train.bias_correction"),
+    (dict(optimizer="stableadamw", bias_correction=False), "train.bias_correction"),
+    (dict(optimizer="stableadamw", lr=0.0), "train.lr"),
 ])
 def test_build_optimizer_config_errors(change, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
@@ -641,6 +664,62 @@ def test_exp_staircase_schedule_by_hand():
     assert lr_at(0, train, 100) == 1.0
 
 
+def test_wsd_schedule_by_hand():
+    # W = 4, D = 4 of N = 10, E = 0.2·L; step k runs at the value for j = max(k - 1, 0) steps done.
+    train = TrainConfig(lr=1.0, schedule="wsd", warmup_steps=4, decay_steps=4, end_lr=0.2)
+    got = [lr_at(k, train, 10) for k in range(10)]
+    start = 1e-10  # the warm-up is a + (j / W)(1 - a) from a = 1e-10
+    warmup = [start + j / 4 * (1 - start) for j in (0, 0, 1, 2, 3)]
+    assert got == pytest.approx(warmup + [1.0, 1.0, 1.0, 0.8, 0.6], rel=1e-12)
+    # No decay (ModernBERT's pre-training): the peak to the end. No warm-up: the peak from the start.
+    assert lr_at(9, TrainConfig(lr=1.0, schedule="wsd", warmup_steps=4), 10) == 1.0
+    assert lr_at(0, TrainConfig(lr=1.0, schedule="wsd"), 10) == 1.0
+    # Shares of the run are truncated, as Composer converts "0.25dur": W = int(2.5) = 2, D = int(3.0000000000000004).
+    shares = TrainConfig(lr=1.0, schedule="wsd", warmup_proportion=0.25, decay_proportion=0.3)
+    assert [lr_at(k, shares, 10) for k in (2, 3, 8, 9)] == pytest.approx([0.5, 1.0, 1.0, 2 / 3], rel=1e-9)
+
+
+def composer_wsd(done: int, warmup: int, decay: int, total: int, alpha_f: float) -> float:
+    """ModernBERT's WarmupStableDecayScheduler (src/scheduler.py) at a timestamp of ``done`` batches,
+    transcribed: Composer's LinearScheduler(alpha_i=1e-10, alpha_f=1.0, t_max=t_warmup) while
+    timestamp < t_warmup, 1.0 while timestamp < t_max - t_decay, then the linear decay, clipped at 0.
+    Composer divides Time values as Python numbers (Time.__truediv__)."""
+    if done < warmup:
+        frac_of_total = min(1.0, done / warmup)
+        return 1e-10 + frac_of_total * (1.0 - 1e-10)
+    if done < total - decay:
+        return 1.0
+    current_decay_fraction = (done - (total - decay)) / decay
+    return max(0.0, 1 - current_decay_fraction * (1 - alpha_f))
+
+
+def composer_lrs(lr: float, warmup: int, decay: int, total: int, alpha_f: float) -> list[float]:
+    """The lr of each batch as Composer's trainer runs the scheduler (compile_composer_scheduler, a
+    LambdaLR; Trainer._train_loop of mosaicml 0.24.1, which ModernBERT pins): the LambdaLR evaluates it
+    once when made, at timestamp 0, then after each batch scheduler.step() evaluates it before
+    timestamp.to_next_batch counts that batch."""
+    timestamp, multiplier, lrs = 0, composer_wsd(0, warmup, decay, total, alpha_f), []
+    for _ in range(total):
+        lrs.append(lr * multiplier)  # the batch trains
+        multiplier = composer_wsd(timestamp, warmup, decay, total, alpha_f)  # scheduler.step()
+        timestamp += 1  # state.timestamp.to_next_batch()
+    return lrs
+
+
+@pytest.mark.parametrize("change, warmup, decay", [
+    (dict(warmup_steps=5, decay_steps=6), 5, 6),
+    (dict(warmup_steps=5), 5, 0),  # ModernBERT's pre-training: t_decay 0
+    (dict(decay_steps=40), 0, 40),  # the whole run decays
+    (dict(warmup_steps=1, decay_steps=39, end_lr=2e-4), 1, 39),
+    (dict(warmup_proportion=0.25, decay_proportion=0.1, end_lr=8e-5), 10, 4),  # int(0.25 · 40), int(0.1 · 40)
+    (dict(warmup_proportion=0.07, decay_proportion=0.3), 2, 12),  # int(2.8), int(12.000000000000002)
+])
+def test_wsd_equals_modernbert_warmup_stable_decay(change, warmup, decay):
+    train = TrainConfig(lr=8e-4, schedule="wsd", **change)
+    want = composer_lrs(8e-4, warmup, decay, 40, train.end_lr / train.lr)
+    assert [lr_at(k, train, 40) for k in range(40)] == pytest.approx(want, rel=1e-15, abs=0)
+
+
 SCHEDULE_CASES = json.loads((FIXTURES / "schedule_reference.json").read_text())["cases"]
 
 
@@ -681,6 +760,13 @@ def test_poly_tf_equals_tensorflow():
     (dict(schedule="exp_staircase", exp_decay_steps=0), "train.exp_decay_steps"),
     (dict(schedule="poly_tf", end_lr=-1e-5), "train.end_lr"),
     (dict(schedule="poly_tf", start_warmup_step=3), "train.start_warmup_step"),
+    (dict(schedule="wsd", end_lr=-1e-5), "train.end_lr"),
+    (dict(schedule="wsd", decay_steps=-1), "train.decay_steps"),
+    (dict(schedule="wsd", decay_steps=101), "train.decay_steps"),
+    (dict(schedule="wsd", decay_proportion=1.5), "train.decay_proportion"),
+    (dict(schedule="wsd", warmup_steps=50, decay_steps=51), "train.warmup_steps and train.decay_steps"),
+    (dict(schedule="wsd", warmup_proportion=0.5, decay_proportion=0.6), "train.warmup_proportion and "
+                                                                        "train.decay_proportion"),
 ])
 def test_schedule_config_errors(change, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
@@ -719,10 +805,10 @@ def train_steps(model, opt, sched, steps) -> None:
         sched.step()
 
 
-@pytest.mark.parametrize("schedule", ["poly", "poly_tf", "exp", "exp_staircase", "table", "constant"])
+@pytest.mark.parametrize("schedule", ["poly", "poly_tf", "exp", "exp_staircase", "table", "constant", "wsd"])
 def test_scheduler_gives_lr_at_each_step(schedule):
     train = TrainConfig(lr=1e-3, warmup_steps=5, schedule=schedule, exp_decay_steps=10,
-                        lr_table={0: 1e-3, 7: 4e-4, 12: 2e-4})
+                        lr_table={0: 1e-3, 7: 4e-4, 12: 2e-4}, decay_steps=6)
     torch.manual_seed(0)
     model = Tiny()
     opt = build_optimizer(model, train)
@@ -739,6 +825,9 @@ def test_scheduler_gives_lr_at_each_step(schedule):
         assert lrs[19] == pytest.approx(1e-3 / 15, rel=1e-12)
     if schedule == "table":
         assert lrs[6:8] == pytest.approx([1e-3, 4e-4], rel=1e-12)
+    if schedule == "wsd":  # warm-up 5 a step late, stable, then 6 steps of decay to 0 from step 15
+        assert lrs[:3] == pytest.approx([1e-13, 1e-13, 2e-4], rel=1e-9)
+        assert lrs[6:15] == [1e-3] * 9 and lrs[19] == pytest.approx(1e-3 / 3, rel=1e-12)
 
 
 def test_scheduler_ignores_later_config_edits():
@@ -751,11 +840,12 @@ def test_scheduler_ignores_later_config_edits():
     assert opt.param_groups[0]["lr"] == pytest.approx(1e-3, rel=1e-12)
 
 
-@pytest.mark.parametrize("optimizer, bias_correction", [
-    ("lamb", True), ("lamb", False), ("adamw", True), ("adamw", False)])
-def test_resume_is_bit_identical(tmp_path, optimizer, bias_correction):
+@pytest.mark.parametrize("optimizer, bias_correction, schedule", [
+    ("lamb", True, "poly"), ("lamb", False, "poly"), ("adamw", True, "poly"), ("adamw", False, "poly"),
+    ("stableadamw", True, "wsd")])
+def test_resume_is_bit_identical(tmp_path, optimizer, bias_correction, schedule):
     train = TrainConfig(optimizer=optimizer, bias_correction=bias_correction, lr=1e-2,
-                        weight_decay=0.01, warmup_steps=3, schedule="poly")
+                        weight_decay=0.01, warmup_steps=3, schedule=schedule, decay_steps=4)
     total, cut = 12, 5
 
     def fresh(seed):
@@ -833,6 +923,7 @@ COMPILED_CASES = {
     "nvidia_no_decay": dict(lamb="nvidia", weight_decay=0.0),  # no tensor adapts: r = 1 everywhere
     "paper": dict(lamb="paper"),
     "adamw_no_bias_correction": dict(optimizer="adamw", bias_correction=False),
+    "stableadamw": dict(optimizer="stableadamw"),  # λ = wd / lr = 1; rms 0 to 1.14: the clip binds here and there
 }
 # What the compiled step may differ from the eager one by, per tensor: max |difference| in units of
 # float32's epsilon times the tensor's largest magnitude. Eager kernels fuse multiply and add where
@@ -915,7 +1006,7 @@ def test_compiled_step_equals_the_eager_step(case):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("case", ["bertforge", "mlperf"])
+@pytest.mark.parametrize("case", ["bertforge", "mlperf", "stableadamw"])
 def test_compiled_step_on_cuda_equals_the_eager_step_without_host_syncs(case):
     train = compiled_train(**COMPILED_CASES[case])
     eager, eager_opt, _ = adapted_run(train, False, range(6), device="cuda")
@@ -958,7 +1049,8 @@ def test_compiled_and_eager_steps_resume_each_other(tmp_path, first, then):
 # (train changes, compiled): ours in both steps, torch's fused AdamW and SGD
 SKIPPING_CASES = {
     **{f"{name}_{kind}": (COMPILED_CASES[name], kind == "compiled")
-       for name in ("bertforge", "mlperf", "adamw_no_bias_correction") for kind in ("eager", "compiled")},
+       for name in ("bertforge", "mlperf", "adamw_no_bias_correction", "stableadamw")
+       for kind in ("eager", "compiled")},
     "torch_adamw": (dict(optimizer="adamw"), False),
     "torch_sgd": (dict(optimizer="sgd", momentum=0.9), False),
 }
@@ -988,6 +1080,81 @@ def test_found_inf_skips_the_step_on_the_device(case):
     opt.found_inf = torch.ones(())
     opt.step()
     assert all(torch.equal(a, b) for a, b in zip(state(model, opt), before, strict=True))
+
+
+# ------------------------------------------------------------ StableAdamW (ModernBERT's optimizer)
+
+@pytest.mark.parametrize("decouple_lr, factor", [(True, 0.5), (False, 0.95)])
+def test_stableadamw_first_step_by_hand(decouple_lr, factor):
+    # Step 1: m̂ = g, v̂ = g², so rms = 1 and lr_t = lr; the decay factor is 1 - (lr / max_lr)·wd = 0.5
+    # decoupled from the lr, else 1 - lr·wd = 0.95.
+    got = one_step(StableAdamW, W0, G1, lr=0.1, eps=1e-6, weight_decay=0.5, decouple_lr=decouple_lr)
+    w, g = np.array(W0), np.array(G1)
+    np.testing.assert_allclose(got, factor * w - 0.1 * g / (np.abs(g) + 1e-6), rtol=1e-6)
+
+
+# What ours may differ from optimi's StableAdamW by after 10 steps, in float32_units of each tensor
+# (weights, and the bias-corrected moments, which optimi keeps): optimi moves m̂ and v̂ by debiased
+# betas, rounds w twice a step where it decays and divides the lr by rms in float64 (largest seen
+# over the cases below: weights 2.9, moments 2.2).
+OPTIMI_BOUND = 4.0
+GRAD_SCALES = {
+    "binds": [1e-3] * 4 + [1e-1] + [1e-3] * 5,  # a jump: g² / v̂ ≫ 1 at step 4, and after it
+    "idle": [0.5 ** k for k in range(10)],  # shrinking gradients: g² / v̂ < 1, rms ≤ 1 throughout
+}
+
+
+def stable_run(train: TrainConfig, make_optimizer, grad_scales: list[float]):
+    """Adapted trained for len(grad_scales) steps on fixed gradients, under build_scheduler's LambdaLR."""
+    torch.manual_seed(0)
+    model = Adapted()
+    optimizer = make_optimizer(model)
+    scheduler = build_scheduler(optimizer, train, len(grad_scales))
+    for step, scale in enumerate(grad_scales):
+        gen = torch.Generator().manual_seed(step)
+        for p in model.parameters():
+            p.grad = torch.randn(p.shape, generator=gen) * scale
+        optimizer.step()
+        scheduler.step()
+    return model, optimizer
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::UserWarning")  # optimi's on foreach and high wd
+@pytest.mark.parametrize("weight_decay", [0.0, 1e-5, 0.1])
+@pytest.mark.parametrize("clipping", GRAD_SCALES)
+@pytest.mark.parametrize("foreach", [False, True], ids=["optimi_loop", "optimi_foreach"])
+def test_stableadamw_equals_optimi(weight_decay, clipping, foreach):
+    """train.optimizer stableadamw against optimi's StableAdamW(decouple_lr=True) as ModernBERT builds it
+    (main.py's decoupled_stableadamw, the yaml's lr, betas, eps): 10 steps under a wsd schedule that
+    changes the lr every step, by optimi's for-loop and its multi-tensor step (which ModernBERT's
+    src/optimizer.py, used for its runs, equals bit for bit). ``binds``: the clipping binds, so the
+    weights end far from AdamW's; ``idle``: it never does, and the step is torch's AdamW with weight
+    decay wd / max_lr."""
+    import optimi
+
+    train = TrainConfig(optimizer="stableadamw", lr=8e-4, beta1=0.9, beta2=0.98, eps=1e-6,
+                        weight_decay=weight_decay, schedule="wsd", warmup_steps=3, decay_steps=5)
+    ours, ours_opt = stable_run(train, lambda model: build_optimizer(model, train), GRAD_SCALES[clipping])
+    theirs, theirs_opt = stable_run(train, lambda model: optimi.StableAdamW(
+        param_groups(model, weight_decay), lr=8e-4, betas=(0.9, 0.98), eps=1e-6, weight_decay=weight_decay,
+        decouple_lr=True, foreach=foreach, triton=False), GRAD_SCALES[clipping])
+    units = []
+    for a, b in zip(ours.parameters(), theirs.parameters(), strict=True):
+        state, theirs_state = ours_opt.state[a], theirs_opt.state[b]
+        t = state["step"]
+        units += [float32_units(a.detach(), b.detach()),
+                  float32_units(state["exp_avg"] / (1 - 0.9 ** t), theirs_state["exp_avg"]),
+                  float32_units(state["exp_avg_sq"] / (1 - 0.98 ** t), theirs_state["exp_avg_sq"])]
+    assert max(units) <= OPTIMI_BOUND
+    adamw, _ = stable_run(train, lambda model: torch.optim.AdamW(
+        param_groups(model, weight_decay / train.lr), lr=8e-4, betas=(0.9, 0.98), eps=1e-6), GRAD_SCALES[clipping])
+    apart = max(float32_units(a.detach(), b.detach()) for a, b in zip(ours.parameters(), adamw.parameters()))
+    torch.manual_seed(0)
+    assert min(float32_units(a.detach(), b.detach()) for a, b in zip(ours.parameters(), Adapted().parameters())) > 1e3
+    if clipping == "binds":
+        assert apart > 1e3
+    else:
+        assert apart <= OPTIMI_BOUND
 
 
 # ------------------------------------------------------------ SGD and momentum

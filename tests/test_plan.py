@@ -98,7 +98,8 @@ def test_parameter_and_state_bytes_are_exact(preset):
     assert decayed_parameters(cfg.model) == decay
     assert plan.parameters == plan.gradients == 4 * n
     assert plan.optimizer_state == 8 * n  # two fp32 moments, LAMB or AdamW
-    assert plan_memory(load_config(preset, [("train.optimizer", "adamw")])).optimizer_state == 8 * n
+    for optimizer in ("adamw", "stableadamw"):
+        assert plan_memory(load_config(preset, [("train.optimizer", optimizer)])).optimizer_state == 8 * n
 
 
 def test_base_and_large_sizes():
@@ -260,6 +261,17 @@ def test_step_memory_matches_the_plan(preset, seq_len, policy, precision):
     resident = plan.parameters + plan.optimizer_state  # made before the measured step
     assert measured["saved"] == pytest.approx(plan.details["saved_activations"], rel=0.03)
     assert measured["backward_peak"] == pytest.approx(plan.phases["forward_backward"] - resident, rel=0.05)
+    assert measured["optimizer_peak"] == pytest.approx(plan.phases["optimizer_step"] - resident, rel=0.01)
+
+
+def test_stableadamw_step_memory_matches_the_plan():
+    """Its state (two moments) and the step's temporaries, as LAMB's: one buffer per tensor, which
+    holds g / sqrt(max(v, eps'²)) for the clipping, then the update."""
+    cfg = load_config("tiny", [("train.optimizer", "stableadamw"), ("data.seq_len", 128), ("train.micro_batch_size", 2),
+                               ("train.global_batch_size", 2), ("execution.device", "cpu")])
+    measured = measure_step(cfg)
+    plan = plan_memory(cfg)
+    resident = plan.parameters + plan.optimizer_state
     assert measured["optimizer_peak"] == pytest.approx(plan.phases["optimizer_step"] - resident, rel=0.01)
 
 
