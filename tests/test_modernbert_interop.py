@@ -222,3 +222,39 @@ def test_finetune_glue_trains_a_modernbert_that_transformers_loads(tmp_path):
                      mask, "classification")
     print(f"finetune glue, then transformers: max |difference| {difference:.2e}")
     assert difference < 1e-5
+
+
+@pytest.mark.parametrize("version", ["1.1", "2.0"])
+def test_squad_trains_a_modernbert_that_transformers_loads(tmp_path, version, capsys):
+    """``bertforge squad train`` (v1.1, and v2.0 with unanswerable questions) from a transformers
+    ModernBERT: it trains and scores, and ModernBertForQuestionAnswering loads the run with equal
+    start and end logits."""
+    from test_squad_cli import VOCAB
+    from test_squad_v2 import TRAIN_QAS
+
+    init = tmp_path / "init"
+    torch.manual_seed(0)
+    cfg = dataclasses.replace(CFG, vocab_size=len(VOCAB), max_position_embeddings=64, local_attention=16)
+    transformers.ModernBertForMaskedLM(hf_config(cfg)).save_pretrained(init)
+    (init / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    qas = [{"id": i, "question": q, "is_impossible": impossible,
+            "answers": [] if impossible else [{"text": a, "answer_start": s}]}
+           for i, q, a, s, impossible in TRAIN_QAS if version == "2.0" or not impossible]
+    data = tmp_path / "squad.json"
+    data.write_text(json.dumps({"version": f"v{version}", "data": [
+        {"title": "t", "paragraphs": [{"context": "Paris is the capital of France .", "qas": qas}]}]}))
+    run = tmp_path / "run"
+    assert main(["squad", "train", "--init", str(init), "--train-file", str(data), "--predict-file", str(data),
+                 "--out", str(run), "--version", version, "--data.seq_len", "32", "--squad.max_query_length", "8",
+                 "--train.global_batch_size", "2", "--train.micro_batch_size", "2", "--train.epochs", "1",
+                 "--no-progress", "--log.tensorboard", "false"]) == 0
+    scores = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert scores["total"] == 4 if version == "2.0" else set(scores) == {"exact_match", "f1"}
+    theirs = from_pretrained("qa", run)
+    ours = load_model(run, head="qa")
+    ids, mask = batch()
+    ids, mask = ids[:, :32] % len(VOCAB), mask[:, :32]
+    difference = gap(ours_out(ours, "qa", ids, mask), theirs_out(theirs, "qa", ids, mask), mask, "qa")
+    with capsys.disabled():
+        print(f"squad v{version}, then transformers: max |difference| {difference:.2e}")
+    assert difference < 1e-5
