@@ -6,6 +6,7 @@
     bertforge bench --spec benchmarks.yml [--benchmark NAME ...] [--json] [--list] [--quick]
     bertforge export CHECKPOINT OUT_DIR [--overwrite] [--format hf|tf1|tf2]   # to Hugging Face, TF1 or TF2
     bertforge import tf1|tf2 PREFIX OUT_DIR [--bert-config FILE]   # a TF1 or TF2 checkpoint to our model directory
+    bertforge import hf DIR_OR_ID OUT_DIR      # a Hugging Face BERT or ModernBERT to our model directory
     bertforge eval CKPT... --data.eval_input FILE [--batch-size N] [--json]   # masked-LM / NSP accuracy
     bertforge config [--config NAME] [--section.key VALUE ...]   # print the resolved config
     bertforge report RUN... --out DIR [--overwrite]   # figures and one HTML page (see report.py)
@@ -212,6 +213,18 @@ def cmd_import_tf2(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
+def cmd_import_hf(args: argparse.Namespace, extra: list[str]) -> int:
+    from .weights import find_model, import_hf
+
+    source = find_model(args.source)
+    out = Path(args.out).resolve()
+    if args.overwrite and (out == source.resolve() or out in source.resolve().parents):
+        raise ConfigError(f"{args.out}: --overwrite would delete the model being imported ({source}); "
+                          f"choose another output directory")
+    print(f"imported {source} to {import_hf(source, args.out, overwrite=args.overwrite)}")
+    return 0
+
+
 def cmd_report(args: argparse.Namespace, extra: list[str]) -> int:
     from .report import write_report
 
@@ -384,6 +397,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true",
                    help="replace OUT_DIR if it exists and is not empty (never a live run's)")
     p.set_defaults(func=cmd_import_tf2)
+    p = import_sub.add_parser("hf", help="a Hugging Face BERT or ModernBERT directory, or a model id in the local "
+                                         "Hugging Face cache",
+                              description="Write a transformers model directory (config.json with model_type bert "
+                                          "or modernbert, model.safetensors) as our model directory, with the head "
+                                          "its architecture names and its vocab.txt or tokenizer.json.")
+    p.add_argument("source", help="the directory, or a model id in the local Hugging Face cache")
+    p.add_argument("out", type=Path, help="output directory: new or empty, unless --overwrite")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace OUT_DIR if it exists and is not empty (never a live run's)")
+    p.set_defaults(func=cmd_import_hf)
 
     add_data_commands(sub)
     add_squad_commands(sub)

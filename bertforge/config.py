@@ -46,6 +46,7 @@ Schedule = Literal["poly", "poly_tf", "exp", "exp_staircase", "table", "constant
 HiddenAct = Literal["gelu", "relu", "gelu_new"]
 # The model's architecture: BERT (model.py) or ModernBERT (modernbert.py)
 Family = Literal["bert", "modernbert"]
+ClassifierPooling = Literal["cls", "mean"]  # what a ModernBERT sequence classifier reads (transformers' name)
 # SDPA kernels, or FlexAttention with block masks for masked batches; see dist.attention_backends
 Attention = Literal["auto", "flash", "cudnn", "efficient", "math", "flex"]
 # torch.compile's modes without CUDA graphs (the optimizer step runs outside the compiled model):
@@ -101,15 +102,25 @@ class ModelConfig(Freezable):
     global_rope_theta: float = 160000.0  # rotary base of the global layers
     local_rope_theta: float = 10000.0  # … and of the local ones
     initializer_cutoff_factor: float = 2.0  # weights start truncated-normal within ± this × their std
+    classifier_pooling: ClassifierPooling = "cls"  # a sequence classifier reads [CLS], or the mean of the tokens
+    classifier_dropout: float = 0.0  # before a fine-tuning head's classifier
 
 
 # The fields only ModernBERT reads, and the one only BERT reads.
 MODERNBERT_FIELDS = ("global_attn_every_n_layers", "local_attention", "global_rope_theta", "local_rope_theta",
-                     "initializer_cutoff_factor")
+                     "initializer_cutoff_factor", "classifier_pooling", "classifier_dropout")
 BERT_FIELDS = ("type_vocab_size",)
 # What each family's config.yaml leaves out: the other's fields (and BERT's the family itself, so
 # that a BERT config reads as it always has).
 LEFT_OUT: dict[str, tuple[str, ...]] = {"bert": ("family", *MODERNBERT_FIELDS), "modernbert": BERT_FIELDS}
+
+
+def use_model(cfg: Config, model: ModelConfig) -> None:
+    """Give ``cfg`` a loaded model's config (the saved config describes what runs). A ModernBERT has
+    no next-sentence head: its ``train.objective`` is mlm (fine-tuning and imports do not read it)."""
+    cfg.model = dataclasses.replace(model)
+    if model.family == "modernbert":
+        cfg.train.objective = "mlm"
 
 
 def model_dict(model: ModelConfig) -> dict[str, Any]:
@@ -136,13 +147,15 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
 def _modernbert(layers: int, hidden: int, heads: int, intermediate: int) -> dict[str, Any]:
     """A whole ModernBERT config: the shape, and the rest as answerdotai/ModernBERT-base and -large's
     config.json (transformers' ModernBertConfig defaults): no dropout, GELU, LayerNorm eps 1e-5, the
-    50368-token BPE vocab with [PAD] at 50283, 8192 positions, a global layer every 3rd, windows of 128."""
+    50368-token BPE vocab with [PAD] at 50283, 8192 positions, a global layer every 3rd, windows of 128;
+    and their classifier_pooling, mean (transformers' default is cls)."""
     return {"family": "modernbert", "num_hidden_layers": layers, "hidden_size": hidden, "num_attention_heads": heads,
             "intermediate_size": intermediate, "vocab_size": 50368, "max_position_embeddings": 8192,
             "hidden_act": "gelu", "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
             "layer_norm_eps": 1e-5, "initializer_range": 0.02, "pad_token_id": 50283,
             "global_attn_every_n_layers": 3, "local_attention": 128, "global_rope_theta": 160000.0,
-            "local_rope_theta": 10000.0, "initializer_cutoff_factor": 2.0}
+            "local_rope_theta": 10000.0, "initializer_cutoff_factor": 2.0,
+            "classifier_pooling": "mean", "classifier_dropout": 0.0}
 
 
 # ModernBERT (Warner et al. 2024): base and large as published, and a tiny one of 4 layers (global,
@@ -632,6 +645,7 @@ _INT_RANGES: dict[str, tuple[int, int]] = {
 _FLOAT_RANGES: dict[str, tuple[float, float, bool]] = {
     "model.hidden_dropout_prob": (0.0, 1.0, False),
     "model.attention_probs_dropout_prob": (0.0, 1.0, False),
+    "model.classifier_dropout": (0.0, 1.0, False),
     "model.initializer_range": (0.0, float("inf"), False),
     "data.masked_lm_prob": (0.0, 1.0, True),
     "data.short_seq_prob": (0.0, 1.0, True),

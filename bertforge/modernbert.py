@@ -255,3 +255,80 @@ def init_weights(module: nn.Module, cfg: ModelConfig) -> None:
             normal(m.Wo.weight, out_std)
         elif isinstance(m, ModernBertPredictionHead):
             normal(m.dense.weight, out_std)
+
+
+class ModernBertTaskModel(nn.Module):
+    """A fine-tuning head on the encoder, as transformers' ``ModernBertFor{SequenceClassification,
+    TokenClassification,QuestionAnswering}``: the prediction head (dense, activation, norm) on each
+    token or on the pooled row, dropout (``classifier_dropout``) and ``classifier`` (num_labels, H),
+    whose weight starts truncated-normal with std H^-0.5 (as transformers'). Its ``head`` has the
+    masked LM's names, so an MLM checkpoint starts it where the MLM head was (as transformers does)."""
+
+    pooled = False
+
+    def __init__(self, cfg: ModelConfig, num_labels: int):
+        super().__init__()
+        if num_labels < 1:
+            raise ValueError(f"num_labels must be at least 1, got {num_labels}")
+        self.config = cfg
+        self.num_labels = num_labels
+        self.model = ModernBertModel(cfg)
+        self.head = ModernBertPredictionHead(cfg)
+        self.drop = nn.Dropout(cfg.classifier_dropout)
+        self.classifier = nn.Linear(cfg.hidden_size, num_labels)
+        init_weights(self.head, cfg)
+        std = cfg.hidden_size ** -0.5
+        cutoff = cfg.initializer_cutoff_factor * std
+        nn.init.trunc_normal_(self.classifier.weight, mean=0.0, std=std, a=-cutoff, b=cutoff)
+        nn.init.zeros_(self.classifier.bias)
+
+    def logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """(B, num_labels) pooled, else (B, T, num_labels)."""
+        x = self.model(input_ids, attention_mask)  # (B, T, H)
+        if self.pooled:
+            x = pool(x, attention_mask, self.config.classifier_pooling)  # (B, H)
+        return self.classifier(self.drop(self.head(x)))
+
+
+def pool(x: torch.Tensor, attention_mask: torch.Tensor | None, how: str) -> torch.Tensor:
+    """A row's hidden state (B, H) for the classifier: its first token's (``cls``), or the mean of its
+    real tokens' (``mean``)."""
+    if how == "cls":
+        return x[:, 0]
+    if attention_mask is None:
+        return x.mean(dim=1)
+    weights = attention_mask.to(x.dtype).unsqueeze(-1)  # (B, T, 1)
+    return (x * weights).sum(dim=1) / weights.sum(dim=1)
+
+
+class ModernBertForSequenceClassification(ModernBertTaskModel):
+    """GLUE: the head on the pooled row (``classifier_pooling``: [CLS], or the mean of the real tokens);
+    ``num_labels=1`` is regression (STS-B). Called as ``BertForSequenceClassification`` (token types
+    are ignored)."""
+
+    pooled = True
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.logits(input_ids, attention_mask)  # (B, num_labels)
+
+
+class ModernBertForTokenClassification(ModernBertTaskModel):
+    """NER: the head on every token."""
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return self.logits(input_ids, attention_mask)  # (B, T, num_labels)
+
+
+class ModernBertForQuestionAnswering(ModernBertTaskModel):
+    """SQuAD: a start and an end logit per token, from a ``classifier`` of 2 outputs (transformers'
+    name; BERT's is ``qa_outputs``)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg, num_labels=2)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        start, end = self.logits(input_ids, attention_mask).unbind(-1)
+        return start, end  # (B, T) each

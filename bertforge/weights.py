@@ -61,27 +61,30 @@ from torch import nn
 from . import tf1
 from .config import (
     LEFT_OUT,
+    ClassifierPooling,
     Config,
     ConfigError,
+    Family,
     Head,
     ModelConfig,
     config_from_dict,
     load_yaml,
     model_dict,
+    use_model,
     validate,
 )
 from .dist import is_sharded, unwrap
+from .families import ENCODER_PREFIX, HEAD_PREFIXES, MODELS, head_of, model_class
 from .fileio import atomic_directory, refuse_live_runs
 from .model import (
     ACTIVATIONS,
     BertForMaskedLM,
     BertForPreTraining,
     BertForQuestionAnswering,
-    BertForSequenceClassification,
-    BertForTokenClassification,
     BertModel,
     init_weights,
 )
+from .modernbert import ModernBertModel
 from .runs import WEIGHTS_FILES, CheckpointError, find_checkpoint, verify, write_manifest
 
 HEADS = typing.get_args(Head)
@@ -103,10 +106,6 @@ class NewlyInitializedWarning(UserWarning):
 
 
 # ---------------------------------------------------------------- ours, and any format in
-
-# Weights that belong to one task's head: absent from a source made for another task, they stay as initialised.
-HEAD_PREFIXES = ("cls.", "qa_outputs.", "classifier.", "bert.pooler.", "pooler.")
-
 
 def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
     """``load_file`` with a CheckpointError naming the file when it cannot be read."""
@@ -194,11 +193,12 @@ def assign_weights(model: nn.Module, state: dict[str, torch.Tensor], source: Pat
     """
     own = model_shapes(model)
     check_shapes(own, state, source, error)
-    unknown = [k for k in state if k not in own and not k.startswith(HEAD_PREFIXES)]
+    heads = HEAD_PREFIXES[typing.cast(ModelConfig, model.config).family]  # (another task's head: not loaded)
+    unknown = [k for k in state if k not in own and not k.startswith(heads)]
     if unknown:
         raise error(f"{source}: weights unknown to this model: {', '.join(unknown)}")
     missing = [k for k in own if k not in state]
-    missing_encoder = [k for k in missing if not k.startswith(HEAD_PREFIXES)]
+    missing_encoder = [k for k in missing if not k.startswith(heads)]
     if missing_encoder:
         raise error(f"{source}: checkpoint lacks encoder weights: {', '.join(missing_encoder)}")
     model.load_state_dict({k: v for k, v in state.items() if k in own}, strict=False)
@@ -255,8 +255,8 @@ def check_model_config(saved: ModelConfig, wanted: ModelConfig, source: Path) ->
 
 # A Hugging Face model id: "bert-base-uncased" or "google/bert_uncased_L-4_H-256_A-4".
 HF_MODEL_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
-# What a BERT needs from a Hub snapshot (not its TF, Flax or ONNX copies).
-HF_MODEL_FILES = ["config.json", "vocab.txt", "model.safetensors", "tokenizer_config.json"]
+# What a BERT or ModernBERT needs from a Hub snapshot (not its TF, Flax or ONNX copies).
+HF_MODEL_FILES = ["config.json", "vocab.txt", "tokenizer.json", "model.safetensors", "tokenizer_config.json"]
 
 
 def resolve_model(path: str | Path) -> Path:
@@ -307,11 +307,11 @@ def is_hf_directory(path: Path) -> bool:
     return (path / "config.json").is_file() and not (path / "config.yaml").is_file()
 
 
-# The head each of transformers' BERT architectures has, as ``load_model`` names it.
+# The head each of transformers' BERT and ModernBERT architectures has, as ``load_model`` names it
+# (our classes carry their names).
 HF_ARCHITECTURE_HEADS: dict[str, Head] = {
-    "BertForPreTraining": "pretraining", "BertForMaskedLM": "pretraining", "BertForQuestionAnswering": "qa",
-    "BertForSequenceClassification": "classification", "BertForTokenClassification": "token_classification",
-    "BertModel": "encoder"}
+    "BertForMaskedLM": "pretraining",
+    **{cls.__name__: head for models in MODELS.values() for head, cls in models.items()}}
 
 
 def hf_head(path: Path) -> Head:
@@ -337,7 +337,8 @@ def read_weights(path: str | Path, bert_config: str | Path | None = None,
         cfg, state, _ = read_tf1(prefix, bert_config, head="encoder")
         return cfg, state, prefix
     if is_hf_directory(path):
-        return read_hf_config(path), hf_to_ours(load_hf_state_dict(path), "pretraining"), path
+        cfg = read_hf_config(path)
+        return cfg, hf_to_ours(load_hf_state_dict(path), "pretraining", cfg.family), path
     checkpoint = find_checkpoint(path, weights_only=True)
     verify(checkpoint, WEIGHTS_FILES)
     return read_config(checkpoint).model, load_safetensors(checkpoint / "model.safetensors"), checkpoint
@@ -357,9 +358,15 @@ def load_weights(model: nn.Module, path: str | Path, bert_config: str | Path | N
     if saved.hidden_act != wanted.hidden_act:  # the weights load, but the function differs a little
         logger.warning("%s was trained with model.hidden_act=%s but this model uses %s (a TF1 checkpoint's "
                        "gelu is gelu_new)", source, saved.hidden_act, wanted.hidden_act)
-    if isinstance(model, BertModel):  # the encoder alone: its keys have no "bert." prefix
-        state = {k.removeprefix("bert."): v for k, v in state.items() if k.startswith("bert.")}
+    if isinstance(model, (BertModel, ModernBertModel)):  # the encoder alone: its keys have no "bert." prefix
+        state = encoder_state(state, wanted)
     return assign_weights(model, state, source)
+
+
+def encoder_state(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """The encoder's weights of a task model's ``state``, named as the bare encoder names them."""
+    prefix = ENCODER_PREFIX[cfg.family]
+    return {k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)}
 
 
 def load_model(path: str | Path, head: str = "pretraining", allow_pickle: bool = False,
@@ -397,7 +404,7 @@ def load_model(path: str | Path, head: str = "pretraining", allow_pickle: bool =
         cfg = read_config(checkpoint).model
         state = load_safetensors(checkpoint / "model.safetensors")
     if head == "encoder":
-        state = {k.removeprefix("bert."): v for k, v in state.items() if k.startswith("bert.")}
+        state = encoder_state(state, cfg)
     model = _build(head, cfg, state, num_labels, checkpoint, CheckpointError)
     missing = assign_weights(model, state, checkpoint)
     if missing and head in ("pretraining", "encoder"):  # a task head is new when starting from an encoder
@@ -408,21 +415,37 @@ def load_model(path: str | Path, head: str = "pretraining", allow_pickle: bool =
 # ---------------------------------------------------------------- Hugging Face: config.json
 
 
+# ModernBertConfig's keys for our fields where the names differ; hidden_act and hidden_dropout_prob
+# are two of its keys each, which must then agree.
+MODERNBERT_KEYS = {"layer_norm_eps": ("norm_eps",), "hidden_act": ("hidden_activation", "classifier_activation"),
+                   "hidden_dropout_prob": ("embedding_dropout", "mlp_dropout"),
+                   "attention_probs_dropout_prob": ("attention_dropout",)}
+# ModernBertConfig's switches, with the one value our ModernBERT is built for (every published model's).
+MODERNBERT_FIXED = {"attention_bias": False, "mlp_bias": False, "norm_bias": False, "classifier_bias": False,
+                    "decoder_bias": True, "tie_word_embeddings": True}
+MODERNBERT_LAYER_TYPES = {True: "full_attention", False: "sliding_attention"}  # transformers' name of a global layer
+
+
 def model_config_from_hf(config_json: dict, source: str) -> ModelConfig:
-    """Our ModelConfig from a parsed Hugging Face ``config.json``; unrelated keys are ignored."""
+    """Our ModelConfig from a parsed Hugging Face ``config.json`` of a BERT or a ModernBERT
+    (``model_type`` bert or modernbert); unrelated keys are ignored."""
     model_type = config_json.get("model_type", "bert")
-    if model_type != "bert":
-        raise ConversionError(f"{source}: model_type={model_type!r} is not supported (only 'bert')")
-    pos_type = config_json.get("position_embedding_type", "absolute")
-    if pos_type != "absolute":
-        raise ConversionError(f"{source}: position_embedding_type={pos_type!r} is not supported "
-                              "(only 'absolute')")
-    if config_json.get("is_decoder"):  # causal attention, which our encoder does not do
-        raise ConversionError(f"{source}: is_decoder=true is not supported (only encoders)")
+    if model_type == "modernbert":
+        ours = modernbert_keys(config_json, source)
+    elif model_type == "bert":
+        pos_type = config_json.get("position_embedding_type", "absolute")
+        if pos_type != "absolute":
+            raise ConversionError(f"{source}: position_embedding_type={pos_type!r} is not supported "
+                                  "(only 'absolute')")
+        if config_json.get("is_decoder"):  # causal attention, which our encoder does not do
+            raise ConversionError(f"{source}: is_decoder=true is not supported (only encoders)")
+        ours = {k: v for k, v in config_json.items() if k not in LEFT_OUT["bert"]}  # a BERT config.json is BERT's
+    else:
+        raise ConversionError(f"{source}: model_type={model_type!r} is not supported (only 'bert' and 'modernbert')")
     hints = typing.get_type_hints(ModelConfig)
     values = {}
     for f in dataclasses.fields(ModelConfig):
-        value = None if f.name in LEFT_OUT["bert"] else config_json.get(f.name)  # a BERT config.json is BERT's
+        value = ours.get(f.name)
         if value is None:  # absent, or null (e.g. pad_token_id): keep our default
             continue
         typ = hints[f.name]
@@ -436,14 +459,68 @@ def model_config_from_hf(config_json: dict, source: str) -> ModelConfig:
     if cfg.hidden_act not in ACTIVATIONS:
         raise ConversionError(f"{source}: hidden_act={cfg.hidden_act!r} is not supported "
                               f"(one of {', '.join(ACTIVATIONS)})")
+    if cfg.classifier_pooling not in typing.get_args(ClassifierPooling):
+        raise ConversionError(f"{source}: classifier_pooling={cfg.classifier_pooling!r} is not supported "
+                              f"(one of {', '.join(typing.get_args(ClassifierPooling))})")
     if cfg.hidden_size % cfg.num_attention_heads:
         raise ConversionError(f"{source}: hidden_size={cfg.hidden_size} is not divisible by "
                               f"num_attention_heads={cfg.num_attention_heads}")
     return cfg
 
 
+def modernbert_keys(config_json: dict, source: str) -> dict:
+    """A ModernBERT ``config.json``'s values under our field names (``family`` modernbert); what we do
+    not model (biases where the published models have none, another pattern of layers, scaled
+    rotary positions) is refused, naming the key."""
+    for key, want in MODERNBERT_FIXED.items():
+        if config_json.get(key, want) != want:
+            raise ConversionError(f"{source}: {key}={json.dumps(config_json[key])} is not supported "
+                                  f"(bertforge's ModernBERT has {key}={json.dumps(want)}, as the published models)")
+    ours: dict = {"family": "modernbert"}
+    for f in dataclasses.fields(ModelConfig):
+        if f.name in LEFT_OUT["modernbert"] or f.name == "family":
+            continue
+        keys = [k for k in MODERNBERT_KEYS.get(f.name, (f.name,)) if config_json.get(k) is not None]
+        if len({json.dumps(config_json[k]) for k in keys}) > 1:
+            raise ConversionError(f"{source}: {' and '.join(f'{k}={config_json[k]}' for k in keys)} differ; "
+                                  f"bertforge's ModernBERT has one value for both (model.{f.name})")
+        if keys:
+            ours[f.name] = config_json[keys[0]]
+    # transformers 5 writes the layers' pattern as layer_types and the thetas under rope_parameters.
+    layer_types = config_json.get("layer_types")
+    if layer_types is not None and "global_attn_every_n_layers" not in config_json:
+        full = [i for i, kind in enumerate(layer_types) if kind == MODERNBERT_LAYER_TYPES[True]]
+        ours["global_attn_every_n_layers"] = full[1] if len(full) > 1 else max(len(layer_types), 1)
+    every = ours.get("global_attn_every_n_layers", ModelConfig.global_attn_every_n_layers)
+    if layer_types is not None and layer_types != [MODERNBERT_LAYER_TYPES[i % every == 0]
+                                                   for i in range(len(layer_types))]:
+        raise ConversionError(f"{source}: layer_types={layer_types} is not supported (bertforge's ModernBERT has a "
+                              f"full_attention layer every global_attn_every_n_layers, from the first)")
+    for kind, field in (("full_attention", "global_rope_theta"), ("sliding_attention", "local_rope_theta")):
+        rope = (config_json.get("rope_parameters") or {}).get(kind)
+        if rope is None:
+            continue
+        if rope.get("rope_type", "default") != "default":
+            raise ConversionError(f"{source}: rope_parameters.{kind}.rope_type={rope['rope_type']!r} is not "
+                                  f"supported (only 'default')")
+        if rope.get("rope_theta") is not None:
+            ours[field] = rope["rope_theta"]
+    return ours
+
+
 def hf_config_from_model_config(cfg: ModelConfig, architectures: list[str]) -> dict:
     """The ``config.json`` contents transformers needs to rebuild this model."""
+    if cfg.family == "modernbert":  # ModernBertConfig's names; the layers' pattern and thetas as the published
+        values = model_dict(cfg)  # config.json's, which transformers 4 and 5 both read
+        values.pop("family")
+        return {
+            "architectures": list(architectures),
+            "model_type": "modernbert",
+            **{key: value for name, value in values.items() for key in MODERNBERT_KEYS.get(name, (name,))},
+            **MODERNBERT_FIXED,
+            # The tokenizer's ids (not the model's): unknown here, so none rather than ModernBertConfig's.
+            "bos_token_id": None, "eos_token_id": None, "cls_token_id": None, "sep_token_id": None,
+        }
     return {
         "architectures": list(architectures),
         "model_type": "bert",
@@ -514,37 +591,45 @@ def load_hf_state_dict(path: Path, allow_pickle: bool = False) -> dict[str, torc
                           f"{SAFETENSORS_INDEX}, {PICKLE}, {PICKLE_INDEX})")
 
 
-def hf_to_ours(state: dict, head: str) -> dict:
-    """Rename Hugging Face keys to ours for ``head``; drop buffers and tied copies.
+# The tied MLM decoder's weight (dropped: our decoder is the embeddings) and the embeddings, per family.
+TIED_DECODER = {"bert": ("cls.predictions.decoder.weight", "bert.embeddings.word_embeddings.weight"),
+                "modernbert": ("decoder.weight", "model.embeddings.tok_embeddings.weight")}
+# The first parts of a bare encoder's keys (transformers' BertModel, ModernBertModel), which its task
+# models have under ENCODER_PREFIX.
+ENCODER_KEYS = {"bert": ("embeddings.", "encoder.", "pooler."), "modernbert": ("embeddings.", "layers.", "final_norm.")}
+
+
+def hf_to_ours(state: dict, head: str, family: Family = "bert") -> dict:
+    """Rename Hugging Face keys of a ``family`` model to ours for ``head``; drop buffers and tied copies.
 
     Keys this model family does not know are passed through, so that load_hf
     can report them.
     """
     if head not in HEADS:
         raise ConversionError(f"unknown head {head!r} (one of {', '.join(HEADS)})")
-    canon: dict[str, torch.Tensor] = {}  # keys in BertForPreTraining form ("bert." prefix)
+    canon: dict[str, torch.Tensor] = {}  # keys in the task models' form ("bert." or "model." prefix)
     for key, value in state.items():
-        if key.startswith(("embeddings.", "encoder.", "pooler.")):
-            key = "bert." + key
+        if key.startswith(ENCODER_KEYS[family]):
+            key = ENCODER_PREFIX[family] + key
         if ".LayerNorm.gamma" in key or ".LayerNorm.beta" in key:  # TF-era names
             key = key.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
         canon[key] = value
     for buffer in ("bert.embeddings.position_ids", "bert.embeddings.token_type_ids"):
         canon.pop(buffer, None)
 
-    decoder_weight = canon.pop("cls.predictions.decoder.weight", None)
-    words = canon.get("bert.embeddings.word_embeddings.weight")
+    decoder, embeddings = TIED_DECODER[family]
+    decoder_weight = canon.pop(decoder, None)
+    words = canon.get(embeddings)
     if decoder_weight is not None and words is not None and not torch.equal(decoder_weight, words):
         # Our MLM head always projects with the word embeddings; an untied
         # decoder cannot be represented, and dropping it would change the model.
-        raise ConversionError("cls.predictions.decoder.weight differs from "
-                              "bert.embeddings.word_embeddings.weight (untied MLM decoder)")
+        raise ConversionError(f"{decoder} differs from {embeddings} (untied MLM decoder)")
     decoder_bias = canon.pop("cls.predictions.decoder.bias", None)
     if decoder_bias is not None and "cls.predictions.bias" not in canon:
         canon["cls.predictions.bias"] = decoder_bias
 
-    if head == "encoder":  # our BertModel's keys have no prefix
-        return {k.removeprefix("bert."): v for k, v in canon.items()}
+    if head == "encoder":  # our bare encoders' keys have no prefix
+        return {k.removeprefix(ENCODER_PREFIX[family]): v for k, v in canon.items()}
     return canon
 
 
@@ -555,16 +640,17 @@ def _build(head: str, cfg: ModelConfig, state: dict[str, torch.Tensor], num_labe
     A classifier's size is its weights' when ``state`` has them (``num_labels``,
     when given, must agree), else ``num_labels``.
     """
-    if head == "pretraining":  # a masked LM without the NSP head (train.objective mlm) stays one
+    cls = model_class(cfg, typing.cast(Head, head))
+    if cls is BertForPreTraining:  # a masked LM without the NSP head (train.objective mlm) stays one
         masked_lm_only = "cls.predictions.bias" in state and "cls.seq_relationship.weight" not in state
         return (BertForMaskedLM if masked_lm_only else BertForPreTraining)(cfg)
-    if head == "qa":
-        return BertForQuestionAnswering(cfg)
-    if head == "encoder":  # with a pooler when the source has one (a QA model has none)
+    if cls is BertModel:  # with a pooler when the source has one (a QA model has none)
         model = BertModel(cfg, add_pooler="pooler.dense.weight" in state)
         # BertModel alone is not initialised by its constructor; match the task models.
         init_weights(model, cfg.initializer_range)
         return model
+    if head in ("pretraining", "qa", "encoder"):
+        return cls(cfg)
     have = state.get("classifier.weight")
     if have is not None and num_labels is not None and have.shape[0] != num_labels:
         raise error(f"{source}: its classifier has {have.shape[0]} labels, not the {num_labels} asked for "
@@ -572,9 +658,7 @@ def _build(head: str, cfg: ModelConfig, state: dict[str, torch.Tensor], num_labe
     labels = int(have.shape[0]) if have is not None else num_labels
     if labels is None:
         raise error(f"{source}: has no classifier; give num_labels for a new {head} head")
-    if head == "classification":
-        return BertForSequenceClassification(cfg, labels)
-    return BertForTokenClassification(cfg, labels)
+    return cls(cfg, labels)
 
 
 def read_hf_config(path: Path | str) -> ModelConfig:
@@ -609,7 +693,7 @@ def load_hf(path: Path | str, head: str = "pretraining", allow_pickle: bool = Fa
     if head not in HEADS:
         raise ConversionError(f"unknown head {head!r} (one of {', '.join(HEADS)})")
     cfg = read_hf_config(path)
-    state = hf_to_ours(load_hf_state_dict(path, allow_pickle), head)
+    state = hf_to_ours(load_hf_state_dict(path, allow_pickle), head, cfg.family)
     model = _build(head, cfg, state, num_labels, path, ConversionError)
     missing = assign_weights(model, state, path, error=ConversionError)
     if missing:
@@ -621,29 +705,28 @@ def load_hf(path: Path | str, head: str = "pretraining", allow_pickle: bool = Fa
 # ---------------------------------------------------------------- Hugging Face: export
 
 
-EXPORTABLE = (BertForPreTraining, BertForMaskedLM, BertForQuestionAnswering, BertForSequenceClassification,
-              BertForTokenClassification, BertModel)
-
-
 def _architecture(model: nn.Module) -> str:
-    if isinstance(model, EXPORTABLE):
+    """The transformers class of ``model``: our models carry their names."""
+    if head_of(model) is not None:
         return type(model).__name__
     raise ConversionError(f"cannot export {type(model).__name__}: expected one of "
-                          f"{', '.join(cls.__name__ for cls in EXPORTABLE)}")
+                          f"{', '.join(sorted(HF_ARCHITECTURE_HEADS))}")
 
 
 def hf_head_config(model: nn.Module, labels: list[str] | None = None) -> dict:
     """A classifier's ``config.json`` keys: its labels (``id2label``/``label2id``, so pipelines name
     them) and, with one output, ``problem_type: regression`` (transformers then takes an MSE loss)."""
-    if not isinstance(model, (BertForSequenceClassification, BertForTokenClassification)):
+    head = head_of(model)
+    if head not in ("classification", "token_classification"):
         return {}
-    names = list(labels) if labels is not None else [f"LABEL_{i}" for i in range(model.num_labels)]
-    if len(names) != model.num_labels:
-        raise ConversionError(f"{len(names)} label names for a classifier of {model.num_labels} outputs")
+    num_labels = int(typing.cast(int, model.num_labels))
+    names = list(labels) if labels is not None else [f"LABEL_{i}" for i in range(num_labels)]
+    if len(names) != num_labels:
+        raise ConversionError(f"{len(names)} label names for a classifier of {num_labels} outputs")
     extra: dict = {"id2label": {str(i): name for i, name in enumerate(names)},
                    "label2id": {name: i for i, name in enumerate(names)}}
-    if isinstance(model, BertForSequenceClassification):
-        extra["problem_type"] = "regression" if model.num_labels == 1 else "single_label_classification"
+    if head == "classification":
+        extra["problem_type"] = "regression" if num_labels == 1 else "single_label_classification"
     return extra
 
 
@@ -692,10 +775,10 @@ def export_hf(model: nn.Module, out_dir: Path | str, vocab_path: Path | str | No
     out_dir = Path(out_dir)
     check_export_target(out_dir, overwrite)
     architecture = _architecture(model)
-    assert isinstance(model, EXPORTABLE)  # _architecture checked
     # Cloned, contiguous CPU tensors: safetensors refuses views and shared storage.
     state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
-    config = {**hf_config_from_model_config(model.config, [architecture]), **hf_head_config(model, labels)}
+    config = {**hf_config_from_model_config(typing.cast(ModelConfig, model.config), [architecture]),
+              **hf_head_config(model, labels)}
     # transformers reads the weights' dtype from here (it otherwise logs a notice and guesses).
     config["dtype"] = str(next(iter(state.values())).dtype).removeprefix("torch.")
 
@@ -901,20 +984,37 @@ def import_tf1(prefix: Path | str, out_dir: Path | str, bert_config: Path | str 
     return out_dir, skipped
 
 
+def import_hf(path: str | Path, out_dir: Path | str, overwrite: bool = False) -> Path:
+    """Write a Hugging Face BERT or ModernBERT directory (or a model id in the local Hugging Face
+    cache) as our model directory, with the head its ``config.json``'s architecture names and its
+    ``vocab.txt`` or ``tokenizer.json``; returns the directory."""
+    source, out_dir = find_model(path, ConversionError), Path(out_dir)
+    if not is_hf_directory(source):
+        raise ConversionError(f"{path}: not a Hugging Face model directory (no config.json)")
+    check_export_target(out_dir, overwrite)
+    model = load_hf(source, head=hf_head(source))
+    vocab = next((source / name for name in ("vocab.txt", "tokenizer.json") if (source / name).is_file()), None)
+    write_model_dir(model, typing.cast(ModelConfig, model.config), out_dir, vocab)
+    return out_dir
+
+
 def write_model_dir(model: nn.Module, cfg: ModelConfig, out_dir: Path, vocab_path: Path | str | None) -> None:
-    """An imported model as our model directory (weights, a config that validates, the vocab, the
-    manifest), written whole or not at all."""
-    config = Config(model=cfg)
+    """An imported model as our model directory (weights, a config that validates, the vocab under
+    its name, ``vocab.txt`` or ``tokenizer.json``, the manifest), written whole or not at all."""
+    vocab_name = "tokenizer.json" if vocab_path is not None and Path(vocab_path).name == "tokenizer.json" \
+        else "vocab.txt"
+    config = Config()
+    use_model(config, cfg)
     config.data.seq_len = min(config.data.seq_len, cfg.max_position_embeddings)  # a config that validates
     config.data.max_predictions = min(config.data.max_predictions, config.data.seq_len)
     if vocab_path is not None:
-        config.data.vocab = str((out_dir / "vocab.txt").resolve())
+        config.data.vocab = str((out_dir / vocab_name).resolve())
     validate(config)
     with atomic_directory(out_dir) as tmp:
         save_weights(model, tmp / SAFETENSORS)
         (tmp / "config.yaml").write_text(config.to_yaml(), encoding="utf-8")
         if vocab_path is not None:
-            shutil.copyfile(vocab_path, tmp / "vocab.txt")
+            shutil.copyfile(vocab_path, tmp / vocab_name)
         write_manifest(tmp)
 
 
@@ -949,11 +1049,14 @@ def tf_exportable(model: nn.Module, out_dir: Path | str, overwrite: bool, kind: 
     model = getattr(model, "_orig_mod", model)
     check_export_target(out_dir, overwrite)
     _architecture(model)
-    if isinstance(model, (BertForSequenceClassification, BertForTokenClassification)):
-        raise ConversionError(f"cannot export {type(model).__name__} as a {kind} checkpoint (classifier heads go "
-                              "to Hugging Face only: --format hf)")
     cfg = model.config
     assert isinstance(cfg, ModelConfig)  # our models carry their shape
+    if cfg.family != "bert":
+        raise ConversionError(f"cannot export a model.family={cfg.family} model as a {kind} checkpoint "
+                              "(BERT's format; it goes to Hugging Face: --format hf)")
+    if head_of(model) in ("classification", "token_classification"):
+        raise ConversionError(f"cannot export {type(model).__name__} as a {kind} checkpoint (classifier heads go "
+                              "to Hugging Face only: --format hf)")
     return model, cfg
 
 

@@ -19,7 +19,7 @@ SUBCOMMANDS = [["pretrain"], ["bench"], ["bench", "pretrain"], ["bench", "squad"
                ["data", "preprocess"], ["data", "vocab"], ["data", "create"], ["data", "pick-eval"],
                ["data", "index"], ["data", "inspect"], ["squad"], ["squad", "train"], ["squad", "predict"],
                ["squad", "evaluate"], ["squad", "ask"], ["eval"], ["report"], ["data", "checksum"], ["data", "pack"],
-               ["import"], ["import", "tf1"], ["import", "tf2"], ["finetune"], ["finetune", "glue"],
+               ["import"], ["import", "tf1"], ["import", "tf2"], ["import", "hf"], ["finetune"], ["finetune", "glue"],
                ["finetune", "ner"], ["finetune", "predict"], ["finetune", "download-glue"]]
 
 

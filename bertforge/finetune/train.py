@@ -25,11 +25,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -37,11 +36,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import weights
-from ..config import Config, ConfigError, ModelConfig, validate
+from ..config import Config, ConfigError, Head, ModelConfig, use_model, validate
 from ..data.tokenizer import load_tokenizer
 from ..dist import DistContext
+from ..families import model_class
 from ..fileio import atomic_file
-from ..model import BertForSequenceClassification, BertForTokenClassification
 from . import FinetuneError, glue, ner
 from .metrics import glue_metrics
 from .run import (
@@ -86,7 +85,7 @@ class TaskConfig:
         return "f1" if self.kind == "ner" else glue.get_task(self.task).main_metric
 
     @property
-    def head(self) -> str:  # what weights.load_model builds for it
+    def head(self) -> Head:  # what weights.load_model builds for it
         return "token_classification" if self.kind == "ner" else "classification"
 
 
@@ -162,7 +161,6 @@ class Task:
     def of(task: TaskConfig, tokenizer: Any, seq_len: int) -> Task:
         return NerTask(task, tokenizer, seq_len) if task.kind == "ner" else GlueTask(task, tokenizer, seq_len)
 
-    model_class: type[nn.Module] = BertForSequenceClassification
     # Every labelled split the task has, whether its data has it or not; the first one's scores are
     # the unprefixed keys (a sweep ranks by its main metric), the others' carry the split's name.
     dev_names: tuple[str, ...] = ("dev",)
@@ -194,8 +192,6 @@ class Task:
 
 
 class GlueTask(Task):
-    model_class = BertForSequenceClassification
-
     def __init__(self, task: TaskConfig, tokenizer: Any, seq_len: int):
         super().__init__(task, tokenizer, seq_len)
         self.spec = glue.get_task(task.task)
@@ -245,8 +241,6 @@ class GlueTask(Task):
 
 
 class NerTask(Task):
-    model_class = BertForTokenClassification
-
     def __init__(self, task: TaskConfig, tokenizer: Any, seq_len: int):
         super().__init__(task, tokenizer, seq_len)
         self.files = ner.find_files(task.data)
@@ -363,9 +357,9 @@ def _finetune(cfg: Config, task_cfg: TaskConfig, dist: DistContext, out_dir: Pat
     if resume_from is None:
         model = load_classifier(init, task, vocab_path)  # type: ignore[arg-type]  # checked above
     else:
-        model = task.model_class(weights.read_config(resume_from).model, num_labels)
-    # The saved config describes what actually runs.
-    cfg.model = dataclasses.replace(typing.cast(ModelConfig, model.config))
+        saved = weights.read_config(resume_from).model
+        model = model_class(saved, task_cfg.head)(saved, num_labels)
+    use_model(cfg, cast(ModelConfig, model.config))
     cfg.data.vocab = str(Path(vocab_path).resolve())
     validate(cfg)
     device, precision = dist.device, cfg.execution.precision
@@ -380,7 +374,7 @@ def _finetune(cfg: Config, task_cfg: TaskConfig, dist: DistContext, out_dir: Pat
 
     job = Job(kind=task_cfg.task, model=model, rows=FeatureRows(features), loss_fn=classifier_loss,
               data_files=files, description=description,
-              rebuild=lambda: task.model_class(cfg.model, num_labels),
+              rebuild=lambda: model_class(cfg.model, task_cfg.head)(cfg.model, num_labels),
               write_settings=lambda run_dir: write_run_files(run_dir, cfg, task_cfg, SECTION, Path(vocab_path)),
               save=lambda whole, run_dir: save_finetuned(whole, run_dir, task_cfg.labels),
               evaluate=(lambda whole: split_scores(task, whole, device, precision)) if task.dev_splits() else None,

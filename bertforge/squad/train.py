@@ -58,6 +58,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,9 +70,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import weights
-from ..config import Config, ConfigError, validate
+from ..config import Config, ConfigError, ModelConfig, use_model, validate
 from ..data.tokenizer import load_tokenizer
 from ..dist import DistContext, from_main
+from ..families import model_class
 from ..finetune.run import (
     FeatureRows,
     Job,
@@ -86,7 +88,6 @@ from ..finetune.run import (
     write_run_files,
 )
 from ..finetune.run import train as train_job
-from ..model import BertForQuestionAnswering
 from .data import (
     SquadError,
     SquadExample,
@@ -167,11 +168,9 @@ def load_squad_config(name: str | None = None, overrides: Sequence[tuple[str, An
 # ------------------------------------------------------------------ models and vocabs
 
 
-def load_qa_model(path: str | Path, vocab: Path) -> BertForQuestionAnswering:
-    """``load_model(path, head="qa")``, checked against the vocab (CPU)."""
-    model = load_checked(path, vocab, "qa")
-    assert isinstance(model, BertForQuestionAnswering)  # what head="qa" loads
-    return model
+def load_qa_model(path: str | Path, vocab: Path) -> nn.Module:
+    """``load_model(path, head="qa")`` (its family's span model), checked against the vocab (CPU)."""
+    return load_checked(path, vocab, "qa")
 
 
 def saved_settings(model_path: str | Path) -> tuple[bool, SquadConfig, int | None]:
@@ -307,9 +306,9 @@ def _finetune(cfg: Config, squad: SquadConfig, dist: DistContext, out_dir: Path,
         cfg.checkpoint.init = str(weights.resolve_model(init).resolve())
     else:  # the weights come from the checkpoint
         vocab_path = find_vocab(out_dir, vocab)
-        model = BertForQuestionAnswering(weights.read_config(resume_from).model)
-    # The saved config describes what actually runs.
-    cfg.model = dataclasses.replace(model.config)
+        saved = weights.read_config(resume_from).model
+        model = model_class(saved, "qa")(saved)
+    use_model(cfg, typing.cast(ModelConfig, model.config))
     cfg.data.vocab = str(Path(vocab_path).resolve())
     squad.train_file = str(Path(train_file).resolve())
     squad.predict_file = str(Path(predict_file).resolve()) if predict_file else ""
@@ -344,7 +343,7 @@ def _finetune(cfg: Config, squad: SquadConfig, dist: DistContext, out_dir: Path,
     job = Job(kind="squad", model=model, rows=FeatureRows(features, ("start_positions", "end_positions")),
               loss_fn=qa_forward_loss, data_files=[Path(train_file)],
               description=f"{questions} questions ({len(features)} features, {skipped} answers skipped)",
-              rebuild=lambda: BertForQuestionAnswering(cfg.model),
+              rebuild=lambda: model_class(cfg.model, "qa")(cfg.model),
               write_settings=lambda run_dir: write_run_files(run_dir, cfg, squad, "squad", Path(vocab_path)),
               save=lambda whole, run_dir: save_finetuned(whole, run_dir),
               evaluate=(lambda whole: score(whole)[0]) if examples is not None else None,
