@@ -55,6 +55,7 @@ from .runs import (
     complete_checkpoints,
     has_shards,
     verify,
+    vocab_file_name,
     write_manifest,
 )
 from .weights import (
@@ -290,7 +291,7 @@ def _write_trainer_files(directory: Path, trainer_state: dict[str, Any], cfg: Co
     (directory / "config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
     vocab = Path(cfg.data.vocab) if cfg.data.vocab else None
     if vocab is not None and vocab.is_file():
-        shutil.copyfile(vocab, directory / "vocab.txt")
+        shutil.copyfile(vocab, directory / vocab_file_name(vocab))
 
 
 def _keep_newest(run_dir: Path, keep: int, current: Path) -> None:

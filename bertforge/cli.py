@@ -132,7 +132,7 @@ def cmd_bench_squad(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
-    from .runs import find_checkpoint
+    from .runs import find_checkpoint, vocab_in
     from .weights import check_export_target, export_hf, find_model, hf_head, hf_labels, is_hf_directory, load_model
 
     source = find_model(args.checkpoint)  # a path, or a Hugging Face id in the local cache
@@ -156,21 +156,21 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
         head = "qa" if any((d / "squad.yaml").is_file() for d in (checkpoint, checkpoint.parent.parent)) \
             else "pretraining"
     model = load_model(checkpoint, head=head)
-    vocab = checkpoint / "vocab.txt"
+    vocab = vocab_in(checkpoint)
     if args.format == "tf1":
         from .checkpoint import read_trainer_state
         from .weights import export_tf1
 
         step = read_trainer_state(checkpoint)["step"] if (checkpoint / "trainer.pt").is_file() else 0
-        export_tf1(model, args.out, vocab_path=vocab if vocab.is_file() else None, overwrite=args.overwrite,
+        export_tf1(model, args.out, vocab_path=vocab, overwrite=args.overwrite,
                    global_step=int(step))
     elif args.format == "tf2":
         from .tf2 import export_tf2
 
-        export_tf2(model, args.out, vocab_path=vocab if vocab.is_file() else None, overwrite=args.overwrite,
+        export_tf2(model, args.out, vocab_path=vocab, overwrite=args.overwrite,
                    layout=args.tf2_layout)
     else:
-        export_hf(model, args.out, vocab_path=vocab if vocab.is_file() else None, overwrite=args.overwrite,
+        export_hf(model, args.out, vocab_path=vocab, overwrite=args.overwrite,
                   labels=labels)
     print(f"exported {checkpoint} to {args.out}")
     return 0

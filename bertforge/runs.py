@@ -57,8 +57,19 @@ REQUIRED_FILES = ("model.safetensors", "trainer.pt", "config.yaml")
 OPTIMIZER_FILES = ("optimizer.pt", f"{SHARDED}/.metadata")
 WEIGHTS_FILES = ("model.safetensors", "config.yaml")  # all load_model needs
 MANIFEST = "manifest.json"
+VOCAB_FILES = ("vocab.txt", "tokenizer.json")  # the names of a vocab copied into a checkpoint or export
 AUTO = "auto"  # checkpoint.resume: the newest sound checkpoint of the named run directory, if any
 _CHUNK = 8 << 20
+
+
+def vocab_file_name(vocab: str | Path) -> str:
+    """The name a copy of ``vocab`` takes: ``tokenizer.json`` for a JSON file, else ``vocab.txt``."""
+    return VOCAB_FILES[1] if Path(vocab).suffix == ".json" else VOCAB_FILES[0]
+
+
+def vocab_in(directory: Path) -> Path | None:
+    """The vocab a checkpoint or model directory holds under one of ``VOCAB_FILES``, or None."""
+    return next((directory / name for name in VOCAB_FILES if (directory / name).is_file()), None)
 _MANIFEST_MAX = 16 << 20  # bytes: about 100 per file listed
 
 logger = logging.getLogger(__name__)
@@ -399,7 +410,8 @@ def check_resume(checkpoint: Path, saved: Config, cfg: Config, saved_data: str |
     breaking, allowed = config_changes(saved, cfg)
     # The vocab and the data are named by paths, which move with their directories: what is in
     # them is what counts (the vocab's tokens, the data's fingerprint).
-    for key, same in (("data.vocab:", _same_file(checkpoint / "vocab.txt", Path(cfg.data.vocab))),
+    for key, same in (("data.vocab:", _same_file(vocab_in(checkpoint) or checkpoint / VOCAB_FILES[0],
+                                                  Path(cfg.data.vocab))),
                       ("data.input:", saved_data is not None and saved_data == data)):
         moved = [c for c in breaking if c.startswith(key)]
         if moved and same:

@@ -85,7 +85,16 @@ from .model import (
     init_weights,
 )
 from .modernbert import ModernBertModel
-from .runs import WEIGHTS_FILES, CheckpointError, find_checkpoint, verify, write_manifest
+from .runs import (
+    VOCAB_FILES,
+    WEIGHTS_FILES,
+    CheckpointError,
+    find_checkpoint,
+    verify,
+    vocab_file_name,
+    vocab_in,
+    write_manifest,
+)
 
 HEADS = typing.get_args(Head)
 SAFETENSORS = "model.safetensors"
@@ -786,7 +795,7 @@ def export_hf(model: nn.Module, out_dir: Path | str, vocab_path: Path | str | No
         save_file(state, tmp / SAFETENSORS, metadata={"format": "pt"})  # transformers checks "format"
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         if vocab_path is not None:
-            shutil.copyfile(vocab_path, tmp / "vocab.txt")
+            shutil.copyfile(vocab_path, tmp / vocab_file_name(vocab_path))
     return out_dir
 
 
@@ -993,16 +1002,14 @@ def import_hf(path: str | Path, out_dir: Path | str, overwrite: bool = False) ->
         raise ConversionError(f"{path}: not a Hugging Face model directory (no config.json)")
     check_export_target(out_dir, overwrite)
     model = load_hf(source, head=hf_head(source))
-    vocab = next((source / name for name in ("vocab.txt", "tokenizer.json") if (source / name).is_file()), None)
-    write_model_dir(model, typing.cast(ModelConfig, model.config), out_dir, vocab)
+    write_model_dir(model, typing.cast(ModelConfig, model.config), out_dir, vocab_in(source))
     return out_dir
 
 
 def write_model_dir(model: nn.Module, cfg: ModelConfig, out_dir: Path, vocab_path: Path | str | None) -> None:
     """An imported model as our model directory (weights, a config that validates, the vocab under
     its name, ``vocab.txt`` or ``tokenizer.json``, the manifest), written whole or not at all."""
-    vocab_name = "tokenizer.json" if vocab_path is not None and Path(vocab_path).name == "tokenizer.json" \
-        else "vocab.txt"
+    vocab_name = vocab_file_name(vocab_path) if vocab_path is not None else VOCAB_FILES[0]
     config = Config()
     use_model(config, cfg)
     config.data.seq_len = min(config.data.seq_len, cfg.max_position_embeddings)  # a config that validates

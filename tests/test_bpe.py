@@ -465,3 +465,30 @@ def test_pretraining_on_text_with_a_tokenizer_json(tmp_path, bpe):
     assert decode_sample(batch, bpe).startswith("[CLS] ")
     assert main(["pretrain", "--config", "tiny", "--data.input", str(shared_data("text/sample_text.txt")),
                  "--data.vocab", str(bpe), "--steps", "1", "--run-dir", str(tmp_path / "run")]) == 0
+
+
+def test_a_modernbert_on_a_tokenizer_json_keeps_it_through_checkpoint_resume_and_export(tmp_path, bpe):
+    """The run's tokenizer.json is saved, resumed against and exported under its own name (it was
+    copied as vocab.txt), and transformers reads the export: tokenizer and model."""
+    import os
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    transformers = pytest.importorskip("transformers")
+    vocab = load_vocab(bpe)
+    run, out = tmp_path / "run", tmp_path / "export"
+    args = ["pretrain", "--config", "tiny", "--model.preset", "modernbert-tiny", "--train.objective", "mlm",
+            "--model.pad_token_id", str(vocab.specials.pad), "--data.input", str(shared_data("text/sample_text.txt")),
+            "--data.vocab", str(bpe), "--train.micro_batch_size", "4", "--train.global_batch_size", "4",
+            "--train.eval_at_start", "false", "--checkpoint.every", "1", "--run-dir", str(run)]
+    assert main([*args, "--steps", "1"]) == 0
+    checkpoint = next(run.glob("*/checkpoints/step_*"))
+    assert sorted(p.name for p in checkpoint.glob("*.json") if p.name != "manifest.json") == ["tokenizer.json"]
+    assert not (checkpoint / "vocab.txt").exists()
+    assert main([*args, "--steps", "2", "--resume", str(checkpoint)]) == 0  # the same tokens: no change named
+    assert main(["export", str(checkpoint), str(out)]) == 0
+    assert (out / "tokenizer.json").read_bytes() == bpe.read_bytes() and not (out / "vocab.txt").exists()
+    text = "The cat sat on the mat."
+    theirs = transformers.PreTrainedTokenizerFast(tokenizer_file=str(out / "tokenizer.json"))
+    assert theirs(text)["input_ids"] == Tokenizer.from_file(str(bpe)).encode(text).ids
+    model, info = transformers.ModernBertForMaskedLM.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]

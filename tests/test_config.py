@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import math
 import typing
 
 import pytest
@@ -386,3 +387,26 @@ def test_a_json_config_is_read_as_its_yaml_twin(tmp_path):
     with pytest.raises(ConfigError, match=r"bad\.json: not valid JSON \(Expecting property name enclosed in "
                                           r"double quotes at line 1, column 23\)$"):
         load_config(str(bad))
+
+
+def test_modernbert_configs_have_the_published_recipe():
+    """modernbert_base_1024 is AnswerDotAI/ModernBERT's modernbert-base-pretrain.yaml in our keys, its
+    token budgets in steps of 4608 × 1024 tokens; _8192 the paper's context extension."""
+    short, long = load_config("modernbert_base_1024"), load_config("modernbert_base_8192")
+    for cfg in (short, long):
+        m, t = cfg.model, cfg.train
+        assert (m.family, m.num_hidden_layers, m.hidden_size, m.intermediate_size, m.vocab_size) == (
+            "modernbert", 22, 768, 1152, 50368)
+        assert (m.local_attention, m.global_attn_every_n_layers, m.local_rope_theta) == (128, 3, 10000.0)
+        assert (t.objective, t.optimizer, t.decouple_lr, t.schedule) == ("mlm", "stableadamw", True, "wsd")
+        assert (t.beta1, t.beta2, t.eps, t.weight_decay, t.grad_clip, t.end_lr, t.seed) == (
+            0.9, 0.98, 1e-6, 1e-5, 0.0, 0.0, 17)
+        assert cfg.data.masked_lm_prob == 0.3 and cfg.data.dynamic_masking
+        assert cfg.data.max_predictions == math.ceil(0.3 * cfg.data.seq_len)
+        assert cfg.execution.precision == "bf16"
+        assert t.global_batch_size * cfg.data.seq_len == 4608 * 1024  # tokens a step
+    assert (short.data.seq_len, short.model.global_rope_theta, short.train.lr) == (1024, 10000.0, 8e-4)
+    assert (short.train.micro_batch_size, short.train.warmup_steps, short.train.decay_steps) == (96, 636, 0)
+    assert short.train.steps == round(1.719e12 / (4608 * 1024))  # 1.719T tokens
+    assert (long.data.seq_len, long.model.global_rope_theta, long.train.lr) == (8192, 160000.0, 3e-4)
+    assert long.train.steps == round(300e9 / (4608 * 1024)) and long.train.decay_steps == round(50e9 / (4608 * 1024))
