@@ -90,6 +90,8 @@ MARKED = {
     ("docs/benchmarks.md", "python benchmarks/vs_transformers.py"):
         ("long-running", "8 scripts: BERT-base steps in fresh processes, MiniLM fine-tuning, many minutes"),
     ("docs/benchmarks.md", "--benchmark pretrain_base_128"): ("long-running", "BERT-base benchmarks, minutes"),
+    ("docs/modernbert.md", "--config modernbert_base_1024"):
+        ("gpu-only", "ModernBERT-base's recipe: 1.7T tokens on 8 GPUs, then the context extension"),
     ("docs/gpu.md", "benchmarks/gpu.sh gpu-out"):
         ("gpu-only", "the GPU measurement: CUDA tests, BERT-large throughput"),
 }
