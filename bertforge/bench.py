@@ -41,9 +41,10 @@ from .dist import (
     unwrap,
 )
 from .engine import Engine, set_threads, to_device
+from .families import build_pretraining_model
 from .flops import peak_tflops, pretraining_flops
 from .host import current_rss_mb, device_name, peak_rss_mb, reset_peak_rss
-from .model import BertForPreTraining, num_parameters
+from .model import num_parameters
 from .optim import build_optimizer, build_scheduler
 from .train import training_loss
 
@@ -154,7 +155,7 @@ def row_flops(cfg: Config, batch: dict[str, torch.Tensor]) -> int:
     """Training FLOPs of one row of the batch as executed: its length, prediction and [CLS] slots."""
     seq_len, predictions = batch["input_ids"].shape[1], batch["masked_lm_positions"].shape[1]
     cls_slots = batch["cls_positions"].shape[1] if "cls_positions" in batch else 1
-    return pretraining_flops(cfg.model, seq_len, predictions, cls_slots)
+    return pretraining_flops(cfg.model, seq_len, predictions, cls_slots if cfg.train.objective == "mlm_nsp" else 0)
 
 
 def bench_pretrain(cfg: Config, batch_size: int, seq_len: int | None, steps: int, warmup: int = 3,
@@ -180,6 +181,9 @@ def bench_pretrain(cfg: Config, batch_size: int, seq_len: int | None, steps: int
             always_mask=compiles(cfg.execution, device))
     else:
         seq_len, max_predictions = 128 if seq_len is None else seq_len, cfg.data.max_predictions
+        if not 0 < max_predictions < seq_len:
+            raise ConfigError(f"data.max_predictions={max_predictions} must be below the sequence length {seq_len} "
+                              f"(--seq-len): give --data.max_predictions for rows of {seq_len}")
         synthetic = SyntheticDataset(size=batch_size, vocab_size=cfg.model.vocab_size, seq_len=seq_len,
                                      max_predictions=max_predictions, seed=cfg.data.seed)
         micro_batches = [synthetic.batch(list(range(batch_size)))]  # every micro-batch the same
@@ -201,7 +205,7 @@ def bench_pretrain(cfg: Config, batch_size: int, seq_len: int | None, steps: int
     dist = DistContext(device=device)
     try:
         # The execution settings (recompute, fsdp, offload, compile) as pretrain applies them.
-        model = prepare_model(BertForPreTraining(cfg.model).train(), cfg.execution, dist)
+        model = prepare_model(build_pretraining_model(cfg.model, cfg.train.objective).train(), cfg.execution, dist)
         optimizer = build_optimizer(unwrap(model), cfg.train, compiled=compiles_optimizer(cfg.execution, device))
         engine = Engine(model, optimizer, build_scheduler(optimizer, cfg.train, steps + warmup), training_loss,
                         cfg.execution.precision, cfg.train.grad_clip, dist, grad_sync=cfg.execution.grad_sync)

@@ -13,7 +13,9 @@ gradient for the input and one for the weight of every matmul)::
              + 2·S·(H² + 2H)             pooler and NSP classifier
 
 Attention counts the whole T × T block, as it is computed, also for packed
-rows whose attention is block-diagonal. For BERT-large (L=24, H=1024,
+rows whose attention is block-diagonal and for ModernBERT's windowed layers.
+ModernBERT's GeGLU MLP is 3·H·I (``Wi`` to 2I, ``Wo`` back) in place of
+2·H·I; masked LM alone (ModernBERT, ``train.objective mlm``) has S = 0. For BERT-large (L=24, H=1024,
 I=4096, V=30522) at T=128, P=20 that is 240.6 GFLOP per sequence, so the
 phase-1 goal of 2,180 seq/s on one H100 SXM is 524.5 TFLOP/s: 53 % of its
 989.4 TFLOP/s of dense bf16.
@@ -38,7 +40,8 @@ def pretraining_flops(model: ModelConfig, seq_len: int, predictions: int, cls_sl
     """Training (forward + backward) FLOPs of one row: see the module docstring."""
     L, H, I, V, T = (model.num_hidden_layers, model.hidden_size,  # noqa: E741 (the formula's letters)
                      model.intermediate_size, model.vocab_size, seq_len)
-    forward = (T * 2 * L * (4 * H * H + 2 * H * I)
+    mlp = (3 if model.family == "modernbert" else 2) * H * I
+    forward = (T * 2 * L * (4 * H * H + mlp)
                + 2 * 2 * L * T * T * H
                + 2 * predictions * (H * H + H * V)
                + 2 * cls_slots * (H * H + 2 * H))

@@ -64,6 +64,23 @@ def test_the_formula_is_what_torchs_flop_counter_counts():
     assert counted_flops(model.eval(), batch) == rows * (per_row - 3 * 2 * 2 * L * T * T * H)
 
 
+def test_the_formula_counts_modernbert_and_masked_lm_alone():
+    """ModernBERT's GeGLU MLP (3·H·I) and no [CLS] slot, and BERT's masked LM alone (no pooler or NSP
+    head), as torch's counter counts them (attention dropout, so that the CPU's SDPA runs bmm's)."""
+    from bertforge.families import build_pretraining_model
+
+    rows, T, P = 3, 24, 5
+    batch = {"input_ids": torch.randint(1, 1000, (rows, T)), "token_type_ids": torch.zeros(rows, T, dtype=torch.long),
+             "attention_mask": torch.ones(rows, T, dtype=torch.long),
+             "masked_lm_positions": torch.randint(1, T, (rows, P)), "masked_lm_ids": torch.randint(1, 1000, (rows, P)),
+             "masked_lm_weights": torch.ones(rows, P), "next_sentence_labels": torch.zeros(rows, dtype=torch.long)}
+    for preset in ("modernbert-tiny", "tiny"):
+        cfg = ModelConfig(**{**MODEL_PRESETS[preset], "vocab_size": 1000, "attention_probs_dropout_prob": 0.1})
+        torch.manual_seed(0)
+        model = build_pretraining_model(cfg, "mlm").train()
+        assert counted_flops(model, batch) == rows * pretraining_flops(cfg, T, P, cls_slots=0), preset
+
+
 def test_the_formula_counts_a_packed_rows_cls_slots():
     cfg = ModelConfig(**{**MODEL_PRESETS["tiny"], "vocab_size": 500})
     packed = pack_arrays(synthetic(12, 32, 5, 500, seed=3), 3, seed=0)
@@ -175,3 +192,19 @@ def test_real_counts_read_any_dtype_and_a_missing_mask_as_no_padding():
     packed = {"input_ids": ids, "sequence_ids": torch.tensor([[1, 1, 2, 2, 0], [1, 1, 1, 1, 1]], dtype=torch.uint8),
               "next_sentence_weights": torch.tensor([[0.0, 1, 1], [0, 0, 1]])}
     assert bench.real_counts(packed) == (3, 9)
+
+
+def test_rows_too_short_for_the_configs_predictions_are_one_line(capsys):
+    """ModernBERT's recipe predicts 308 of 1,024 tokens: bench's synthetic rows of 256 leave no room
+    (a traceback from the dataset before); a ModernBERT config benches once they fit."""
+    args = ["bench", "pretrain", "--config", "modernbert_base_1024", "--data.vocab", "", "--model.num_hidden_layers",
+            "1", "--model.vocab_size", "1000", "--model.pad_token_id", "0", "--execution.precision", "fp32",
+            "--batch-size", "1", "--seq-len", "256", "--steps", "1", "--warmup", "0"]
+    assert main(args) == 2
+    assert capsys.readouterr().err == ("error: data.max_predictions=308 must be below the sequence length 256 "
+                                       "(--seq-len): give --data.max_predictions for rows of 256\n")
+    assert main([*args, "--data.max_predictions", "77", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    cfg = load_config("modernbert_base_1024", [("model.num_hidden_layers", 1), ("model.vocab_size", 1000),
+                                               ("model.pad_token_id", 0)]).model
+    assert result["flops_per_seq"] == pretraining_flops(cfg, 256, 77, cls_slots=0)
