@@ -186,6 +186,7 @@ def test_choices_are_the_literal_types_of_the_fields():
     assert literal_fields() == {
         "model.family": ("bert", "modernbert"),
         "model.hidden_act": ("gelu", "relu", "gelu_new"),
+        "model.classifier_pooling": ("cls", "mean"),
         "train.objective": ("mlm_nsp", "mlm"),
         "train.optimizer": ("lamb", "adamw", "sgd", "stableadamw"),
         "train.lamb": ("bertforge", "mlperf", "nvidia", "paper"),
