@@ -306,8 +306,9 @@ def prepare_model(model: nn.Module, execution: ExecutionConfig, ctx: DistContext
         raise ConfigError(f"execution.pipeline_stages={execution.pipeline_stages} is supported by "
                           f"bertforge pretrain only; use 1 here")
     apply_recompute(model, execution.recompute)
-    config: ModelConfig = model.config  # type: ignore[assignment]  # (mypy reads it as a submodule)
-    set_attention_backends(model, attention_backends(execution, ctx.device, config.attention_probs_dropout_prob))
+    config: ModelConfig | None = getattr(model, "config", None)  # (any module will do: one without attention)
+    dropout = config.attention_probs_dropout_prob if config is not None else 0.0
+    set_attention_backends(model, attention_backends(execution, ctx.device, dropout))
     # Tensor cores take a vocab of a multiple of 64 without a ragged edge (30522 → 30528).
     set_vocab_multiple(model, 64 if ctx.device.type == "cuda" else 1)
     if execution.parallel == "fsdp":
