@@ -80,7 +80,8 @@ def test_synthetic_batch_is_shaped_like_squad():
     (["--steps", "0"], "error: --steps 0: must be at least 1\n"),
     (["--seq-len", "1000"], "error: --seq-len 1000 exceeds the model's max_position_embeddings=512\n"),
     (["--model", "no/such/dir"], ("error: --model no/such/dir: neither a preset (tiny, mini, small, medium, "
-                                  "base, large) nor a model directory\n")),
+                                  "base, large, modernbert-tiny, modernbert-base, modernbert-large) nor a model "
+                                  "directory\n")),
     (["--precision", "fp16", "--device", "cpu"],
      "error: execution.precision=fp16 needs a CUDA device; use bf16 on the CPU\n"),
     (["--train.lrr", "1"], None),
@@ -99,3 +100,11 @@ def test_an_unknown_mode_is_refused_by_the_parser(capsys):
         main(["bench", "squad", "--mode", "fast"])
     assert exit_info.value.code == 2
     assert "argument --mode: invalid choice: 'fast'" in capsys.readouterr().err
+
+
+def test_a_modernbert_preset_benches_with_its_qa_head(capsys):
+    """--model modernbert-tiny builds ModernBertForQuestionAnswering (it was refused: BERT's class only)."""
+    assert main(["bench", "squad", "--json", "--model", "modernbert-tiny", "--mode", "train", "--batch-size", "2",
+                 "--seq-len", "64", "--steps", "1", "--warmup", "0"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (result["layers"], result["hidden"]) == (4, 128) and 0 < result["final_loss"] < 20

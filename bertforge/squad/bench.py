@@ -26,12 +26,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from ..bench import PeakMemory, synchronize
 from ..config import MODEL_PRESETS, Config, ConfigError, apply_model_preset
 from ..dist import DistContext, resolve_device
 from ..engine import Engine, autocast, set_threads
-from ..model import BertForQuestionAnswering, num_parameters
+from ..families import model_class
+from ..model import num_parameters
 from ..optim import build_optimizer, build_scheduler
 from .postprocess import MAX_ANSWER_LENGTH
 from .train import SquadConfig, qa_forward_loss
@@ -56,12 +58,13 @@ def synthetic_batch(batch_size: int, seq_len: int, vocab_size: int, query_len: i
             "start_positions": start, "end_positions": end}
 
 
-def build_model(model: str | Path, cfg: Config) -> BertForQuestionAnswering:
-    """A preset with random weights (cfg.model takes its shape) or a model directory with a QA head."""
+def build_model(model: str | Path, cfg: Config) -> nn.Module:
+    """A preset with random weights (cfg.model takes its shape) or a model directory with a QA head,
+    of either family."""
     if str(model) in MODEL_PRESETS:
         apply_model_preset(cfg, str(model))
         torch.manual_seed(cfg.train.seed)
-        return BertForQuestionAnswering(cfg.model)
+        return model_class(cfg.model, "qa")(cfg.model)
     from ..weights import load_model
 
     if not Path(model).is_dir():
@@ -71,8 +74,7 @@ def build_model(model: str | Path, cfg: Config) -> BertForQuestionAnswering:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a new QA head is expected for an encoder
         qa = load_model(model, head="qa")
-    assert isinstance(qa, BertForQuestionAnswering)  # what head="qa" loads
-    cfg.model = qa.config
+    cfg.model = qa.config  # type: ignore[assignment]  # (mypy reads it as a submodule)
     return qa
 
 
