@@ -246,7 +246,8 @@ def report(args: argparse.Namespace, runs: dict[tuple[str, int], dict]) -> dict:
     tail = max(1, args.steps // 10)
     final = {key: statistics.fmean(run["losses"][-tail:]) for key, run in runs.items()}
     summary = {
-        "family": args.family, "steps": args.steps, "batch_size": args.batch_size, "seq_len": SEQ_LEN, "lr": args.lr, "warmup": args.warmup,
+        "family": args.family, "steps": args.steps, "batch_size": args.batch_size, "seq_len": SEQ_LEN, "lr": args.lr,
+        "warmup": args.warmup,
         "seeds": args.seeds, "threads": args.threads, "smoothing_window": window, "compared_from_step": start + 1,
         "gap_between_sides": statistics.fmean(mean_gap(curves[a], curves[b], start) for a, b in pairs_between),
         "gap_between_seeds": (statistics.fmean(mean_gap(curves[a], curves[b], start) for a, b in pairs_within)
@@ -265,7 +266,8 @@ def report(args: argparse.Namespace, runs: dict[tuple[str, int], dict]) -> dict:
     (out / "report.json").write_text(json.dumps({**summary, "losses": {f"{k[0]}-{k[1]}": r["losses"]
                                                                       for k, r in runs.items()}}, indent=1))
     lines = [
-        f"# Masked LM alone, {'BERT-mini' if args.family == 'bert' else 'ModernBERT of its size'}, {args.steps} steps of {args.batch_size} × {SEQ_LEN}: "
+        f"# Masked LM alone, {'BERT-mini' if args.family == 'bert' else 'a ModernBERT of its size'}, "
+        f"{args.steps} steps of {args.batch_size} × {SEQ_LEN}: "
         "bertforge and transformers",
         "",
         f"Seeds {', '.join(map(str, args.seeds))}; losses smoothed over {window} steps and compared from step "
