@@ -16,8 +16,11 @@
 #                        rows when .gpu is absent)
 #   pretrain_profiled    bertforge pretrain --config pretrain_large_128_phase1 at 256, synthetic, steps 0..7,
 #                        profiled over 5..6: the GPU's busy and idle time per step, the optimizer's, top kernels
+#   modernbert_step      benchmarks/modernbert_step.py: a ModernBERT-base training step, bf16, ours on 16 packed
+#                        rows of 1024 with FlexAttention block masks against transformers' ModernBertForMaskedLM
+#                        (SDPA, the same sequences padded; sparse_prediction off and on)
 # OUT/summary.json gathers them: seq/s and MFU of both sides and their ratio, pretrain's seq/s against
-# bench's, the profile's numbers, each stage's exit status and seconds.
+# bench's, the profile's numbers, ModernBERT's seq/s of the three and the ratios, each stage's exit status and seconds.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit
 python="${PYTHON:-python3}"
@@ -76,6 +79,8 @@ if (( dry_run )); then  # toy sizes on the CPU: every stage runs its code, in se
     pretrain=(--config pretrain_tiny --execution.device cpu --execution.compile false --train.micro_batch_size 4
               --train.global_batch_size 4 --data.seq_len 32 --data.max_predictions 5 --train.steps 4
               --log.profile 2:3)
+    modernbert=(--device cpu --precision fp32 --attention sdpa --layers 1 --hidden 64 --heads 2 --intermediate 96
+                --vocab 1000 --seq-len 256 --steps 1 --warmup 0)
     limit=300
 else
     model=(--config large --execution.precision bf16)
@@ -89,6 +94,8 @@ else
     fi
     pretrain=(--config pretrain_large_128_phase1 --train.micro_batch_size 256 --train.global_batch_size 256
               --train.steps 8 --log.profile 5:7)
+    modernbert=(--device cuda --precision bf16 --attention flex --layers 22 --hidden 768 --heads 12 --intermediate 1152
+                --rows 16 --seq-len 1024 --steps 10 --warmup 3)
     limit=240
 fi
 
@@ -113,6 +120,7 @@ rm -rf "$out/runs"
 stage pretrain_profiled "$limit" "$python" -m bertforge pretrain "${pretrain[@]}" --data.synthetic true \
     --train.eval_at_start false --train.eval_every 0 --checkpoint.every 0 --log.every 1 --log.tensorboard false \
     --log.run_dir "$out/runs" --log.name profiled --no-progress
+stage modernbert_step "$limit" "$python" benchmarks/modernbert_step.py "${modernbert[@]}" --json
 
 "$python" - "$out" <<'PYTHON'
 """OUT/summary.json from the stages' outputs (a missing or failed stage's part is null)."""
@@ -159,6 +167,16 @@ def pretrain():
             json.loads(profile.read_text()) if profile.exists() else None)
 
 
+def modernbert():
+    result = last_json("modernbert_step")
+    if result is None:
+        return None
+    keys = ("device", "precision", "sequences", "ours_attention", "their_attention",
+            "ratio_vs_transformers", "ratio_vs_transformers_sparse")
+    return {**{key: result[key] for key in keys},
+            **{side: result[side]["seq_per_s"] for side in ("bertforge", "transformers", "transformers_sparse")}}
+
+
 ours, theirs = last_json("phase1_ours"), last_json("phase1_transformers")
 pretrain_rate, profile = pretrain()
 stages = [dict(zip(("stage", "exit", "seconds"), line.split("\t")))
@@ -172,6 +190,7 @@ summary = {
     "pretrain": {"seq_per_s": pretrain_rate,
                  "of_bench": pretrain_rate / ours["seq_per_s"] if pretrain_rate and ours else None},
     "profile": profile,
+    "modernbert_step": modernbert(),
 }
 (out / "summary.json").write_text(json.dumps(summary, indent=1))
 print(json.dumps(summary))

@@ -4,6 +4,7 @@
     python benchmarks/mlm_vs_transformers.py                                # BERT-mini, 200 steps, seeds 1 2 3
     python benchmarks/mlm_vs_transformers.py --steps 40 --seeds 1 2 --out /tmp/mlm-quick
     python benchmarks/mlm_vs_transformers.py --seeds 1    # one seed: the two sides and their times, no noise
+    python benchmarks/mlm_vs_transformers.py --family modernbert --seeds 1 --out bench-mlm-modernbert
 
 The shared Wikipedia dump (``../shared/data/wiki``) goes through bertforge's own
 pipeline (``data wikipedia extract``, ``data preprocess``) and then
@@ -13,12 +14,18 @@ hidden 256) on exactly those rows, in the same order (the file's, no shuffle),
 from the same initial weights (a seeded ``BertForMaskedLM``, exported to a
 Hugging Face directory that both load), with the same AdamW (lr, betas, eps,
 weight decay 0.01 except biases and LayerNorm, clip 1.0) and learning rate at
-every step:
+every step. ``--family modernbert`` trains a ModernBERT of the same size
+instead (4 layers: global, local, local, global; hidden 256, 4 heads,
+intermediate 384, windows of 128, no dropout; the same WordPiece rows and 15 %
+masking): ours ``--model.family modernbert`` from a seeded
+``ModernBertForMaskedLM`` saved as our checkpoint, theirs
+``ModernBertForMaskedLM`` (SDPA, ``sparse_prediction`` off, its default) from
+the same weights saved by ``save_pretrained``:
 
 * bertforge: ``bertforge pretrain --train.objective mlm`` on the records with
   ``data.dynamic_masking`` (per row, round(0.15 × its tokens) positions, at
   most 20, never [CLS]/[SEP]; 80/10/10), ``data.shuffle_buffer 0``;
-* transformers: ``BertForMaskedLM`` under ``Trainer`` with
+* transformers: ``BertForMaskedLM`` (or ``ModernBertForMaskedLM``) under ``Trainer`` with
   ``DataCollatorForLanguageModeling(mlm_probability=0.15)`` (each non-special
   token masked with probability 0.15; 80/10/10), as ``run_mlm.py`` trains, but
   with a sequential sampler (the same order) and a ``LambdaLR`` giving our
@@ -53,14 +60,26 @@ VOCAB = SHARED / "vocab" / "bert-base-uncased-vocab.txt"
 SEQ_LEN, MAX_PREDICTIONS, MASK_PROB = 128, 20, 0.15
 INIT_SEED = 0  # the initial weights, the same for every run
 SIDES = ("ours", "transformers")
+# Each family's model: our preset and the fields changed from it (BERT-mini, and a ModernBERT of its size).
+FAMILIES = {"bert": ("mini", {}),
+            "modernbert": ("modernbert-tiny", {"hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 384})}
 
 
 def bertforge(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "bertforge", *map(str, args)], check=True, cwd=ROOT)
 
 
-def prepare(work: Path) -> tuple[Path, Path]:
-    """(the records, the initial weights' Hugging Face directory), made once per ``work``."""
+def model_config(family: str):
+    from bertforge.config import MODEL_PRESETS, ModelConfig
+
+    preset, changes = FAMILIES[family]
+    return ModelConfig(**{**MODEL_PRESETS[preset], "vocab_size": 30522, **changes})
+
+
+def prepare(work: Path, family: str) -> tuple[Path, Path]:
+    """(the records, the initial weights), made once per ``work``: a Hugging Face directory ``init`` that
+    both sides load (BERT), or our checkpoint ``init`` and theirs ``init-hf`` of the same weights (ModernBERT,
+    which ``--init`` does not read from a Hugging Face directory yet)."""
     records, init = work / "rows.tfrecord", work / "init"
     if not (work / "wiki.jsonl").exists():
         bertforge("data", "wikipedia", "extract", DUMP, work / "wiki.jsonl")
@@ -70,16 +89,45 @@ def prepare(work: Path) -> tuple[Path, Path]:
         bertforge("data", "create", "--input", work / "text" / "train", "--vocab", VOCAB, "--output", records,
                   "--mlm-only", "--mode", "fast", "--dupe-factor", "1", "--seq-len", SEQ_LEN,
                   "--max-predictions", MAX_PREDICTIONS, "--masked-lm-prob", MASK_PROB)
-    if not init.exists():
+    if not init.exists() and family == "bert":
         import torch
 
-        from bertforge.config import MODEL_PRESETS, ModelConfig
         from bertforge.model import BertForMaskedLM
         from bertforge.weights import export_hf
 
         torch.manual_seed(INIT_SEED)
-        export_hf(BertForMaskedLM(ModelConfig(**MODEL_PRESETS["mini"], vocab_size=30522)), init, VOCAB)
+        export_hf(BertForMaskedLM(model_config(family)), init, VOCAB)
+    elif not init.exists():
+        save_modernbert(init, work / "init-hf")
     return records, init
+
+
+def save_modernbert(ours_dir: Path, their_dir: Path) -> None:
+    """A seeded ModernBERT as our checkpoint (weights, config, manifest) and as transformers'
+    ``save_pretrained`` directory of the same weights."""
+    import torch
+    import transformers
+    from modernbert_step import hf_config_kwargs
+
+    from bertforge.config import Config
+    from bertforge.fileio import atomic_directory
+    from bertforge.modernbert import ModernBertForMaskedLM
+    from bertforge.runs import write_manifest
+    from bertforge.weights import SAFETENSORS, save_weights
+
+    torch.manual_seed(INIT_SEED)
+    cfg = model_config("modernbert")
+    ours = ModernBertForMaskedLM(cfg)
+    theirs = transformers.ModernBertForMaskedLM(transformers.ModernBertConfig(**hf_config_kwargs(cfg)))
+    theirs.load_state_dict(ours.state_dict(), strict=False)  # decoder.weight: tied to the embeddings
+    theirs.tie_weights()
+    theirs.save_pretrained(their_dir)
+    config = Config(model=cfg)
+    config.train.objective = "mlm"
+    with atomic_directory(ours_dir) as tmp:
+        save_weights(ours, tmp / SAFETENSORS)
+        (tmp / "config.yaml").write_text(config.to_yaml(), encoding="utf-8")
+        write_manifest(tmp)
 
 
 def train_config(args: argparse.Namespace) -> dict:
@@ -99,9 +147,11 @@ def run_ours(args: argparse.Namespace, records: Path, init: Path, out: Path) -> 
              "data.masked_lm_prob": MASK_PROB, "train.eval_at_start": False, "train.eval_every": 0,
              "log.every": 1, "log.progress": False, "log.tensorboard": False, "log.run_dir": out / "runs",
              "log.name": name, "execution.threads": args.threads}
+    preset, changes = FAMILIES[args.family]
+    pairs.update({f"model.{key}": value for key, value in changes.items()})
     flags = [item for key, value in pairs.items() for item in (f"--{key}", str(value))]
     shutil.rmtree(out / "runs" / name, ignore_errors=True)  # this script's own run of an earlier call
-    bertforge("pretrain", "--config", "mini", *flags)
+    bertforge("pretrain", "--config", preset, *flags)
     rows = [json.loads(line) for line in (out / "runs" / name / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "loss" in r and r.get("split") != "eval"]
     assert [r["step"] for r in steps] == list(range(1, args.steps + 1)), "one row per step expected"
@@ -132,7 +182,10 @@ def run_transformers(args: argparse.Namespace, records: Path, init: Path, out: P
     assert len(tokenizer) == 30522 and tokenizer.mask_token_id == 103 and tokenizer.cls_token_id == 101, \
         "the collator must mask with the uncased vocab's [MASK] and draw random tokens from all of it"
     collator = transformers.DataCollatorForLanguageModeling(tokenizer, mlm_probability=MASK_PROB)
-    model = transformers.BertForMaskedLM.from_pretrained(init)
+    if args.family == "bert":
+        model = transformers.BertForMaskedLM.from_pretrained(init)
+    else:
+        model = transformers.ModernBertForMaskedLM.from_pretrained(init.parent / "init-hf", attn_implementation="sdpa")
     ours = load_config("mini", list(train_config(args).items())).train
 
     class InOrder(transformers.Trainer):
@@ -193,7 +246,8 @@ def report(args: argparse.Namespace, runs: dict[tuple[str, int], dict]) -> dict:
     tail = max(1, args.steps // 10)
     final = {key: statistics.fmean(run["losses"][-tail:]) for key, run in runs.items()}
     summary = {
-        "steps": args.steps, "batch_size": args.batch_size, "seq_len": SEQ_LEN, "lr": args.lr, "warmup": args.warmup,
+        "family": args.family, "steps": args.steps, "batch_size": args.batch_size, "seq_len": SEQ_LEN, "lr": args.lr,
+        "warmup": args.warmup,
         "seeds": args.seeds, "threads": args.threads, "smoothing_window": window, "compared_from_step": start + 1,
         "gap_between_sides": statistics.fmean(mean_gap(curves[a], curves[b], start) for a, b in pairs_between),
         "gap_between_seeds": (statistics.fmean(mean_gap(curves[a], curves[b], start) for a, b in pairs_within)
@@ -212,7 +266,8 @@ def report(args: argparse.Namespace, runs: dict[tuple[str, int], dict]) -> dict:
     (out / "report.json").write_text(json.dumps({**summary, "losses": {f"{k[0]}-{k[1]}": r["losses"]
                                                                       for k, r in runs.items()}}, indent=1))
     lines = [
-        f"# Masked LM alone, BERT-mini, {args.steps} steps of {args.batch_size} × {SEQ_LEN}: "
+        f"# Masked LM alone, {'BERT-mini' if args.family == 'bert' else 'a ModernBERT of its size'}, "
+        f"{args.steps} steps of {args.batch_size} × {SEQ_LEN}: "
         "bertforge and transformers",
         "",
         f"Seeds {', '.join(map(str, args.seeds))}; losses smoothed over {window} steps and compared from step "
@@ -257,6 +312,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--family", choices=tuple(FAMILIES), default="bert",
+                        help="BERT-mini, or a ModernBERT of its size (the data and training are the same)")
     parser.add_argument("--smooth", type=int, default=20, help="steps per point of the compared curves")
     parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES),
                         help="the sides to run; the other's runs are read from an earlier call's --out")
@@ -269,7 +326,7 @@ def main() -> None:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     args.out = str(out)
-    prepare(out)
+    prepare(out, args.family)
     runs = {}
     for seed in args.seeds:  # the sides alternate, so that a slower stretch of the machine hits both
         for side in SIDES:
@@ -279,7 +336,7 @@ def main() -> None:
             started = time.perf_counter()
             subprocess.run([sys.executable, __file__, "--worker", side, "--seed", str(seed),
                             *(f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-                              if k in ("out", "steps", "batch_size", "lr", "warmup", "threads"))], check=True)
+                              if k in ("out", "steps", "batch_size", "lr", "warmup", "threads", "family"))], check=True)
             runs[(side, seed)] = json.loads((out / f"{side}-{seed}.json").read_text())
             print(f"{side} seed {seed}: final loss {runs[(side, seed)]['losses'][-1]:.4f}, "
                   f"{runs[(side, seed)]['train_s']:.1f} s in the loop, {time.perf_counter() - started:.0f} s in all",

@@ -111,8 +111,11 @@ class ModernBertAttention(SelfAttention):
     def forward(self, x: torch.Tensor, mask: Mask, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, T, H = x.shape
         qkv = self.Wqkv(x).view(B, T, 3, self.num_heads, H // self.num_heads)  # (B, T, 3, heads, D)
-        q, k = rotate(qkv[:, :, :2], cos, sin).permute(2, 0, 3, 1, 4).unbind(0)  # 2 × (B, heads, T, D)
-        v = qkv[:, :, 2].transpose(1, 2)
+        # Split, not sliced: the backward of a split is one concatenation, that of two slices two
+        # zero-filled (B, T, 3, heads, D) gradients and their sum.
+        qk, v = qkv.split([2, 1], dim=2)
+        q, k = rotate(qk, cos, sin).permute(2, 0, 3, 1, 4).unbind(0)  # 2 × (B, heads, T, D)
+        v = v.squeeze(2).transpose(1, 2)
         out = attend(q, k, v, mask, self.backends, self.dropout_p if self.training else 0.0)
         return self.out_drop(self.Wo(out.transpose(1, 2).reshape(B, T, H)))
 

@@ -11,8 +11,9 @@ from the config alone (nothing is allocated). Per rank, in bytes:
 * optimizer state: LAMB, AdamW and StableAdamW keep two fp32 moments per
   parameter;
 * activations: the peak of what autograd keeps for the backward pass of one
-  micro-batch, counted op by op from model.py (see ``_layer_activations``),
-  plus the layer being recomputed and the gradients in flight in the backward;
+  micro-batch, counted op by op from model.py or modernbert.py (see
+  ``_layer_activations`` and ``_modernbert_layer_activations``), plus the
+  layer being recomputed and the gradients in flight in the backward;
 * workspace: optimizer temporaries (optim.py's LAMB makes three
   parameter-sized lists per step), FSDP's gathered layers (DDP's buckets are
   the gradients themselves);
@@ -44,6 +45,15 @@ O(B·T·H); on the CPU with dropout SDPA takes the math path and keeps the
 Dropout masks are bool on CUDA (fused kernel) and of the dropped tensor's
 dtype on the CPU.
 
+ModernBERT (``model.family: modernbert``) is planned as its pre-training
+feeds it: packed rows (its recipe), so each kind of layer (global, and local
+when the window is shorter than the row) keeps an additive (B, 1, T, T) mask
+(none with ``execution.attention: flex``: block masks are a few bytes a
+block) and its rotary angles of the packed positions. Without attention
+dropout SDPA runs a flash kernel on the CPU too (q, k, v, output and a
+logsumexp, no (T × T) probabilities). Its rotary tables (buffers, a few MB)
+are made with the model and not counted, as none of its other fixed state.
+
 ``bench.LiveTensorBytes`` measures the same quantity on the CPU: the bytes of
 live tensor storages, op by op, with its peak. The tests and
 benchmarks/memory.py hold the planner to it. This module imports no torch, so
@@ -71,31 +81,45 @@ RUNTIME_OVERHEAD = {"cuda": 1 << 30, "cpu": 64 << 20}
 # ------------------------------------------------------------ parameter counts
 
 def layer_parameters(m: ModelConfig) -> int:
-    """One encoder layer: q, k, v, attention output, intermediate, output, two LayerNorms."""
+    """One encoder layer. BERT: q, k, v, attention output, intermediate, output, two LayerNorms.
+    ModernBERT: Wqkv, Wo, the GeGLU's Wi (to twice the intermediate size) and Wo, two norms, no
+    biases (layer 0's attention norm is the identity: :func:`count_parameters` takes it off)."""
     H, I = m.hidden_size, m.intermediate_size
+    if m.family == "modernbert":
+        return 4 * H * H + 3 * H * I + 2 * H
     return 4 * (H * H + H) + 2 * H + (H * I + I) + (I * H + H) + 2 * H
 
 
 def embedding_parameters(m: ModelConfig) -> int:
     H = m.hidden_size
+    if m.family == "modernbert":  # token embeddings and their norm
+        return m.vocab_size * H + H
     return (m.vocab_size + m.max_position_embeddings + m.type_vocab_size) * H + 2 * H
 
 
 def head_parameters(m: ModelConfig) -> int:
-    """Pooler, MLM transform and bias (the decoder is tied to the word embeddings), NSP."""
+    """BERT: pooler, MLM transform and bias (the decoder is tied to the word embeddings), NSP.
+    ModernBERT: the final norm, the head's dense and norm, the decoder's bias (its weight tied)."""
     H = m.hidden_size
+    if m.family == "modernbert":
+        return H + (H * H + H) + m.vocab_size
     return (H * H + H) + (H * H + H + 2 * H + m.vocab_size) + (2 * H + 2)
 
 
 def count_parameters(m: ModelConfig) -> int:
-    """Parameters of BertForPreTraining, equal to ``num_parameters(model)``."""
-    return embedding_parameters(m) + m.num_hidden_layers * layer_parameters(m) + head_parameters(m)
+    """Parameters of the model ``bertforge pretrain`` builds (BertForPreTraining, or
+    ModernBertForMaskedLM), equal to ``num_parameters(model)``."""
+    first_norm = m.hidden_size if m.family == "modernbert" else 0  # layer 0's: the identity
+    return (embedding_parameters(m) + m.num_hidden_layers * layer_parameters(m) + head_parameters(m)
+            - first_norm)
 
 
 def decayed_parameters(m: ModelConfig) -> int:
     """Parameters in the weight-decay group (weights; not biases nor LayerNorm): the largest
     bucket that one optimizer step works on at a time."""
     H, I = m.hidden_size, m.intermediate_size
+    if m.family == "modernbert":  # token embeddings, the layers' projections, the head's dense
+        return m.vocab_size * H + m.num_hidden_layers * (4 * H * H + 3 * H * I) + H * H
     layer = 4 * H * H + 2 * H * I
     return ((m.vocab_size + m.max_position_embeddings + m.type_vocab_size) * H
             + m.num_hidden_layers * layer + 2 * H * H + 2 * H)
@@ -117,6 +141,11 @@ class _Shapes:
     mixed: bool
     cuda: bool
     weight_casts: bool = True  # under autocast: whether weights are cast (not when FSDP2 gathers bf16 ones)
+    modernbert: bool = False
+    L: int = 1  # encoder layers
+    window: int | None = None  # ModernBERT's local layers: keys at most this far (None: no local layers' mask)
+    dropout: bool = True  # ModernBERT: whether it has dropout (BERT's plan assumes it)
+    flex: bool = False  # FlexAttention block masks (CUDA, no attention dropout)
 
     @property
     def N(self) -> int:  # tokens
@@ -129,6 +158,16 @@ class _Shapes:
     @property
     def M(self) -> int:  # predicted positions
         return self.B * self.P
+
+    @property
+    def D(self) -> int:  # head size
+        return self.H // self.heads
+
+    @property
+    def mask_kinds(self) -> int:
+        """ModernBERT's kinds of layer with a mask of their own: global, and local (layers 1, 2, … when
+        there are any, with a window shorter than the row)."""
+        return 1 + (self.L > 1 and self.window is not None)
 
     def dropout_mask(self, elem_bytes: int) -> int:
         """Bytes per element of a dropout mask: bool from CUDA's fused kernel; on the CPU a
@@ -145,7 +184,7 @@ def _optimizer_states(tr: TrainConfig) -> int:
 def _layer_memory(s: _Shapes, recompute: str) -> tuple[dict[str, int], int, int]:
     """(an encoder layer's saved activations by part, all of them, what ``execution.recompute``
     keeps of them until the backward)."""
-    act = _layer_activations(s)
+    act = (_modernbert_layer_activations if s.modernbert else _layer_activations)(s)
     full = act["attention"] + act["attention_output"] + act["ffn"]
     stored = {"none": full, "attention": act["input"] + act["attention_output"] + act["ffn"],
               "layer": act["input"]}[recompute]
@@ -187,13 +226,49 @@ def _layer_activations(s: _Shapes) -> dict[str, int]:
     }
 
 
+def _modernbert_layer_activations(s: _Shapes) -> dict[str, int]:
+    """Bytes autograd keeps for one ModernBERT layer, by block, in ``_layer_activations``' terms.
+
+    ``attention``: the layer's input (the residual stream, kept by the attention norm) and the
+    attention module's internals: Wqkv's output (v is a view of it), the rotated q and k, the
+    kernel's output (the reshape is a view of it, kept by Wo) and logsumexp, Wo's dropout mask;
+    ``attention_output``: the attention norm's statistics and output (the attention module's
+    input, which ``execution.recompute: attention`` keeps); ``ffn``: the MLP norm's input (the
+    residual sum), statistics and output, Wi's output (GELU's input and the gate are its halves),
+    GELU's output, the product (Wo's input) and its dropout mask; ``input``: the layer's input.
+    Layer 0 has no attention norm: see :func:`_modernbert_embedding_activations`.
+    """
+    N, H, I, e, r = s.N, s.H, s.I, s.e, s.r
+    nh = N * H
+    norm = 2 * N * FP32 + nh * e  # a pre-norm's statistics and output (the next matmul's input)
+    if s.dropout and not s.cuda:  # math SDPA, as BERT's: scaled q, k, v; probabilities, noise, dropped
+        kernel = 3 * nh * FP32 + 3 * s.S * FP32
+    else:  # flash or memory-efficient SDPA, or FlexAttention: output and logsumexp
+        rows = math.ceil(s.T / 32) * 32 if s.cuda else s.T
+        kernel = nh * e + s.B * s.heads * rows * FP32
+    casts = (lambda n: n * e) if s.mixed and s.weight_casts else (lambda n: 0)
+    dropout = (lambda n: n * s.dropout_mask(e)) if s.dropout else (lambda n: 0)
+    return {
+        "attention": nh * r + 3 * nh * e + 2 * nh * e + kernel + dropout(nh) + casts(4 * H * H),
+        "attention_output": norm,
+        "ffn": nh * r + norm + 4 * N * I * e + dropout(N * I) + casts(3 * H * I),
+        "input": nh * r,
+    }
+
+
 def _backward_transients(s: _Shapes) -> tuple[int, int]:
     """Gradients alive inside one layer's backward on top of what it saved, (feed-forward
     block, attention block): in the first the GELU gradient and the incoming gradient; in the
     second, where the feed-forward activations are already freed, on the math path two
     (T × T) gradients at a time (dropped probabilities, probabilities, scores), else the
-    q, k, v gradients."""
+    q, k, v gradients. ModernBERT's: see the comments."""
     nh = s.N * s.H * FP32
+    if s.modernbert:
+        # GeGLU: at the product's backward, the incoming gradient, the product's and the two it makes
+        # (GELU output's and the gate's); flash attention: the incoming gradient, the output's, q, k, v's.
+        ffn = nh + 3 * s.N * s.I * FP32
+        attention = 2 * s.S * FP32 + 2 * nh if s.dropout and not s.cuda else 5 * nh
+        return ffn, attention
     ffn = s.N * s.I * FP32 + nh
     attention = 2 * s.S * FP32 + 2 * nh if not s.cuda else 4 * nh
     return ffn, attention
@@ -220,6 +295,31 @@ def _head_activations(s: _Shapes) -> int:
     loss = s.M * s.V * FP32
     decoder_weight_cast = s.V * s.H * s.e if s.mixed and s.weight_casts else 0
     return last_hidden + mlm_head + loss + decoder_weight_cast
+
+
+def _modernbert_embedding_activations(s: _Shapes, recompute: str) -> int:
+    """What ModernBERT keeps to the end of the backward besides the layers: the token ids (widened
+    to int64), the embedding norm's input and statistics, its dropout mask; each kind of layer's
+    mask and rotary angles (cos and sin of the packed positions); less layer 0's attention norm
+    (the identity), counted with every layer unless whole layers are recomputed."""
+    N, nh = s.N, s.N * s.H
+    summed = s.e if s.mixed and not s.weight_casts else FP32  # (as BERT's embeddings)
+    dropout = nh * s.dropout_mask(s.r) if s.dropout else 0
+    masks = 0 if s.flex else s.mask_kinds * s.B * s.T * s.T * s.e
+    angles = s.mask_kinds * 2 * N * (s.D // 2) * FP32
+    first_norm = 0 if recompute == "layer" else 2 * N * FP32 + nh * s.e
+    return N * 8 + nh * summed + 2 * N * FP32 + dropout + masks + angles - first_norm
+
+
+def _modernbert_head_activations(s: _Shapes) -> int:
+    """The final norm (input, statistics, output: kept whole by the gather of the masked positions),
+    the positions, the head (dense input, GELU input and output, norm statistics and output), the
+    log-softmax output in fp32 and the labels: freed first in the backward."""
+    nh, mh = s.N * s.H, s.M * s.H
+    final_norm = nh * s.r + 2 * s.N * FP32 + nh * s.e
+    head = 4 * mh * s.e + 2 * s.M * FP32
+    decoder_weight_cast = s.V * s.H * s.e if s.mixed and s.weight_casts else 0
+    return final_norm + s.M * 8 + head + s.M * s.V * FP32 + s.M * 8 + decoder_weight_cast
 
 
 @dataclass
@@ -260,6 +360,19 @@ def _device_type(cfg: Config) -> str:
     return "cpu" if cfg.execution.device == "cpu" else "cuda"
 
 
+def _shapes(cfg: Config, device: str, weight_casts: bool = True) -> _Shapes:
+    ex, m, tr = cfg.execution, cfg.model, cfg.train
+    mixed = ex.precision in ("bf16", "fp16")
+    T, window = cfg.data.seq_len, m.local_attention // 2
+    return _Shapes(B=tr.micro_batch_size, T=T, P=cfg.data.max_predictions,
+                   H=m.hidden_size, I=m.intermediate_size, V=m.vocab_size, heads=m.num_attention_heads,
+                   e=2 if mixed else FP32, r=2 if ex.precision == "bf16" else FP32, mixed=mixed,
+                   cuda=device == "cuda", weight_casts=weight_casts, modernbert=m.family == "modernbert",
+                   L=m.num_hidden_layers, window=window if window < T - 1 else None,  # (as model.layers_mask)
+                   dropout=m.family == "bert" or m.hidden_dropout_prob > 0 or m.attention_probs_dropout_prob > 0,
+                   flex=ex.attention == "flex" and device == "cuda" and m.attention_probs_dropout_prob == 0)
+
+
 def plan_memory(cfg: Config, world_size: int = 1, device: str | None = None) -> MemoryPlan:
     """Predict the per-rank memory of pre-training ``cfg`` on ``world_size`` ranks.
 
@@ -268,8 +381,6 @@ def plan_memory(cfg: Config, world_size: int = 1, device: str | None = None) -> 
     """
     if world_size < 1:
         raise ConfigError(f"world size must be at least 1, got {world_size}")
-    if cfg.model.family != "bert":  # (its formulas count BERT's tensors)
-        raise ConfigError(f"model.family={cfg.model.family}: bertforge plan plans BERT only so far")
     if cfg.execution.pipeline_stages > 1:
         return _plan_pipeline(cfg, world_size, device)
     ex, m, tr = cfg.execution, cfg.model, cfg.train
@@ -287,20 +398,16 @@ def plan_memory(cfg: Config, world_size: int = 1, device: str | None = None) -> 
     if ex.offload and ex.fsdp_grad_sync == "step":
         raise ConfigError("execution.fsdp_grad_sync=step cannot be used with execution.offload=true "
                           "(unsharded gradients on the device for the whole step); use auto or micro_batch")
-    mixed = ex.precision in ("bf16", "fp16")
     fsdp = parallel == "fsdp"
     # FSDP2's MixedPrecisionPolicy under bf16: it gathers bf16 copies of the fp32 shards.
     gathered_bytes = 2 if fsdp and ex.precision == "bf16" else FP32
-    s = _Shapes(B=tr.micro_batch_size, T=cfg.data.seq_len, P=cfg.data.max_predictions,
-                H=m.hidden_size, I=m.intermediate_size, V=m.vocab_size, heads=m.num_attention_heads,
-                e=2 if mixed else FP32, r=2 if ex.precision == "bf16" else FP32, mixed=mixed,
-                cuda=device == "cuda", weight_casts=gathered_bytes == FP32)
+    s = _shapes(cfg, device, weight_casts=gathered_bytes == FP32)
     L = m.num_hidden_layers
     accumulation = max(1, tr.global_batch_size // (tr.micro_batch_size * world_size))
 
     n_params = count_parameters(m)
     per_layer = layer_parameters(m) * gathered_bytes
-    root = (n_params - L * layer_parameters(m)) * gathered_bytes  # embeddings and heads: FSDP's root unit
+    root = (embedding_parameters(m) + head_parameters(m)) * gathered_bytes  # embeddings and heads: FSDP's root unit
     shard = world_size if fsdp else 1
     params = math.ceil(n_params / shard) * FP32
     grads = params
@@ -327,9 +434,12 @@ def plan_memory(cfg: Config, world_size: int = 1, device: str | None = None) -> 
     # -------- activations and gradients through the backward pass
     act, full_layer, stored_layer = _layer_memory(s, ex.recompute)
     ffn_transient, attention_transient = _backward_transients(s)
-    embeddings = _embedding_activations(s)
+    if s.modernbert:
+        embeddings, head = _modernbert_embedding_activations(s, ex.recompute), _modernbert_head_activations(s)
+    else:
+        embeddings, head = _embedding_activations(s), _head_activations(s)
     # The heads' gradients, with the tied decoder's: the word embeddings' gradient.
-    head_grad = n_params - L * layer_parameters(m) - embedding_parameters(m) + m.vocab_size * m.hidden_size
+    head_grad = head_parameters(m) + m.vocab_size * m.hidden_size
 
     def grads_live(n_grad_params: int) -> int:  # on this rank while activations are live
         if ddp_buckets:
@@ -341,7 +451,7 @@ def plan_memory(cfg: Config, world_size: int = 1, device: str | None = None) -> 
         return math.ceil(n_grad_params / shard) * FP32 + grads_in_flight
 
     moments = []  # (activations, gradients, transient) at the peaks of the backward
-    stored_all = embeddings + _head_activations(s) + L * stored_layer
+    stored_all = embeddings + head + L * stored_layer
     # Start of the backward: everything saved and the loss's two M × V gradients;
     # then the log-softmax output is freed and the tied decoder weight's gradient made.
     moments.append((stored_all, grads_live(0), 2 * s.M * s.V * FP32))
@@ -349,7 +459,9 @@ def plan_memory(cfg: Config, world_size: int = 1, device: str | None = None) -> 
     for i in reversed(range(L)):  # layer i's backward, recomputed if needed
         below = embeddings + i * stored_layer
         done = grads_live(head_grad + (L - 1 - i) * layer_parameters(m))
-        moments.append((below + full_layer, done, ffn_transient))
+        # recompute=attention: the feed-forward block's backward runs before the attention is recomputed
+        ffn_alive = stored_layer if ex.recompute == "attention" else full_layer
+        moments.append((below + ffn_alive, done, ffn_transient))
         moments.append((below + full_layer - act["ffn"], done, attention_transient))
     # End: the embedding's dense gradient and the sum with the decoder's, for the tied weight.
     moments.append((embeddings, grads_live(n_params), 2 * m.vocab_size * m.hidden_size * FP32))
@@ -472,10 +584,7 @@ def _plan_pipeline(cfg: Config, world_size: int, device: str | None) -> MemoryPl
     if schedule == "1f1b" and micro_batches < stages:
         raise ConfigError(f"execution.pipeline_schedule=1f1b needs at least execution.pipeline_stages={stages} "
                           f"micro-batches per step and pipeline, got {micro_batches}")
-    mixed = ex.precision in ("bf16", "fp16")
-    s = _Shapes(B=tr.micro_batch_size, T=cfg.data.seq_len, P=cfg.data.max_predictions,
-                H=m.hidden_size, I=m.intermediate_size, V=m.vocab_size, heads=m.num_attention_heads,
-                e=2 if mixed else FP32, r=2 if ex.precision == "bf16" else FP32, mixed=mixed, cuda=device == "cuda")
+    s = _shapes(cfg, device)
     act, full_layer, stored_layer = _layer_memory(s, ex.recompute)
     ffn_transient, attention_transient = _backward_transients(s)
     embeddings, head = _embedding_activations(s), _head_activations(s)

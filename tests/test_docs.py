@@ -92,6 +92,8 @@ MARKED = {
     ("docs/benchmarks.md", "--benchmark pretrain_base_128"): ("long-running", "BERT-base benchmarks, minutes"),
     ("docs/modernbert.md", "--config modernbert_base_1024"):
         ("gpu-only", "ModernBERT-base's recipe: 1.7T tokens on 8 GPUs, then the context extension"),
+    ("docs/modernbert.md", "python benchmarks/modernbert_step.py"):
+        ("long-running", "ten training steps of three ModernBERTs with a 50368-token vocab, minutes of CPU"),
     ("docs/gpu.md", "benchmarks/gpu.sh gpu-out"):
         ("gpu-only", "the GPU measurement: CUDA tests, BERT-large throughput"),
 }
@@ -742,6 +744,8 @@ def test_modernbert_page(modernbert_page):
     run = modernbert_page.run_dir("bertforge pretrain")
     assert yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))["model"]["family"] == "modernbert"
     assert (run / "checkpoints" / "step_00000002" / "model.safetensors").is_file()
+    plan = modernbert_page.result("bertforge plan").output  # the planner knows the family
+    assert "149.7M parameters, 22 layers, hidden 768; micro-batch 8 × seq 1024" in plan and "\nfits in" in plan
 
 
 def test_scale_page(scale):

@@ -26,7 +26,7 @@ def test_gpu_sh_passes_shellcheck():
 
 def test_the_dry_run_runs_every_stage_and_writes_the_summary(tmp_path):
     """About a minute on 2 cores: the CUDA tests (all skipped here), both sides of phase 1, phase 2,
-    the profiled pretrain run, and summary.json from their outputs."""
+    the profiled pretrain run, the ModernBERT step, and summary.json from their outputs."""
     out = tmp_path / "gpu"
     result = subprocess.run(["bash", str(SCRIPT), "--dry-run", str(out)], cwd=tmp_path, capture_output=True,
                             text=True, timeout=900, check=False, env={**os.environ, "PYTHON": sys.executable})
@@ -34,7 +34,7 @@ def test_the_dry_run_runs_every_stage_and_writes_the_summary(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert [(s["stage"], s["exit"]) for s in summary["stages"]] == [
         ("cuda_tests", 0), ("phase1_ours", 0), ("phase1_transformers", 0), ("phase2_packed", 0),
-        ("pretrain_profiled", 0)]
+        ("pretrain_profiled", 0), ("modernbert_step", 0)]
     tests = summary["cuda_tests"]
     assert tests["tests"] >= 8 and tests["skipped"] == tests["tests"] and tests["failed"] == []  # no CUDA here
     ours, theirs = summary["phase1"]["ours"], summary["phase1"]["transformers"]
@@ -44,3 +44,6 @@ def test_the_dry_run_runs_every_stage_and_writes_the_summary(tmp_path):
     assert summary["pretrain"]["seq_per_s"] > 0 and summary["pretrain"]["of_bench"] > 0
     assert summary["profile"] is None  # a CPU trace holds no GPU work to sum up
     assert (out / "runs" / "profiled" / "profile" / "trace.json").is_file()
+    step = summary["modernbert_step"]  # ours on packed rows against transformers' padded batch
+    assert step["device"] == "cpu" and step["bertforge"] > 0 and step["transformers_sparse"] > 0
+    assert step["ratio_vs_transformers"] == pytest.approx(step["bertforge"] / step["transformers"], rel=0.01)

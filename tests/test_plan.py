@@ -15,6 +15,7 @@ from bertforge.config import ConfigError, load_config
 from bertforge.data import SyntheticDataset
 from bertforge.dist import DistContext, apply_recompute, destroy_distributed, prepare_model, unwrap
 from bertforge.engine import autocast
+from bertforge.families import build_pretraining_model
 from bertforge.model import BertForPreTraining, num_parameters
 from bertforge.optim import build_optimizer, param_groups
 from bertforge.plan import (
@@ -28,19 +29,32 @@ from bertforge.train import forward_loss
 
 
 def make_config(preset: str, batch: int = 2, seq_len: int = 128, predictions: int = 20,
-                recompute: str = "none", precision: str = "fp32", **execution):
+                recompute: str = "none", precision: str = "fp32", vocab_size: int | None = None, **execution):
     overrides = [("data.seq_len", seq_len), ("data.max_predictions", predictions),
                  ("train.micro_batch_size", batch), ("train.global_batch_size", batch),
                  ("execution.recompute", recompute), ("execution.precision", precision),
                  ("execution.device", "cpu")]
+    if preset.startswith("modernbert"):
+        overrides.append(("train.objective", "mlm"))  # (it has no NSP head)
+    if vocab_size is not None:
+        overrides.append(("model.vocab_size", vocab_size))
     overrides += [(f"execution.{key}", value) for key, value in execution.items()]
     return load_config(preset, overrides)
 
 
 def synthetic_batch(cfg):
+    """BERT's synthetic rows; for ModernBERT packed (two sequences a row, the plan's assumption)."""
     data = SyntheticDataset(size=cfg.train.micro_batch_size, vocab_size=cfg.model.vocab_size,
                             seq_len=cfg.data.seq_len, max_predictions=cfg.data.max_predictions)
-    return data.batch(list(range(cfg.train.micro_batch_size)))
+    batch = data.batch(list(range(cfg.train.micro_batch_size)))
+    if cfg.model.family != "modernbert":
+        return batch
+    B, T = batch["input_ids"].shape
+    split = T // 2 + 7
+    second = torch.arange(T) >= split
+    return {**batch, "sequence_ids": (1 + second.int()).repeat(B, 1),
+            "position_ids": (torch.arange(T) - split * second).int().repeat(B, 1),
+            "cls_positions": torch.zeros(B, 2, dtype=torch.int32)}
 
 
 def measure_step(cfg) -> dict[str, int]:
@@ -48,7 +62,8 @@ def measure_step(cfg) -> dict[str, int]:
     state): after the forward, peak through the backward, peak in the optimizer step. The model
     is prepared as training prepares it (DDP on a one-rank group for execution.parallel=ddp)."""
     torch.manual_seed(0)
-    model = prepare_model(BertForPreTraining(cfg.model).train(), cfg.execution, DistContext())
+    model = build_pretraining_model(cfg.model, cfg.train.objective).train()
+    model = prepare_model(model, cfg.execution, DistContext())
     try:
         return _measure_step(cfg, model)
     finally:
@@ -100,6 +115,25 @@ def test_parameter_and_state_bytes_are_exact(preset):
     assert plan.optimizer_state == 8 * n  # two fp32 moments, LAMB or AdamW
     for optimizer in ("adamw", "stableadamw"):
         assert plan_memory(load_config(preset, [("train.optimizer", optimizer)])).optimizer_state == 8 * n
+
+
+@pytest.mark.parametrize("preset", ["modernbert-tiny", "modernbert-base", "modernbert-large"])
+def test_modernbert_parameter_and_state_bytes_are_exact(preset):
+    cfg = make_config(preset)
+    with torch.device("meta"):
+        model = build_pretraining_model(cfg.model, "mlm")
+    n = num_parameters(model)
+    decay = sum(p.numel() for p in param_groups(model, 0.01)[0]["params"])
+    plan = plan_memory(cfg)
+    assert count_parameters(cfg.model) == n == plan.num_parameters
+    assert decayed_parameters(cfg.model) == decay
+    assert plan.parameters == plan.gradients == 4 * n and plan.optimizer_state == 8 * n
+
+
+def test_modernbert_base_and_large_sizes():
+    """ModernBERT-base and -large: 149M and 395M (the token embeddings counted once, tied)."""
+    assert count_parameters(make_config("modernbert-base").model) == 149_655_232
+    assert count_parameters(make_config("modernbert-large").model) == 395_881_664
 
 
 def test_base_and_large_sizes():
@@ -273,6 +307,33 @@ def test_stableadamw_step_memory_matches_the_plan():
     plan = plan_memory(cfg)
     resident = plan.parameters + plan.optimizer_state
     assert measured["optimizer_peak"] == pytest.approx(plan.phases["optimizer_step"] - resident, rel=0.01)
+
+
+@pytest.mark.parametrize("vocab,seq_len,policy,precision", [
+    (30522, 256, "none", "fp32"),  # the vocab's loss and gradients make the peak
+    (1024, 512, "none", "fp32"),  # the layers make it
+    (1024, 512, "layer", "fp32"),
+    (1024, 512, "attention", "fp32"),
+    (30522, 128, "none", "bf16"),
+])
+def test_modernbert_step_memory_matches_the_plan(vocab, seq_len, policy, precision):
+    """ModernBERT-tiny (global, local, local, global; windows of 128) on packed rows of two sequences."""
+    cfg = make_config("modernbert-tiny", batch=2, seq_len=seq_len, recompute=policy, precision=precision,
+                      vocab_size=vocab)
+    measured = measure_step(cfg)
+    plan = plan_memory(cfg)
+    resident = plan.parameters + plan.optimizer_state
+    assert measured["saved"] == pytest.approx(plan.details["saved_activations"], rel=0.03)
+    assert measured["backward_peak"] == pytest.approx(plan.phases["forward_backward"] - resident, rel=0.05)
+    assert measured["optimizer_peak"] == pytest.approx(plan.phases["optimizer_step"] - resident, rel=0.01)
+
+
+def test_modernbert_plan_command(capsys):
+    assert main(["plan", "--config", "modernbert-base", "--train.objective", "mlm", "--data.seq_len", "1024",
+                 "--train.micro_batch_size", "8", "--train.global_batch_size", "8", "--device-memory", "80GB"]) == 0
+    out = capsys.readouterr().out
+    assert "memory per rank: 149.7M parameters, 22 layers, hidden 768; micro-batch 8 × seq 1024" in out
+    assert "\nfits in 74.51 GiB" in out
 
 
 def test_ddp_step_memory_matches_the_plan():
