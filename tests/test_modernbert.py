@@ -407,10 +407,8 @@ def test_pretrain_command_trains_a_tiny_modernbert_on_the_built_in_corpus(tmp_pa
     load_weights(model, tmp_path / "run")  # --init
     assert all(torch.equal(value, saved[name]) for name, value in model.state_dict().items())
     capsys.readouterr()
-    for command in (["export", str(tmp_path / "run"), str(tmp_path / "out"), "--format", "tf1"],
-                    ["plan", "--model.preset", "modernbert-base", "--train.objective", "mlm"]):  # BERT's: one line
-        assert main(command) != 0
-        assert capsys.readouterr().err.count("\n") == 1
+    assert main(["export", str(tmp_path / "run"), str(tmp_path / "out"), "--format", "tf1"]) == 2  # BERT's format
+    assert capsys.readouterr().err.count("\n") == 1
     assert not (tmp_path / "out").exists()
     assert main(["export", str(tmp_path / "run"), str(tmp_path / "out")]) == 0  # to Hugging Face, as interop tests
     assert transformers.ModernBertForMaskedLM.from_pretrained(tmp_path / "out").config.vocab_size == 8192
