@@ -40,21 +40,6 @@ import torch
 SIDES = ("bertforge", "transformers", "transformers_sparse")
 
 
-def hf_config_kwargs(cfg) -> dict:
-    """transformers' ``ModernBertConfig`` arguments for our ModernBERT ``ModelConfig`` (our field names read as
-    theirs; no special-token ids but [PAD])."""
-    return {"vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_hidden_layers,
-            "num_attention_heads": cfg.num_attention_heads, "intermediate_size": cfg.intermediate_size,
-            "hidden_activation": cfg.hidden_act, "classifier_activation": cfg.hidden_act,
-            "max_position_embeddings": cfg.max_position_embeddings, "norm_eps": cfg.layer_norm_eps,
-            "initializer_range": cfg.initializer_range, "initializer_cutoff_factor": cfg.initializer_cutoff_factor,
-            "pad_token_id": cfg.pad_token_id, "bos_token_id": None, "eos_token_id": None, "cls_token_id": None,
-            "sep_token_id": None, "global_attn_every_n_layers": cfg.global_attn_every_n_layers,
-            "local_attention": cfg.local_attention, "global_rope_theta": cfg.global_rope_theta,
-            "local_rope_theta": cfg.local_rope_theta, "embedding_dropout": cfg.hidden_dropout_prob,
-            "mlp_dropout": cfg.hidden_dropout_prob, "attention_dropout": cfg.attention_probs_dropout_prob}
-
-
 def make_sequences(count: int, vocab_size: int, mask_prob: float, seed: int,
                    longest: int = 512) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``count`` (token ids, sorted masked positions) pairs, 64 to ``longest`` tokens each."""
@@ -123,6 +108,7 @@ def run(args: argparse.Namespace) -> dict:
     from bertforge.config import MODEL_PRESETS, ModelConfig
     from bertforge.model import pretraining_loss, set_attention_backends
     from bertforge.modernbert import ModernBertForMaskedLM
+    from bertforge.weights import hf_config_from_model_config
 
     device = torch.device(args.device)
     if args.threads:
@@ -145,8 +131,8 @@ def run(args: argparse.Namespace) -> dict:
     set_attention_backends(ours, [args.attention] if args.attention == "flex" else None)
     models: dict[str, torch.nn.Module] = {"bertforge": ours}
     for side, sparse in (("transformers", False), ("transformers_sparse", True)):
-        hf = transformers.ModernBertConfig(**hf_config_kwargs(cfg), attn_implementation=args.their_attention,
-                                           sparse_prediction=sparse)
+        hf = transformers.ModernBertConfig(**hf_config_from_model_config(cfg, ["ModernBertForMaskedLM"]),
+                                           attn_implementation=args.their_attention, sparse_prediction=sparse)
         theirs = transformers.ModernBertForMaskedLM(hf).to(device).train()
         theirs.load_state_dict(ours.state_dict(), strict=False)  # decoder.weight: tied to the embeddings
         theirs.tie_weights()
