@@ -160,6 +160,18 @@ def test_two_ranks_give_the_losses_of_one_process(runs, parallel):
     assert not list((runs / parallel).glob("error_rank*.log"))
 
 
+def test_fsdp_trains_a_modernbert_as_one_process(tmp_path):
+    """ModernBERT's layers are FSDP's units as BERT's are (model.EncoderLayer, applied from outside
+    the model): 2 ranks give one process's losses."""
+    extra = ("--model.preset", "modernbert-tiny", "--train.objective", "mlm")
+    run_here(run_args(tmp_path, "single", "none", *extra))
+    result = torchrun(run_args(tmp_path, "fsdp", "fsdp", *extra))
+    assert result.returncode == 0, result.stderr[-4000:]
+    single, sharded = losses(tmp_path / "single"), losses(tmp_path / "fsdp")
+    assert len(set(single)) == STEPS  # the loss moves: the comparison means something
+    assert sharded == pytest.approx(single, rel=1e-5)
+
+
 def test_fsdp_checkpoint_holds_shards_and_full_weights(runs):
     step = find_checkpoint(runs / "fsdp")
     assert step.name == f"step_{STEPS:08d}" and not (step / "optimizer.pt").exists()
