@@ -556,7 +556,14 @@ class _Lists(typing.NamedTuple):
 def _compiled(fn: Callable) -> Callable:
     # Static shapes: a bucket's tensors never change shape. fullgraph: a graph break would
     # split the passes (and their bytes) without a word.
-    return torch.compile(fn, dynamic=False, fullgraph=True)
+    import torch._inductor.config as inductor
+
+    # torch 2.11's Inductor fails an assertion (reorder_loops_by_dep_pair) when it reorders the loops
+    # of LAMB's first pass on CUDA, where a word embedding's norm is a split reduction. It never
+    # reorders CPU loops, so the CPU code is unchanged. Options a release lacks are left out.
+    options = {name: False for name in ("loop_ordering_after_fusion", "loop_reindexing_after_fusion")
+               if hasattr(inductor, name)}
+    return torch.compile(fn, dynamic=False, fullgraph=True, options=options)
 
 
 def _coefficients(dtype: torch.dtype) -> Callable[[float], torch.Tensor]:

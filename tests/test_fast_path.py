@@ -234,7 +234,8 @@ def test_each_cuda_attention_kernel_equals_math(kernel):
         want, _ = model.bert(batch["input_ids"], batch["token_type_ids"], mask)
         set_attention_backends(model, [kernel])
         got, _ = model.bert(batch["input_ids"], batch["token_type_ids"], mask)
-    torch.testing.assert_close(got.float(), want.float(), rtol=0, atol=3e-2)
+    # bf16 outputs: within two of bf16's units (2^-7 relative each) of math's, or 3e-2 near 0
+    torch.testing.assert_close(got.float(), want.float(), rtol=2**-6, atol=3e-2)
 
 
 @pytest.mark.cuda
