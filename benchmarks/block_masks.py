@@ -6,7 +6,7 @@
 The text of the shared Wikipedia dump becomes records and packed records as
 ``benchmarks/packing.py`` makes them (``data create --mode fast``, dupe factor
 5, seed 12345, uncased vocab; ``data pack --max-sequences-per-pack 3``). For
-every packed row, :func:`bertforge.model.document_block_mask` builds the mask
+every packed row, :func:`bertforge.models.bert.document_block_mask` builds the mask
 attention runs on, and this reports the share of (query block, key block)
 pairs it skips, at FlexAttention's default block of 128 tokens and at 64; and,
 for comparison, the share of the (T × T) attention scores that lie outside

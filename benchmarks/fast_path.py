@@ -3,7 +3,7 @@
     python benchmarks/fast_path.py                           # BERT-base layers, 8 × 128, CPU
     python benchmarks/fast_path.py --model large --layers 2 --batch-size 8 --json
 
-Two changes of bertforge/model.py, each against its predecessor, written out
+Two changes of bertforge/models/bert.py, each against its predecessor, written out
 here as it was, taking turns a repetition each (so that the load of a shared
 machine slows both alike), on an encoder of ``--layers`` layers:
 
@@ -32,10 +32,10 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import bertforge.model as bert  # noqa: E402
-from bertforge.bench import LiveTensorBytes, synchronize  # noqa: E402
+import bertforge.models.bert as bert  # noqa: E402
+from bertforge.bench.pretrain import LiveTensorBytes, synchronize  # noqa: E402
 from bertforge.config import MODEL_PRESETS, ModelConfig  # noqa: E402
-from bertforge.model import BertEncoder, BertSelfAttention  # noqa: E402
+from bertforge.models.bert import BertEncoder, BertSelfAttention  # noqa: E402
 
 
 def three_projections(self: BertSelfAttention, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

@@ -49,10 +49,10 @@ import torch  # noqa: E402
 
 from bertforge.cli import main as bertforge  # noqa: E402
 from bertforge.data.tokenizer import load_tokenizer  # noqa: E402
-from bertforge.finetune import glue, ner  # noqa: E402
-from bertforge.finetune.metrics import glue_metrics  # noqa: E402
-from bertforge.model import BertForPreTraining  # noqa: E402
-from bertforge.weights import export_hf, read_hf_config  # noqa: E402
+from bertforge.formats.hf import export_hf, read_hf_config  # noqa: E402
+from bertforge.models.bert import BertForPreTraining  # noqa: E402
+from bertforge.tasks.finetune import glue, ner  # noqa: E402
+from bertforge.tasks.finetune.metrics import glue_metrics  # noqa: E402
 
 TASKS = {  # name: (command, GLUE task, writer, main score)
     "sst-2": ("glue", "sst-2", finetune_data.write_sst2, "accuracy"),

@@ -1,5 +1,5 @@
 """Peak memory of pre-training steps with and without recomputation and offload, beside
-the planner's prediction (bertforge/plan.py).
+the planner's prediction (bertforge/parallel/plan.py).
 
     python benchmarks/memory.py                          # base, seq 512, batch 4, 80 predictions
     python benchmarks/memory.py --preset mini --batch-size 4 --rows none layer
@@ -8,7 +8,7 @@ the planner's prediction (bertforge/plan.py).
 Each row runs in a fresh subprocess (peak RSS is per process) on the CPU with
 one thread by default: a few LAMB steps in fp32 on one synthetic batch. The
 measurement is the growth of the process's peak resident set over what it held
-before the model was built, as in bertforge/bench.py, with glibc's mmap
+before the model was built, as in bertforge/bench/pretrain.py, with glibc's mmap
 threshold fixed at 128 KiB (MALLOC_MMAP_THRESHOLD_) so that freed tensors go
 back to the operating system: by default glibc raises the threshold up to
 32 MiB after the first free, and tensors below it then come from a heap whose
@@ -17,7 +17,7 @@ training step (``--default-malloc`` adds that measurement as a column; it is
 larger by up to ~60% with recomputation). The planner's number is
 its device total for the CPU, which includes its calibrated CPU runtime
 overhead. The offload row runs FSDP2 with CPU offload on a one-rank process
-group through bertforge.dist (as pretrain does); on a CPU machine the device
+group through bertforge.parallel.dist (as pretrain does); on a CPU machine the device
 and the host are the same memory, so it is compared with the planner's joint
 peak of device and host memory (``combined_peak``).
 """
@@ -47,7 +47,7 @@ def make_config(args: argparse.Namespace, row: str):
 
 
 def worker(args: argparse.Namespace) -> dict:
-    from bertforge.bench import bench_pretrain
+    from bertforge.bench.pretrain import bench_pretrain
 
     cfg = make_config(args, args.worker)
     cfg.execution.threads = args.threads
@@ -94,7 +94,7 @@ def main() -> None:
         print(json.dumps(worker(args)))
         return
 
-    from bertforge.plan import plan_memory
+    from bertforge.parallel.plan import plan_memory
 
     MiB = 2**20
     print(f"{args.preset}, seq {args.seq_len}, micro-batch {args.batch_size}, {args.predictions} "

@@ -92,8 +92,8 @@ def prepare(work: Path, family: str) -> tuple[Path, Path]:
     if not init.exists() and family == "bert":
         import torch
 
-        from bertforge.model import BertForMaskedLM
-        from bertforge.weights import export_hf
+        from bertforge.formats.hf import export_hf
+        from bertforge.models.bert import BertForMaskedLM
 
         torch.manual_seed(INIT_SEED)
         export_hf(BertForMaskedLM(model_config(family)), init, VOCAB)
@@ -111,9 +111,9 @@ def save_modernbert(ours_dir: Path, their_dir: Path) -> None:
 
     from bertforge.config import Config
     from bertforge.fileio import atomic_directory
-    from bertforge.modernbert import ModernBertForMaskedLM
+    from bertforge.formats.hf import SAFETENSORS, save_weights
+    from bertforge.models.modernbert import ModernBertForMaskedLM
     from bertforge.runs import write_manifest
-    from bertforge.weights import SAFETENSORS, save_weights
 
     torch.manual_seed(INIT_SEED)
     cfg = model_config("modernbert")
@@ -167,7 +167,7 @@ def run_transformers(args: argparse.Namespace, records: Path, init: Path, out: P
 
     from bertforge.config import load_config
     from bertforge.data.record_reader import read_records
-    from bertforge.optim import lr_at
+    from bertforge.training.optim import lr_at
 
     torch.set_num_threads(args.threads)
     rows = read_records(records)

@@ -106,9 +106,9 @@ def run(args: argparse.Namespace) -> dict:
     import transformers
 
     from bertforge.config import MODEL_PRESETS, ModelConfig
-    from bertforge.model import pretraining_loss, set_attention_backends
-    from bertforge.modernbert import ModernBertForMaskedLM
-    from bertforge.weights import hf_config_from_model_config
+    from bertforge.formats.hf import hf_config_from_model_config
+    from bertforge.models.bert import pretraining_loss, set_attention_backends
+    from bertforge.models.modernbert import ModernBertForMaskedLM
 
     device = torch.device(args.device)
     if args.threads:

@@ -49,8 +49,8 @@ from torch.utils._pytree import tree_leaves
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bertforge.config import ModelConfig, TrainConfig  # noqa: E402
-from bertforge.model import BertForPreTraining  # noqa: E402
-from bertforge.optim import LAMB_VARIANTS, build_optimizer, param_groups  # noqa: E402
+from bertforge.models.bert import BertForPreTraining  # noqa: E402
+from bertforge.training.optim import LAMB_VARIANTS, build_optimizer, param_groups  # noqa: E402
 
 MakeOptimizer = Callable[[torch.nn.Module], torch.optim.Optimizer]
 LARGE = dict(hidden_size=1024, num_attention_heads=16, intermediate_size=4096)  # BERT-large's widths

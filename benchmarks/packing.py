@@ -41,10 +41,10 @@ from bertforge.config import MODEL_PRESETS, ModelConfig, TrainConfig  # noqa: E4
 from bertforge.data.create import create  # noqa: E402
 from bertforge.data.packing import PackingStats, pack_files  # noqa: E402
 from bertforge.data.record_reader import open_records  # noqa: E402
-from bertforge.engine import Engine, set_threads  # noqa: E402
-from bertforge.model import BertForPreTraining  # noqa: E402
-from bertforge.optim import build_optimizer, build_scheduler  # noqa: E402
-from bertforge.train import training_loss  # noqa: E402
+from bertforge.models.bert import BertForPreTraining  # noqa: E402
+from bertforge.training.engine import Engine, set_threads  # noqa: E402
+from bertforge.training.optim import build_optimizer, build_scheduler  # noqa: E402
+from bertforge.training.pretrain import training_loss  # noqa: E402
 
 
 def file_stats(path: Path) -> PackingStats:

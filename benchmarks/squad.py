@@ -18,11 +18,11 @@ shared machine; medians are printed too). Two measurements:
 
 (a) end to end, the number that matters: ``--questions`` dev questions spread
     over the whole dev set → features → logits → answers. Ours is
-    ``bertforge.squad.predict`` (windows sorted by length, each batch cut to
+    ``bertforge.tasks.squad.predict`` (windows sorted by length, each batch cut to
     its longest real window); transformers' is the standard way, every window
     padded to ``--seq-len`` in dataset order. Feature conversion and
     post-processing are the same code for both (the reference's, see
-    bertforge/squad), so only the model run differs.
+    bertforge/tasks/squad), so only the model run differs.
 (b) model only: forward passes over identical padded batches of real dev
     features (``--batches`` after one warm-up), the fastest batch.
 
@@ -53,7 +53,7 @@ SQUAD_DATA = ROOT.parent / "shared" / "data" / "squad"
 
 def dev_sample(dev: str, questions: int) -> list:
     """``questions`` dev examples spread evenly over the whole dev set."""
-    from bertforge.squad import read_examples
+    from bertforge.tasks.squad import read_examples
 
     examples, _ = read_examples(dev)
     step = max(len(examples) // questions, 1)
@@ -65,7 +65,7 @@ def worker(args: argparse.Namespace) -> None:
     import torch
 
     from bertforge.data.tokenizer import load_tokenizer
-    from bertforge.squad import convert_examples_to_features, postprocess
+    from bertforge.tasks.squad import convert_examples_to_features, postprocess
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -73,8 +73,8 @@ def worker(args: argparse.Namespace) -> None:
     tokenizer = load_tokenizer(work / "weights" / "vocab.txt")
     examples = dev_sample(args.dev, args.questions)
     if args.worker == "ours":
-        from bertforge.squad.train import SquadConfig, predict, predict_logits
-        from bertforge.weights import load_model
+        from bertforge.formats.hf import load_model
+        from bertforge.tasks.squad.train import SquadConfig, predict, predict_logits
 
         model = load_model(work / "weights", head="qa")
         squad = SquadConfig(predict_batch_size=args.batch_size)
@@ -147,8 +147,8 @@ def prepare(args: argparse.Namespace, work: Path) -> str:
     """The weights, exported to ``work/weights`` with their vocab; returns what they are."""
     import torch
 
-    from bertforge.squad.train import find_vocab, finetune, load_squad_config
-    from bertforge.weights import export_hf, load_model
+    from bertforge.formats.hf import export_hf, load_model
+    from bertforge.tasks.squad.train import find_vocab, finetune, load_squad_config
 
     if args.model:
         source = Path(args.model)
@@ -194,7 +194,7 @@ def main() -> None:
         worker(args)
         return
 
-    from bertforge.squad.postprocess import N_BEST_SIZE
+    from bertforge.tasks.squad.postprocess import N_BEST_SIZE
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

@@ -43,11 +43,11 @@ def main() -> None:
 def run(args: argparse.Namespace) -> dict:
     import transformers
 
-    from bertforge.bench import PeakMemory
+    from bertforge.bench.pretrain import PeakMemory
     from bertforge.config import MODEL_PRESETS, ModelConfig
     from bertforge.data import SyntheticDataset
-    from bertforge.flops import peak_tflops, pretraining_flops
     from bertforge.host import device_name
+    from bertforge.models.flops import peak_tflops, pretraining_flops
 
     device = torch.device(args.device)
     cfg = ModelConfig(**MODEL_PRESETS[args.preset])

@@ -32,10 +32,10 @@ def make_batch(vocab_size: int, batch_size: int, seq_len: int, predictions: int,
 
 
 def worker(args: argparse.Namespace) -> dict:
-    from bertforge.bench import PeakMemory
+    from bertforge.bench.pretrain import PeakMemory
     from bertforge.config import load_config
-    from bertforge.model import BertForPreTraining, pretraining_loss
-    from bertforge.optim import build_optimizer
+    from bertforge.models.bert import BertForPreTraining, pretraining_loss
+    from bertforge.training.optim import build_optimizer
 
     torch.set_num_threads(args.threads)
     cfg = load_config(args.preset)

@@ -32,15 +32,15 @@ from .config import (
 from .version import __version__ as __version__  # re-exported
 
 if TYPE_CHECKING:
-    from .model import BertForMaskedLM, BertForPreTraining, BertForQuestionAnswering, BertModel
-    from .train import pretrain
-    from .weights import export_hf, load_model
+    from bertforge.formats.hf import export_hf, load_model
+    from bertforge.models.bert import BertForMaskedLM, BertForPreTraining, BertForQuestionAnswering, BertModel
+    from bertforge.training.pretrain import pretrain
 
 
 _LAZY = {  # name -> the module that defines it (each imports torch)
-    "load_model": "weights", "export_hf": "weights", "pretrain": "train",
-    "BertForPreTraining": "model", "BertForMaskedLM": "model", "BertForQuestionAnswering": "model",
-    "BertModel": "model",
+    "load_model": "formats.hf", "export_hf": "formats.hf", "pretrain": "training.pretrain",
+    "BertForPreTraining": "models.bert", "BertForMaskedLM": "models.bert", "BertForQuestionAnswering": "models.bert",
+    "BertModel": "models.bert",
 }
 
 

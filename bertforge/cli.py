@@ -9,7 +9,7 @@
     bertforge import hf DIR_OR_ID OUT_DIR      # a Hugging Face BERT or ModernBERT to our model directory
     bertforge eval CKPT... --data.eval_input FILE [--batch-size N] [--json]   # masked-LM / NSP accuracy
     bertforge config [--config NAME] [--section.key VALUE ...]   # print the resolved config
-    bertforge report RUN... --out DIR [--overwrite]   # figures and one HTML page (see report.py)
+    bertforge report RUN... --out DIR [--overwrite]   # figures and one HTML page (see observe/report.py)
     bertforge data …                           # Wikipedia / text → records (see data/cli.py)
     bertforge squad train|predict|evaluate|ask # SQuAD v1.1 and v2.0 (see squad/cli.py)
     bertforge finetune glue|ner|predict|download-glue  # GLUE and NER (see finetune/cli.py)
@@ -32,6 +32,12 @@ import sys
 import typing
 from pathlib import Path
 
+from bertforge.data.cli import add_data_commands
+from bertforge.observe.log import LOG_LEVELS, console_logging
+from bertforge.parallel.plan import add_plan_command
+from bertforge.tasks.finetune.cli import add_finetune_commands
+from bertforge.tasks.squad.cli import add_squad_commands
+
 from .config import (
     MODEL_PRESETS,
     PRETRAIN_CONFIG,
@@ -40,12 +46,7 @@ from .config import (
     Precision,
     parse_overrides,
 )
-from .data.cli import add_data_commands
-from .finetune.cli import add_finetune_commands
-from .log import LOG_LEVELS, console_logging
-from .plan import add_plan_command
 from .runs import config_from_args
-from .squad.cli import add_squad_commands
 from .version import __version__
 
 LOG_LEVEL_ENV = "BERTFORGE_LOG_LEVEL"
@@ -58,11 +59,11 @@ OVERRIDES_HELP = ("Any config field can be set with a dotted flag, e.g. --train.
 
 
 def cmd_pretrain(args: argparse.Namespace, extra: list[str]) -> int:
-    from .train import pretrain
+    from bertforge.training.pretrain import pretrain
 
     cfg = config_from_args(args, extra, default=PRETRAIN_CONFIG)
     if args.compile_only:
-        from .train import compile_only
+        from bertforge.training.pretrain import compile_only
 
         done = compile_only(cfg)
         if done["rank"] == 0:
@@ -92,7 +93,7 @@ def print_result(result: dict, as_json: bool) -> None:
 
 
 def cmd_bench(args: argparse.Namespace, extra: list[str]) -> int:
-    from .bench import bench_pretrain
+    from bertforge.bench.pretrain import bench_pretrain
 
     cfg = config_from_args(args, extra, default="tiny")
     if args.max_predictions is not None:
@@ -108,7 +109,7 @@ def cmd_bench(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def cmd_bench_spec(args: argparse.Namespace, extra: list[str]) -> int:
-    from .benchspec import run_command
+    from bertforge.bench.spec import run_command
 
     if not args.spec:
         raise ConfigError("bench: name a benchmark (pretrain, squad) or a spec: --spec benchmarks.yml")
@@ -116,8 +117,8 @@ def cmd_bench_spec(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def cmd_bench_squad(args: argparse.Namespace, extra: list[str]) -> int:
-    from .squad.bench import bench_squad
-    from .squad.train import load_squad_config
+    from bertforge.bench.squad import bench_squad
+    from bertforge.tasks.squad.train import load_squad_config
 
     overrides = parse_overrides(extra)
     for flag, key in (("precision", "execution.precision"), ("device", "execution.device"),
@@ -132,8 +133,17 @@ def cmd_bench_squad(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
+    from bertforge.formats.hf import (
+        check_export_target,
+        export_hf,
+        find_model,
+        hf_head,
+        hf_labels,
+        is_hf_directory,
+        load_model,
+    )
+
     from .runs import find_checkpoint, vocab_in
-    from .weights import check_export_target, export_hf, find_model, hf_head, hf_labels, is_hf_directory, load_model
 
     source = find_model(args.checkpoint)  # a path, or a Hugging Face id in the local cache
     hf = is_hf_directory(source)
@@ -148,7 +158,7 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
         head, labels = head or hf_head(checkpoint), hf_labels(checkpoint)
     elif settings := [d for d in (checkpoint, checkpoint.parent.parent) if (d / "finetune.yaml").is_file()]:
         # a GLUE or NER model: its head and label names
-        from .finetune.train import saved_task
+        from bertforge.tasks.finetune.train import saved_task
 
         task = saved_task(settings[0])
         head, labels = head or task.head, task.labels or None
@@ -158,14 +168,14 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
     model = load_model(checkpoint, head=head)
     vocab = vocab_in(checkpoint)
     if args.format == "tf1":
-        from .checkpoint import read_trainer_state
-        from .weights import export_tf1
+        from bertforge.formats.hf import export_tf1
+        from bertforge.training.checkpoint import read_trainer_state
 
         step = read_trainer_state(checkpoint)["step"] if (checkpoint / "trainer.pt").is_file() else 0
         export_tf1(model, args.out, vocab_path=vocab, overwrite=args.overwrite,
                    global_step=int(step))
     elif args.format == "tf2":
-        from .tf2 import export_tf2
+        from bertforge.formats.tf2 import export_tf2
 
         export_tf2(model, args.out, vocab_path=vocab, overwrite=args.overwrite,
                    layout=args.tf2_layout)
@@ -178,7 +188,7 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
 
 def _import_prefix(args: argparse.Namespace) -> Path:
     """The TensorFlow checkpoint prefix an import names; an --overwrite that would delete it is refused."""
-    from . import tf1
+    from .formats import tf1
     from .runs import CheckpointError
 
     prefix = tf1.find_prefix(args.prefix)
@@ -192,7 +202,7 @@ def _import_prefix(args: argparse.Namespace) -> Path:
 
 
 def cmd_import_tf1(args: argparse.Namespace, extra: list[str]) -> int:
-    from .weights import import_tf1
+    from bertforge.formats.hf import import_tf1
 
     prefix = _import_prefix(args)
     out, skipped = import_tf1(prefix, args.out, args.bert_config, args.vocab, overwrite=args.overwrite)
@@ -202,7 +212,7 @@ def cmd_import_tf1(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def cmd_import_tf2(args: argparse.Namespace, extra: list[str]) -> int:
-    from .tf2 import import_tf2
+    from bertforge.formats.tf2 import import_tf2
 
     prefix = _import_prefix(args)
     out, skipped, fresh = import_tf2(prefix, args.out, args.bert_config, args.vocab, overwrite=args.overwrite)
@@ -214,7 +224,7 @@ def cmd_import_tf2(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def cmd_import_hf(args: argparse.Namespace, extra: list[str]) -> int:
-    from .weights import find_model, import_hf
+    from bertforge.formats.hf import find_model, import_hf
 
     source = find_model(args.source)
     out = Path(args.out).resolve()
@@ -226,15 +236,15 @@ def cmd_import_hf(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def cmd_report(args: argparse.Namespace, extra: list[str]) -> int:
-    from .report import write_report
+    from bertforge.observe.report import write_report
 
     write_report(args.runs, args.out, overwrite=args.overwrite)
     return 0
 
 
 def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
-    from .engine import set_threads
-    from .evaluate import evaluate_checkpoints, format_result
+    from bertforge.training.engine import set_threads
+    from bertforge.training.evaluate import evaluate_checkpoints, format_result
 
     cfg = config_from_args(args, extra, default=None)
     if not cfg.data.eval_input:
@@ -297,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="benchmarks on synthetic data, or named ones from a spec",
                            description="bertforge bench pretrain|squad …, or bertforge bench --spec "
-                                       "benchmarks.yml [--benchmark NAME ...] (see bertforge/benchspec.py)")
+                                       "benchmarks.yml [--benchmark NAME ...] (see bertforge/bench/spec.py)")
     bench.add_argument("--spec", help="a YAML benchmark spec (e.g. benchmarks.yml): run its benchmarks")
     bench.add_argument("--benchmark", nargs="+", action="extend", metavar="NAME",
                        help="with --spec: only these benchmarks (default: all)")
@@ -442,18 +452,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def user_errors() -> tuple[type[Exception], ...]:
     """Exceptions that carry a message for the user rather than a bug."""
+    from bertforge.tasks.finetune import FinetuneError
+    from bertforge.tasks.squad import SquadError
+
     from .data import DataError
     from .fileio import WriteError
-    from .finetune import FinetuneError
-    from .squad import SquadError
 
     # WriteError: a full disk or a read-only directory, raised by every command that writes
     # (through bertforge.fileio), after removing what it had written.
     errors: list[type[Exception]] = [ConfigError, DataError, SquadError, FinetuneError, FileNotFoundError, WriteError]
     # These modules import torch: only a command that loaded them can have raised their errors.
-    for module, name in (("bertforge.runs", "CheckpointError"),
-                         ("bertforge.weights", "ConversionError"),
-                         ("bertforge.engine", "NonFiniteError"), ("bertforge.engine", "DivergenceError")):
+    for module, name in (("bertforge.runs", "CheckpointError"), ("bertforge.formats.hf", "ConversionError"),
+                         ("bertforge.training.engine", "NonFiniteError"),
+                         ("bertforge.training.engine", "DivergenceError")):
         if module in sys.modules:
             errors.append(getattr(sys.modules[module], name))
     return tuple(errors)

@@ -38,13 +38,13 @@ Precision = Literal["fp32", "bf16", "fp16"]  # fp16 only on GPU
 Parallel = Literal["none", "ddp", "fsdp"]
 Recompute = Literal["none", "layer", "attention"]
 FsdpGradSync = Literal["auto", "step", "micro_batch"]  # when FSDP2 reduce-scatters accumulated gradients
-PipelineSchedule = Literal["1f1b", "gpipe"]  # torch.distributed.pipelining schedules, see pipeline_parallel.py
+PipelineSchedule = Literal["1f1b", "gpipe"]  # torch.distributed.pipelining schedules, see training/pipeline.py
 Optimizer = Literal["lamb", "adamw", "sgd", "stableadamw"]
 Objective = Literal["mlm_nsp", "mlm"]  # mlm: masked LM alone, no NSP head (BertForMaskedLM)
-LambVariant = Literal["bertforge", "mlperf", "nvidia", "paper"]  # see bertforge/optim.py
+LambVariant = Literal["bertforge", "mlperf", "nvidia", "paper"]  # see bertforge/training/optim.py
 Schedule = Literal["poly", "poly_tf", "exp", "exp_staircase", "table", "constant", "wsd"]
 HiddenAct = Literal["gelu", "relu", "gelu_new"]
-# The model's architecture: BERT (model.py) or ModernBERT (modernbert.py)
+# The model's architecture: BERT (models/bert.py) or ModernBERT (models/modernbert.py)
 Family = Literal["bert", "modernbert"]
 ClassifierPooling = Literal["cls", "mean"]  # what a ModernBERT sequence classifier reads (transformers' name)
 # SDPA kernels, or FlexAttention with block masks for masked batches; see dist.attention_backends
@@ -295,10 +295,10 @@ class LogConfig(Freezable):
     tensorboard: bool = True  # when the tensorboard package is installed
     wandb: bool = False
     wandb_project: str = "bertforge"
-    mlperf: str = ""  # write an MLPerf log (mllog) to this file; needs the [mlperf] extra (mlperf.py)
+    mlperf: str = ""  # write an MLPerf log (mllog) to this file; needs the [mlperf] extra (training/mlperf.py)
     mlperf_org: str = ""  # its submission_org; "" = bertforge
     mlperf_platform: str = ""  # its submission_platform; "" = ranks × device name
-    profile: str = ""  # "START:END": torch.profiler over steps START..END-1, into RUN/profile/ (profile.py)
+    profile: str = ""  # "START:END": torch.profiler over steps START..END-1, into RUN/profile/ (observe/profile.py)
 
 
 @dataclass

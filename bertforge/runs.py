@@ -26,7 +26,7 @@ newest checkpoint with a warning and takes the one before.
 
 This module needs no torch: the CLI resolves ``--resume`` with it before
 anything heavy is imported. Weights are read and written by
-:mod:`bertforge.weights`, training state by :mod:`bertforge.checkpoint`.
+:mod:`bertforge.formats.hf`, training state by :mod:`bertforge.training.checkpoint`.
 """
 
 from __future__ import annotations
@@ -435,7 +435,7 @@ def config_from_args(args: argparse.Namespace, extra: list[str], default: str | 
     resumed, else ``default``), then the dotted overrides in ``extra``, then the command's own
     flags (``--steps``, ``--resume``, …; one that the command does not define is skipped).
 
-    Used by the ``bertforge`` commands (cli.py, plan.py)."""
+    Used by the ``bertforge`` commands (cli.py, parallel/plan.py)."""
     overrides: list[tuple[str, Any]] = parse_overrides(extra)  # flags add non-string values
     for flag, key in (("steps", "train.steps"), ("epochs", "train.epochs"),
                       ("resume", "checkpoint.resume"), ("init", "checkpoint.init"),

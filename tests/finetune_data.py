@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 from bertforge.config import ModelConfig
-from bertforge.model import BertForPreTraining
-from bertforge.weights import export_hf
+from bertforge.formats.hf import export_hf
+from bertforge.models.bert import BertForPreTraining
 
 POSITIVE = ["good", "great", "fine", "nice", "happy"]
 NEGATIVE = ["bad", "awful", "poor", "sad", "boring"]

@@ -11,15 +11,15 @@ import torch
 from test_packing import synthetic
 from torch.utils.flop_counter import FlopCounterMode
 
-from bertforge import bench
+from bertforge.bench import pretrain as bench
 from bertforge.cli import main
 from bertforge.config import MODEL_PRESETS, ConfigError, ModelConfig, load_config
 from bertforge.data.packing import pack_arrays, pack_command
 from bertforge.data.record_reader import read_records
 from bertforge.data.record_writer import write_records
-from bertforge.flops import peak_tflops, pretraining_flops
-from bertforge.model import BertForPreTraining
-from bertforge.train import forward_loss
+from bertforge.models.bert import BertForPreTraining
+from bertforge.models.flops import peak_tflops, pretraining_flops
+from bertforge.training.pretrain import forward_loss
 
 H100_SXM = "NVIDIA H100 80GB HBM3"  # what torch.cuda.get_device_name says
 
@@ -67,7 +67,7 @@ def test_the_formula_is_what_torchs_flop_counter_counts():
 def test_the_formula_counts_modernbert_and_masked_lm_alone():
     """ModernBERT's GeGLU MLP (3·H·I) and no [CLS] slot, and BERT's masked LM alone (no pooler or NSP
     head), as torch's counter counts them (attention dropout, so that the CPU's SDPA runs bmm's)."""
-    from bertforge.families import build_pretraining_model
+    from bertforge.models.families import build_pretraining_model
 
     rows, T, P = 3, 24, 5
     batch = {"input_ids": torch.randint(1, 1000, (rows, T)), "token_type_ids": torch.zeros(rows, T, dtype=torch.long),
@@ -105,7 +105,7 @@ def test_peaks_by_device_name_and_precision():
 
 
 class Counting:
-    """Counts the engine's forward passes and optimizer steps in bertforge.bench."""
+    """Counts the engine's forward passes and optimizer steps in bertforge.bench.pretrain."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch):
         self.forwards = self.optimizer_steps = 0

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertforge.benchspec import BenchmarkError, load_spec, lookup
+from bertforge.bench.spec import BenchmarkError, load_spec, lookup
 from bertforge.cli import build_parser, main
 
 ROOT = Path(__file__).parents[1]

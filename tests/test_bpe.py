@@ -397,7 +397,7 @@ def test_records_from_another_tokenizer_are_refused(tmp_path, wiki_docs, bpe, ca
     another is one line naming both; records without the field (older files, TFRecords) still read."""
     from test_loader import records_config
 
-    from bertforge.train import load_data
+    from bertforge.training.pretrain import load_data
 
     corpus = shared_data("text/sample_text.txt")
     other = modernbert_like(wiki_docs[1::2], tmp_path / "other.json")  # another vocab of the same size

@@ -62,11 +62,11 @@ def test_config_prints_the_resolved_yaml(capsys):
 def test_config_and_plan_without_arguments_describe_what_pretrain_runs(capsys, monkeypatch):
     """Look before you run: `config` and `plan` with no --config resolve the config that a bare
     `bertforge pretrain` trains (BERT-tiny), not the dataclass defaults (BERT-base)."""
-    import bertforge.train
-    from bertforge.plan import plan_memory
+    import bertforge.training.pretrain
+    from bertforge.parallel.plan import plan_memory
 
     runs = []
-    monkeypatch.setattr(bertforge.train, "pretrain", lambda cfg: runs.append(cfg) or {"rank": 1})
+    monkeypatch.setattr(bertforge.training.pretrain, "pretrain", lambda cfg: runs.append(cfg) or {"rank": 1})
     assert main(["pretrain", "--train.lr", "0.02"]) == 0
     assert main(["config", "--train.lr", "0.02"]) == 0
     (ran,) = runs
@@ -125,13 +125,13 @@ def test_a_squad_error_is_one_line_and_exit_2_through_main(tmp_path, capsys):
 
 
 def test_a_multi_line_message_is_printed_whole_on_one_line(tmp_path, capsys, monkeypatch):
-    import bertforge.squad.metric
-    from bertforge.squad import SquadError
+    import bertforge.tasks.squad.metric
+    from bertforge.tasks.squad import SquadError
 
     def evaluate(dataset, predictions, predictions_source):
         raise SquadError("predictions.json: 2 questions unknown:\n  q1\n  q2\n")
 
-    monkeypatch.setattr(bertforge.squad.metric, "evaluate", evaluate)
+    monkeypatch.setattr(bertforge.tasks.squad.metric, "evaluate", evaluate)
     (tmp_path / "dev.json").write_text('{"data": []}')
     (tmp_path / "p.json").write_text('{"q1": "a"}')
     assert main(["squad", "evaluate", str(tmp_path / "dev.json"), str(tmp_path / "p.json")]) == 2
@@ -139,8 +139,8 @@ def test_a_multi_line_message_is_printed_whole_on_one_line(tmp_path, capsys, mon
 
 
 def test_squad_handlers_raise_and_leave_the_exit_to_main(tmp_path):
-    import bertforge.squad.cli as squad_cli
-    from bertforge.squad import SquadError
+    import bertforge.tasks.squad.cli as squad_cli
+    from bertforge.tasks.squad import SquadError
 
     assert not hasattr(squad_cli, "_handler") and not hasattr(squad_cli, "_user_errors")
     args = argparse.Namespace(dataset=str(tmp_path / "none.json"), predictions=str(tmp_path / "none.json"))
@@ -185,7 +185,7 @@ def test_flag_choices_are_the_config_literals():
 
 
 def test_checkpoint_heads_are_the_config_literal():
-    from bertforge.weights import HEADS
+    from bertforge.formats.hf import HEADS
 
     assert HEADS == ("pretraining", "qa", "classification", "token_classification", "encoder")
 
@@ -207,7 +207,7 @@ def test_library_info_lines_are_shown_by_default(downloaded, capsys, monkeypatch
     assert main(argv) == 0
     out, err = capsys.readouterr()
     assert out == f"{path}\n"
-    assert err == f"INFO bertforge.download: {path} is already here\n"
+    assert err == f"INFO bertforge.data.download: {path} is already here\n"
 
 
 @pytest.mark.parametrize("level, shown", [("DEBUG", True), ("debug", True), ("INFO", True),
@@ -215,7 +215,7 @@ def test_library_info_lines_are_shown_by_default(downloaded, capsys, monkeypatch
 def test_log_level_flag(level, shown, downloaded, capsys):
     argv, path = downloaded
     assert main(["--log-level", level, *argv]) == 0
-    expected = f"INFO bertforge.download: {path} is already here\n" if shown else ""
+    expected = f"INFO bertforge.data.download: {path} is already here\n" if shown else ""
     assert capsys.readouterr().err == expected
 
 
@@ -225,7 +225,7 @@ def test_log_level_from_the_environment_and_the_flag_wins(downloaded, capsys, mo
     assert main(argv) == 0
     assert capsys.readouterr().err == ""
     assert main(["--log-level", "INFO", *argv]) == 0
-    assert capsys.readouterr().err == f"INFO bertforge.download: {path} is already here\n"
+    assert capsys.readouterr().err == f"INFO bertforge.data.download: {path} is already here\n"
 
 
 def test_a_bad_log_level_is_a_usage_error(capsys, monkeypatch):
@@ -254,8 +254,8 @@ def test_main_leaves_the_logging_setup_as_it_found_it(downloaded):
 
 
 def test_plan_does_not_import_the_command_line():
-    code = ("import sys, bertforge.plan, bertforge.config; "
-            "print(sorted(m for m in ('bertforge.cli', 'bertforge.squad.cli', 'torch') if m in sys.modules))")
+    code = ("import sys, bertforge.parallel.plan, bertforge.config; "
+            "print(sorted(m for m in ('bertforge.cli', 'bertforge.tasks.squad.cli', 'torch') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
@@ -309,8 +309,8 @@ def test_export_reads_a_hugging_face_directory_or_a_model_id_in_the_cache(tmp_pa
     import torch
 
     from bertforge.config import ModelConfig
-    from bertforge.model import BertForQuestionAnswering
-    from bertforge.weights import export_hf, load_model
+    from bertforge.formats.hf import export_hf, load_model
+    from bertforge.models.bert import BertForQuestionAnswering
 
     torch.manual_seed(0)
     qa = BertForQuestionAnswering(ModelConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1,
@@ -445,23 +445,23 @@ def test_resuming_a_read_only_run_is_one_line_and_writes_nothing_into_it(tiny_ru
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS, errno.EACCES])
 def test_a_disk_error_outside_fileio_is_one_line(tmp_path, monkeypatch, capsys, code):
     """A command that writes without bertforge.fileio (a report, say) still ends in one line, exit 2."""
-    import bertforge.report
+    import bertforge.observe.report
 
     def fail(*args, **kwargs):
         raise OSError(code, os.strerror(code), str(tmp_path / "out" / "index.html"))
 
-    monkeypatch.setattr(bertforge.report, "write_report", fail)
+    monkeypatch.setattr(bertforge.observe.report, "write_report", fail)
     assert main(["report", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err == f"error: [Errno {code}] {os.strerror(code)}: '{tmp_path / 'out' / 'index.html'}'\n"
 
 
 def test_other_os_errors_are_not_hidden(tmp_path, monkeypatch):
-    import bertforge.report
+    import bertforge.observe.report
 
     def fail(*args, **kwargs):
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(bertforge.report, "write_report", fail)
+    monkeypatch.setattr(bertforge.observe.report, "write_report", fail)
     with pytest.raises(OSError, match="Input/output error"):
         main(["report", str(tmp_path), "--out", str(tmp_path / "out")])

@@ -16,8 +16,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # never reach the network; set before transf
 transformers = pytest.importorskip("transformers")
 
 from bertforge.config import ModelConfig  # noqa: E402
-from bertforge.model import BertForPreTraining, BertModel  # noqa: E402
-from bertforge.weights import (  # noqa: E402
+from bertforge.formats.hf import (  # noqa: E402
     ConversionError,
     NewlyInitializedWarning,
     export_hf,
@@ -27,6 +26,7 @@ from bertforge.weights import (  # noqa: E402
     load_hf_state_dict,
     model_config_from_hf,
 )
+from bertforge.models.bert import BertForPreTraining, BertModel  # noqa: E402
 
 SMALL = dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
              intermediate_size=128, max_position_embeddings=64)
@@ -201,7 +201,7 @@ def test_export_encoder_and_qa_architectures(tmp_path):
     hf = transformers.BertModel.from_pretrained(tmp_path / "enc")
     assert torch.equal(hf.pooler.dense.weight, encoder.pooler.dense.weight)
 
-    from bertforge.model import BertForQuestionAnswering
+    from bertforge.models.bert import BertForQuestionAnswering
     qa = BertForQuestionAnswering(cfg)
     export_hf(qa, tmp_path / "qa")
     assert json.loads((tmp_path / "qa" / "config.json").read_text())["architectures"] == \

@@ -19,12 +19,12 @@ from test_packing import synthetic
 from bertforge.config import ModelConfig, TrainConfig
 from bertforge.data import PretrainingDataset
 from bertforge.data.packing import pack_arrays
-from bertforge.dist import DistContext
-from bertforge.engine import Engine
-from bertforge.model import BertForPreTraining, set_attention_backends, set_vocab_multiple
-from bertforge.optim import build_optimizer, build_scheduler
-from bertforge.pipeline_parallel import BertStage
-from bertforge.train import forward_loss, training_loss
+from bertforge.models.bert import BertForPreTraining, set_attention_backends, set_vocab_multiple
+from bertforge.parallel.dist import DistContext
+from bertforge.training.engine import Engine
+from bertforge.training.optim import build_optimizer, build_scheduler
+from bertforge.training.pipeline import BertStage
+from bertforge.training.pretrain import forward_loss, training_loss
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 

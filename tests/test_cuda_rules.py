@@ -19,19 +19,19 @@ from test_packing import synthetic
 from bertforge.config import ModelConfig, TrainConfig
 from bertforge.data import PretrainingDataset
 from bertforge.data.packing import pack_arrays
-from bertforge.dist import apply_recompute
-from bertforge.engine import Engine, autocast
-from bertforge.finetune.run import forward_in_batches
-from bertforge.model import (
+from bertforge.models.bert import (
     BertForMaskedLM,
     BertForPreTraining,
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
 )
-from bertforge.optim import build_optimizer, build_scheduler
-from bertforge.pipeline_parallel import BertStage
-from bertforge.train import evaluate, forward_loss, training_loss
+from bertforge.parallel.dist import apply_recompute
+from bertforge.tasks.finetune.run import forward_in_batches
+from bertforge.training.engine import Engine, autocast
+from bertforge.training.optim import build_optimizer, build_scheduler
+from bertforge.training.pipeline import BertStage
+from bertforge.training.pretrain import evaluate, forward_loss, training_loss
 
 CPU = torch.device("cpu")
 TINY = ModelConfig(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,

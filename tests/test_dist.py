@@ -25,10 +25,10 @@ from gloo_worker import run_rank
 
 from bertforge.config import ConfigError, ExecutionConfig
 from bertforge.data.record_reader import open_records
-from bertforge.dist import check_execution
-from bertforge.optim import Lamb
+from bertforge.formats.hf import load_model
+from bertforge.parallel.dist import check_execution
 from bertforge.runs import CheckpointError, find_checkpoint
-from bertforge.weights import load_model
+from bertforge.training.optim import Lamb
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 4
@@ -225,7 +225,7 @@ def test_resume_on_one_rank_continues_the_two_rank_run(runs, tmp_path, saved, re
 
 
 def test_resume_with_record_shards_needs_the_same_world_size(runs):
-    from bertforge.train import check_resume
+    from bertforge.training.pretrain import check_resume
 
     step = find_checkpoint(runs / "fsdp")
     saved = torch.load(step / "trainer.pt", weights_only=True)
@@ -265,7 +265,7 @@ def test_each_start_of_a_group_agrees_on_fresh_keys_in_the_kept_store():
     import threading
     from datetime import timedelta
 
-    from bertforge.dist import _fresh_prefix
+    from bertforge.parallel.dist import _fresh_prefix
 
     store = dist.HashStore()  # stands in for the agent's TCPStore: the same calls
 
@@ -303,7 +303,7 @@ def test_execution_settings_that_cannot_work_are_config_errors():
 
 def test_batch_stream_ranks_split_each_step_of_one_process():
     from bertforge.data import SyntheticDataset
-    from bertforge.engine import BatchStream
+    from bertforge.training.engine import BatchStream
 
     data = SyntheticDataset(size=40, vocab_size=50, seq_len=8, max_predictions=2, seed=1)
     one = BatchStream(data, batch_size=3, seed=7)  # 13 micro-batches per epoch: steps cross epochs
@@ -345,7 +345,7 @@ COMPILE_ONCE = """
 import json, sys, torch
 import torch._dynamo.utils
 from bertforge.config import ExecutionConfig
-from bertforge.dist import DistContext, prepare_model
+from bertforge.parallel.dist import DistContext, prepare_model
 torch.set_num_threads(1)
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 1))

@@ -522,7 +522,7 @@ def test_relative_links_point_to_files_that_exist():
 
 
 def test_mlperf_cadence_in_the_docs_is_the_codes():
-    from bertforge.mlperf import eval_interval_samples
+    from bertforge.training.mlperf import eval_interval_samples
 
     text = " ".join((ROOT / "docs" / "mlperf.md").read_text(encoding="utf-8").split())
     switch = next(batch for batch in range(1, 10_000) if eval_interval_samples(batch) > 150_000)

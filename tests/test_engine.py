@@ -10,12 +10,12 @@ from safetensors.torch import load_file, save_file
 
 from bertforge.config import ModelConfig, TrainConfig
 from bertforge.data import SyntheticDataset
-from bertforge.engine import BatchStream, Engine, NonFiniteError, epoch_order
-from bertforge.model import BertForPreTraining, BertForQuestionAnswering
-from bertforge.optim import build_optimizer, build_scheduler
+from bertforge.formats.hf import export_hf, load_model, load_weights
+from bertforge.models.bert import BertForPreTraining, BertForQuestionAnswering
 from bertforge.runs import CheckpointError
-from bertforge.train import training_loss
-from bertforge.weights import export_hf, load_model, load_weights
+from bertforge.training.engine import BatchStream, Engine, NonFiniteError, epoch_order
+from bertforge.training.optim import build_optimizer, build_scheduler
+from bertforge.training.pretrain import training_loss
 
 TINY = ModelConfig(vocab_size=64, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
                    intermediate_size=32, max_position_embeddings=32,
@@ -136,7 +136,7 @@ def test_weights_of_another_shape_are_errors_naming_the_tensor(tmp_path):
         load_weights(BertForPreTraining(wider), tmp_path / "hf")
 
     # Our own directory: a tensor edited to another shape, or missing, is named on load.
-    from bertforge.weights import save_weights
+    from bertforge.formats.hf import save_weights
 
     out = tmp_path / "ours"
     out.mkdir()

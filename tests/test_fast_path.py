@@ -10,12 +10,11 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import bertforge.model as bert
-from bertforge.bench import LiveTensorBytes
+import bertforge.models.bert as bert
+from bertforge.bench.pretrain import LiveTensorBytes
 from bertforge.config import MODEL_PRESETS, ExecutionConfig, ModelConfig
 from bertforge.data import SyntheticDataset
-from bertforge.dist import attention_backends, compiles
-from bertforge.model import (
+from bertforge.models.bert import (
     BertForPreTraining,
     BertSelfAttention,
     compiled_pretraining_loss,
@@ -23,7 +22,8 @@ from bertforge.model import (
     set_attention_backends,
     set_vocab_multiple,
 )
-from bertforge.train import forward_loss, training_loss
+from bertforge.parallel.dist import attention_backends, compiles
+from bertforge.training.pretrain import forward_loss, training_loss
 
 CUDA = torch.device("cuda")
 
@@ -260,7 +260,7 @@ def test_a_micro_batch_does_not_sync_with_the_host():
 def test_the_compile_mode_reaches_torch_compile(monkeypatch):
     """execution.compile_mode: max-autotune-no-cudagraphs autotunes the GEMMs and fuses their epilogues
     (bias + GELU) on CUDA; what a GPU gains from it is measured by benchmarks/gpu.sh."""
-    from bertforge.dist import DistContext, prepare_model
+    from bertforge.parallel.dist import DistContext, prepare_model
 
     seen = {}
 

@@ -1,4 +1,4 @@
-"""The input pipeline (bertforge/feed.py and the batches of the data package): compact host
+"""The input pipeline (bertforge/data/feed.py and the batches of the data package): compact host
 dtypes that train exactly as int64 batches did, no mask for batches without padding, and on
 CUDA pinned copies on a side stream, one micro-batch ahead."""
 
@@ -9,14 +9,14 @@ import pytest
 import torch
 from conftest import shared_data
 
-from bertforge import feed
 from bertforge.config import MODEL_PRESETS, ModelConfig
+from bertforge.data import feed
 from bertforge.data.dataset import SyntheticDataset, decode_sample
 from bertforge.data.packing import pack_arrays
 from bertforge.data.record_reader import read_records
-from bertforge.engine import to_device
-from bertforge.model import BertForPreTraining
-from bertforge.train import forward_loss
+from bertforge.models.bert import BertForPreTraining
+from bertforge.training.engine import to_device
+from bertforge.training.pretrain import forward_loss
 
 SAMPLE_RECORDS = "tfrecord/graphcore_sample_text.tfrecord"  # 45 real records of seq 128, padded
 

@@ -29,11 +29,11 @@ from test_preemption import checkpoints, sigterm_after_first_rows
 from test_squad_dist import cut_copy
 
 from bertforge.cli import main
-from bertforge.finetune import FinetuneError, glue, ner
-from bertforge.finetune.train import TaskConfig, require_main_dev
-from bertforge.log import rounded
+from bertforge.formats.hf import load_model
+from bertforge.observe.log import rounded
 from bertforge.runs import verify
-from bertforge.weights import load_model
+from bertforge.tasks.finetune import FinetuneError, glue, ner
+from bertforge.tasks.finetune.train import TaskConfig, require_main_dev
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # never reach the network
 
@@ -397,8 +397,8 @@ def test_a_task_without_its_dev_file_says_so(root, tmp_path, capsys):
     argv[argv.index("--data") + 1] = str(sst2)
     assert main(argv) == 0
     assert capsys.readouterr().err.splitlines()[0] == (  # then the leaderboard's warning of a short test set
-        f"WARNING bertforge.finetune.train: {sst2}: no dev.tsv in it or in its SST-2/ (SST-2's dev split): this run "
-        f"has no dev scores")
+        f"WARNING bertforge.tasks.finetune.train: {sst2}: no dev.tsv in it or in its SST-2/ (SST-2's dev split): "
+        f"this run has no dev scores")
     assert json.loads((out / "scores.json").read_text()) == {}
     argv[argv.index("--out") + 1] = str(tmp_path / "sweep")
     assert main([*argv, "--seeds", "1", "2"]) == 2
@@ -412,7 +412,7 @@ def test_a_task_without_its_dev_file_says_so(root, tmp_path, capsys):
     argv[argv.index("--data") + 1] = str(mnli)
     assert main(argv) == 0
     assert capsys.readouterr().err.splitlines()[0] == (
-        f"WARNING bertforge.finetune.train: {mnli}: no dev_matched.tsv in it or in its MNLI/ (MNLI's dev_matched "
+        f"WARNING bertforge.tasks.finetune.train: {mnli}: no dev_matched.tsv in it or in its MNLI/ (MNLI's dev_matched "
         f"split): this run has no dev_matched scores")
     assert set(json.loads((tmp_path / "mnli-run" / "scores.json").read_text())) == {
         "accuracy_dev_mismatched", "score_dev_mismatched"}
@@ -453,7 +453,7 @@ def test_a_full_disk_while_saving_is_one_line_and_leaves_nothing_partial(root, t
 def test_a_sweep_ranks_a_nan_score_below_every_number():
     """A constant prediction has no correlation (NaN, as scipy and GLUE's scorer give): it is the
     lowest of a sweep's seeds, and a learning rate whose median is NaN is never the best."""
-    from bertforge.finetune.cli import _median, _rank
+    from bertforge.tasks.finetune.cli import _median, _rank
 
     nan = float("nan")
     assert _median([nan, 0.5, 0.7]) == 0.5

@@ -15,9 +15,7 @@ transformers = pytest.importorskip("transformers")
 from test_convert import SMALL, batch, randomize_  # noqa: E402
 
 from bertforge.config import ModelConfig  # noqa: E402
-from bertforge.model import BertForPreTraining, BertForSequenceClassification, BertForTokenClassification  # noqa: E402
-from bertforge.runs import CheckpointError  # noqa: E402
-from bertforge.weights import (  # noqa: E402
+from bertforge.formats.hf import (  # noqa: E402
     ConversionError,
     NewlyInitializedWarning,
     export_hf,
@@ -27,6 +25,8 @@ from bertforge.weights import (  # noqa: E402
     load_model,
     save_weights,
 )
+from bertforge.models.bert import BertForPreTraining, BertForSequenceClassification, BertForTokenClassification  # noqa: E402
+from bertforge.runs import CheckpointError  # noqa: E402
 
 HEADS = {"classification": (BertForSequenceClassification, "BertForSequenceClassification"),
          "token_classification": (BertForTokenClassification, "BertForTokenClassification")}

@@ -19,15 +19,15 @@ from torch.nn.attention.flex_attention import BlockMask
 from bertforge.config import ConfigError, ExecutionConfig, ModelConfig
 from bertforge.data import PretrainingDataset
 from bertforge.data.packing import pack_arrays
-from bertforge.dist import attention_backends
-from bertforge.model import (
+from bertforge.models.bert import (
     BertForPreTraining,
     document_block_mask,
     layers_mask,
     padding_block_mask,
     set_attention_backends,
 )
-from bertforge.train import forward_loss
+from bertforge.parallel.dist import attention_backends
+from bertforge.training.pretrain import forward_loss
 
 # On the CPU FlexAttention runs uncompiled, which torch warns of each time.
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")

@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from bertforge.config import ConfigError, ExecutionConfig, load_config
-from bertforge.dist import check_execution
+from bertforge.parallel.dist import check_execution
 
 STEPS, ACCUMULATION, WORLD, LAYERS = 3, 2, 2, 4
 UNITS = LAYERS + 1  # FSDP units: the encoder layers and the root
@@ -45,11 +45,11 @@ def _train(rank: int, counts: dict[str, int], **execution: Any) -> dict[str, Any
     from torch.distributed.tensor import DTensor
 
     from bertforge.data import SyntheticDataset
-    from bertforge.dist import DistContext, prepare_model, unwrap
-    from bertforge.engine import BatchStream, Engine
-    from bertforge.model import BertForPreTraining
-    from bertforge.optim import build_optimizer, build_scheduler
-    from bertforge.train import training_loss
+    from bertforge.models.bert import BertForPreTraining
+    from bertforge.parallel.dist import DistContext, prepare_model, unwrap
+    from bertforge.training.engine import BatchStream, Engine
+    from bertforge.training.optim import build_optimizer, build_scheduler
+    from bertforge.training.pretrain import training_loss
 
     cfg = _config(**execution)
     ctx = DistContext(rank, WORLD)
@@ -188,7 +188,7 @@ def test_grad_sync_step_with_offload_is_a_config_error():
 # ------------------------------------------------------------ the planner against the runs
 
 def _plan(name: str):
-    from bertforge.plan import layer_parameters, plan_memory
+    from bertforge.parallel.plan import layer_parameters, plan_memory
 
     cfg = _config(**CASES[name])
     return plan_memory(cfg, world_size=WORLD), layer_parameters(cfg.model)

@@ -22,8 +22,8 @@ from conftest import shared_data
 
 from bertforge.cli import main
 from bertforge.config import CONFIG_DIR, ConfigError, load_config
-from bertforge.squad import SquadError, convert_examples_to_features, evaluate, load_json, read_examples
-from bertforge.squad.metric import check_predictions
+from bertforge.tasks.squad import SquadError, convert_examples_to_features, evaluate, load_json, read_examples
+from bertforge.tasks.squad.metric import check_predictions
 
 # Values of every JSON / YAML type, a few of them extreme.
 ODD_VALUES: list[Any] = [None, True, False, 0, -1, 7, 10**30, -(10**30), 1.5, 1e308, float("nan"), "", "x",
@@ -225,7 +225,7 @@ def test_fuzzed_config_files_load_or_name_the_file_and_key(tmp_path):
 
 def test_fuzzed_squad_configs_load_or_are_one_line_errors(tmp_path):
     """100 mutated copies of the shipped SQuAD configs through ``load_squad_config``; about 3 s."""
-    from bertforge.squad.train import load_squad_config
+    from bertforge.tasks.squad.train import load_squad_config
 
     rng = random.Random(14)
     sources = sorted(CONFIG_DIR.glob("squad_*.yaml"))

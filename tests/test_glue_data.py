@@ -20,11 +20,11 @@ import pytest
 from conftest import shared_data
 from file_server import FileServer, serving_files
 
+from bertforge.data.download import download_file
 from bertforge.data.errors import DataError
-from bertforge.download import download_file
-from bertforge.finetune import FinetuneError, glue
-from bertforge.finetune import metrics as m
-from bertforge.finetune.glue import GlueError
+from bertforge.tasks.finetune import FinetuneError, glue
+from bertforge.tasks.finetune import metrics as m
+from bertforge.tasks.finetune.glue import GlueError
 
 VOCAB = "vocab/bert-base-uncased-vocab.txt"
 MRPC_HEADER = "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String"
@@ -136,7 +136,7 @@ def test_no_torch_sklearn_or_scipy_at_run_time():
     import subprocess
     import sys
 
-    code = ("import sys, bertforge.finetune.glue, bertforge.finetune.metrics, bertforge.download; "
+    code = ("import sys, bertforge.tasks.finetune.glue, bertforge.tasks.finetune.metrics, bertforge.data.download; "
             "print(sorted(m for m in ('torch', 'sklearn', 'scipy') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert done.stdout.strip() == "[]"

@@ -20,12 +20,12 @@ import torch
 from test_packing import synthetic
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import bertforge.feed
 from bertforge.config import load_config
+from bertforge.data import feed
 from bertforge.data.packing import pack_arrays
 from bertforge.data.record_writer import write_records
-from bertforge.engine import Engine
-from bertforge.train import pretrain
+from bertforge.training.engine import Engine
+from bertforge.training.pretrain import pretrain
 
 STEPS, LOG_EVERY = 10, 5
 
@@ -65,7 +65,7 @@ def test_steps_that_do_not_log_never_wait_for_the_device(tmp_path, monkeypatch, 
 
     syncs = Syncs()
     early_reads: list[tuple[int, int]] = []  # (the step a HostCopy was made in, the step it was read in)
-    step_of, copy_init, copy_values = Engine.step, bertforge.feed.HostCopy.__init__, bertforge.feed.HostCopy.values
+    step_of, copy_init, copy_values = Engine.step, feed.HostCopy.__init__, feed.HostCopy.values
 
     def counted_step(self, *args, **kwargs):
         syncs.step += 1
@@ -81,8 +81,8 @@ def test_steps_that_do_not_log_never_wait_for_the_device(tmp_path, monkeypatch, 
         return copy_values(self)
 
     monkeypatch.setattr(Engine, "step", counted_step)
-    monkeypatch.setattr(bertforge.feed.HostCopy, "__init__", made)
-    monkeypatch.setattr(bertforge.feed.HostCopy, "values", read)
+    monkeypatch.setattr(feed.HostCopy, "__init__", made)
+    monkeypatch.setattr(feed.HostCopy, "values", read)
     with syncs:
         summary = pretrain(cfg)
     assert summary["steps"] == STEPS

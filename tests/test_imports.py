@@ -30,8 +30,8 @@ def test_importing_the_package_and_the_command_line_does_not_import_torch():
         assert bertforge.load_config("tiny").model.num_hidden_layers > 0  # config names stay eager
         assert "torch" not in sys.modules, "load_config imported torch"
         # The torch-backed names load on first use and are the modules' own.
-        import bertforge.model, bertforge.data.dataset
-        assert bertforge.BertModel is bertforge.model.BertModel
+        import bertforge.models.bert, bertforge.data.dataset
+        assert bertforge.BertModel is bertforge.models.bert.BertModel
         assert bertforge.data.build_datasets is bertforge.data.dataset.build_datasets
         try:
             bertforge.no_such_name

@@ -19,12 +19,13 @@ import pytest
 import torch
 from conftest import tmpfs
 
-from bertforge import checkpoint as ckpt
-from bertforge import runs, weights
+from bertforge import runs
 from bertforge.cli import main
 from bertforge.config import ConfigError, load_config
 from bertforge.fileio import atomic_directory, remove_temporaries
-from bertforge.log import truncate_metrics
+from bertforge.formats import hf as weights
+from bertforge.observe.log import truncate_metrics
+from bertforge.training import checkpoint as ckpt
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -139,8 +140,8 @@ def test_non_finite_weights_are_never_saved(run, tmp_path):
         model.bert.encoder.layer[1].output.dense.weight[3, 7] = float("nan")
     assert weights.first_nonfinite(model) == "bert.encoder.layer.1.output.dense.weight"
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    from bertforge.engine import Engine
-    from bertforge.train import training_loss
+    from bertforge.training.engine import Engine
+    from bertforge.training.pretrain import training_loss
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     engine = Engine(model, optimizer, scheduler, training_loss, "fp32", 0.0)
@@ -178,7 +179,7 @@ def test_saved_config_has_absolute_paths_and_resumes_from_elsewhere(run, tmp_pat
     monkeypatch.chdir(tmp_path)
     cfg = load_config("tiny", [("data.vocab", "vocab.txt"), ("data.input", "corpus/*.txt"),
                                ("checkpoint.init", "../x")])
-    from bertforge.train import absolute_paths
+    from bertforge.training.pretrain import absolute_paths
 
     cfg = absolute_paths(cfg)
     assert cfg.data.vocab == str(vocab) and cfg.data.input == str(tmp_path / "corpus" / "*.txt")
@@ -435,10 +436,10 @@ def test_fuzzed_checkpoints_load_whole_or_are_one_line_errors(run, tmp_path, cap
     reads nothing outside the copy and no file twice."""
     import random
 
-    from bertforge.engine import Engine
-    from bertforge.model import BertForPreTraining
-    from bertforge.optim import build_optimizer, build_scheduler
-    from bertforge.train import training_loss
+    from bertforge.models.bert import BertForPreTraining
+    from bertforge.training.engine import Engine
+    from bertforge.training.optim import build_optimizer, build_scheduler
+    from bertforge.training.pretrain import training_loss
 
     original = step_dir(run, 4)
     cfg = weights.read_config(original)

@@ -36,7 +36,7 @@ def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
                 base = node.module or ""
                 if node.level:
                     base = ".".join(parent[:len(parent) - node.level + 1] + ([node.module] if node.module else []))
-                # `from . import train` imports the module bertforge.train; `from .config import X` the module
+                # `from . import engine` imports the module training.engine; `from .config import X` the module
                 targets.update(f"{base}.{alias.name}" if f"{base}.{alias.name}" in files else base
                                for alias in node.names)
         edges = set()
@@ -84,10 +84,10 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_package_has_no_import_cycle():
     graph = import_graph()
     # The walk sees what it must: module-level, relative-package and function-level imports.
-    assert "bertforge.runs" in graph["bertforge.weights"]
-    assert "bertforge.weights" in graph["bertforge.checkpoint"]
+    assert "bertforge.runs" in graph["bertforge.formats.hf"]
+    assert "bertforge.formats.hf" in graph["bertforge.training.checkpoint"]
     assert "bertforge.data.record_reader" in graph["bertforge.data.loader"]
-    assert "bertforge.train" in graph["bertforge.cli"]  # imported inside cmd_pretrain
+    assert "bertforge.training.pretrain" in graph["bertforge.cli"]  # imported inside cmd_pretrain
     assert cycles(graph) == []
 
 
@@ -133,3 +133,46 @@ def test_the_module_list_names_every_module():
     modules = {str(p.relative_to(PACKAGE.parent)) for p in PACKAGE.rglob("*.py")
                if p.name != "__init__.py" or p.parent == PACKAGE}
     assert sorted(modules - listed) == [] and sorted(listed - modules) == []
+
+
+# The package's folders from the bottom up: a module imports modules of its own folder or of lower ones.
+# The base is the top-level modules that everything needs (the config, files, run directories, the
+# machine); the entry points (the command line, the package's lazy API) stand above everything.
+LAYERS = ("base", "data", "models", "parallel", "observe", "formats", "training", "tasks", "bench", "entry")
+BASE = {"config", "fileio", "host", "runs", "version"}
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1 or parts[1] in ("cli", "__main__"):
+        return "entry"
+    if len(parts) == 2 and parts[1] in BASE:
+        return "base"
+    assert parts[1] in LAYERS, f"{module}: a folder that LAYERS does not place"
+    return parts[1]
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    rank = {layer: i for i, layer in enumerate(LAYERS)}
+    return sorted(f"{module} ({layer_of(module)}) imports {target} ({layer_of(target)})"
+                  for module, targets in graph.items() for target in targets
+                  if rank[layer_of(target)] > rank[layer_of(module)])
+
+
+def test_no_folder_imports_one_above_it():
+    graph = import_graph()
+    assert {layer_of(module) for module in graph} == set(LAYERS)  # every layer has modules, each module a layer
+    assert upward_imports(graph) == []
+
+
+def test_an_upward_import_is_found(tmp_path):
+    package = tmp_path / "bertforge"
+    for folder in ("models", "training"):
+        (package / folder).mkdir(parents=True)
+        (package / folder / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "config.py").write_text("")
+    (package / "training" / "engine.py").write_text("from ..config import x\n")
+    (package / "models" / "bert.py").write_text("def f():\n    from ..training import engine\n")
+    assert upward_imports(import_graph(package)) == [
+        "bertforge.models.bert (models) imports bertforge.training.engine (training)"]

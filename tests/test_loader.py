@@ -193,7 +193,7 @@ def records_config(tmp_path: Path, **overrides):
 def test_records_decide_the_shapes_and_a_set_shape_must_agree(fmt, tmp_path):
     """The config's default seq_len / max_predictions give way to the records' (16, 3); a value the
     config sets must equal the records': records of 16 do not train under data.seq_len 512."""
-    from bertforge.train import load_data
+    from bertforge.training.pretrain import load_data
 
     path = write_records(tmp_path / f"train.{fmt}", numbered_arrays(0, 12), fmt=fmt)
     cfg = records_config(tmp_path, **{"data.input": str(path)})
@@ -213,7 +213,7 @@ def test_records_decide_the_shapes_and_a_set_shape_must_agree(fmt, tmp_path):
 
 @pytest.mark.parametrize("fmt", ["native", "tfrecord"])
 def test_eval_records_and_other_shards_must_have_the_training_shape(fmt, tmp_path):
-    from bertforge.train import load_data
+    from bertforge.training.pretrain import load_data
 
     shards = tmp_path / "shards"
     first = write_records(shards / f"a.{fmt}", numbered_arrays(0, 12), fmt=fmt)
@@ -238,7 +238,7 @@ def test_eval_records_and_other_shards_must_have_the_training_shape(fmt, tmp_pat
 @pytest.mark.parametrize("fmt", ["native", "tfrecord"])
 def test_token_ids_beyond_the_model_vocab_are_refused_naming_file_and_record(fmt, tmp_path):
     """numbered_arrays hold ids up to 1011: a 1000-token model refuses them, in training and eval files."""
-    from bertforge.train import load_data
+    from bertforge.training.pretrain import load_data
 
     path = write_records(tmp_path / f"train.{fmt}", numbered_arrays(0, 12), fmt=fmt)
     offset = 64 if fmt == "native" else 0
@@ -260,7 +260,7 @@ def test_a_native_header_of_another_vocab_is_refused(tmp_path, capsys):
     """A native file whose header says vocab 300 does not train a 30,522-token model: exit status 2,
     one line; it trains when model.vocab_size (or data.vocab) agrees."""
     from bertforge.cli import main
-    from bertforge.train import load_data
+    from bertforge.training.pretrain import load_data
 
     path = write_records(tmp_path / "train.bfrec", small_vocab_arrays(12), "native", vocab_size=300)
     runs = tmp_path / "runs"
@@ -292,7 +292,7 @@ def test_a_native_header_of_another_vocab_is_refused(tmp_path, capsys):
 def test_a_damaged_record_file_is_taken_for_records_not_text(tmp_path):
     """A .tfrecord or .bfrec whose first bytes are damaged is read as records (and reported as a
     damaged record file) rather than as text with "not valid UTF-8"."""
-    from bertforge.train import load_data
+    from bertforge.training.pretrain import load_data
 
     for fmt, suffix in (("tfrecord", ".tfrecord"), ("native", ".bfrec")):
         path = write_records(tmp_path / f"train{suffix}", numbered_arrays(0, 12), fmt=fmt)
@@ -311,7 +311,7 @@ def test_a_damaged_record_file_is_taken_for_records_not_text(tmp_path):
 def test_records_with_fixed_masks_refuse_a_vocab_of_other_ids(tmp_path):
     """Records hold their [CLS] and [MASK] ids: a vocab that maps them to other tokens (one token
     missing before them shifts every id) or lacks them is refused, naming both (issue 21)."""
-    from bertforge.train import load_data
+    from bertforge.training.pretrain import load_data
 
     records = shared_data("tfrecord/graphcore_sample_text.tfrecord")
     vocab = shared_data("vocab/bert-base-uncased-vocab.txt").read_text(encoding="utf-8").splitlines()

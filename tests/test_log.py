@@ -1,4 +1,4 @@
-"""log.py: MetricsLogger and ProgressBar close on every exit path; errors are ConfigErrors."""
+"""observe/log.py: MetricsLogger and ProgressBar close on every exit path; errors are ConfigErrors."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-import bertforge.log
+import bertforge.observe.log
 from bertforge.config import Config, ConfigError
-from bertforge.log import MetricsLogger, ProgressBar, rounded
+from bertforge.observe.log import MetricsLogger, ProgressBar, rounded
 
 
 def config(wandb: bool = False) -> Config:
@@ -38,7 +38,7 @@ def test_metrics_logger_closes_what_it_opened_when_init_fails(tmp_path, monkeypa
         return f
 
     monkeypatch.setitem(sys.modules, "wandb", None)
-    monkeypatch.setattr(bertforge.log, "open", recording_open, raising=False)  # log.py's `open` only
+    monkeypatch.setattr(bertforge.observe.log, "open", recording_open, raising=False)  # observe/log.py's `open` only
     with pytest.raises(ConfigError):
         MetricsLogger(tmp_path, config(wandb=True))
     assert [f.name for f in opened] == [str(tmp_path / "metrics.jsonl")]

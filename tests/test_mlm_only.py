@@ -26,9 +26,9 @@ from bertforge.data.errors import warn_prediction_cap  # noqa: E402
 from bertforge.data.instances import create_arrays_mlm, pack_full_sentences  # noqa: E402
 from bertforge.data.record_reader import read_records  # noqa: E402
 from bertforge.data.vocab import Vocabulary  # noqa: E402
-from bertforge.model import BertForMaskedLM, BertForPreTraining, pretraining_loss  # noqa: E402
-from bertforge.train import pretrain  # noqa: E402
-from bertforge.weights import export_hf, load_hf, load_model, load_weights  # noqa: E402
+from bertforge.formats.hf import export_hf, load_hf, load_model, load_weights  # noqa: E402
+from bertforge.models.bert import BertForMaskedLM, BertForPreTraining, pretraining_loss  # noqa: E402
+from bertforge.training.pretrain import pretrain  # noqa: E402
 
 VOCAB = Vocabulary.wordpiece(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *(f"w{i}" for i in range(505))])
 SPECIALS = VOCAB.specials  # [CLS] 2, [SEP] 3, [MASK] 4
@@ -273,9 +273,9 @@ def test_training_steps_equal_transformers_trainer(tmp_path):
     from torch.utils.data import SequentialSampler
 
     from bertforge.config import TrainConfig
-    from bertforge.engine import Engine
-    from bertforge.optim import build_optimizer, build_scheduler, lr_at
-    from bertforge.train import training_loss
+    from bertforge.training.engine import Engine
+    from bertforge.training.optim import build_optimizer, build_scheduler, lr_at
+    from bertforge.training.pretrain import training_loss
 
     cfg = ModelConfig(**{**SMALL, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0})
     torch.manual_seed(0)

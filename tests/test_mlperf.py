@@ -16,8 +16,8 @@ import torch
 from tiny_corpus import write_corpus
 
 from bertforge.config import ConfigError, load_config
-from bertforge.mlperf import eval_due, eval_every_samples, eval_interval_samples
-from bertforge.train import pretrain
+from bertforge.training.mlperf import eval_due, eval_every_samples, eval_interval_samples
+from bertforge.training.pretrain import pretrain
 
 needs_mlperf = pytest.mark.skipif(find_spec("mlperf_logging") is None,
                                   reason="the [mlperf] extra (mlperf-logging) is not installed")

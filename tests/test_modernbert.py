@@ -31,17 +31,17 @@ from bertforge.config import (  # noqa: E402
     config_from_dict,
     load_config,
 )
-from bertforge.dist import apply_recompute  # noqa: E402
-from bertforge.families import build_pretraining_model  # noqa: E402
-from bertforge.model import (  # noqa: E402
+from bertforge.formats.hf import load_weights  # noqa: E402
+from bertforge.models.bert import (  # noqa: E402
     BertForPreTraining,
     layers_mask,
     pretraining_loss,
     set_attention_backends,
 )
-from bertforge.modernbert import ModernBertAttention, ModernBertEncoderLayer, ModernBertForMaskedLM  # noqa: E402
-from bertforge.optim import param_groups  # noqa: E402
-from bertforge.weights import load_weights  # noqa: E402
+from bertforge.models.families import build_pretraining_model  # noqa: E402
+from bertforge.models.modernbert import ModernBertAttention, ModernBertEncoderLayer, ModernBertForMaskedLM  # noqa: E402
+from bertforge.parallel.dist import apply_recompute  # noqa: E402
+from bertforge.training.optim import param_groups  # noqa: E402
 
 # On the CPU FlexAttention runs uncompiled, which torch warns of each time.
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")

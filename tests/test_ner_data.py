@@ -20,8 +20,8 @@ import pytest
 from conftest import shared_data
 
 from bertforge.data.tokenizer import SPECIAL_TOKENS, encode_texts, load_tokenizer
-from bertforge.finetune import FinetuneError, ner
-from bertforge.finetune.ner import NerError
+from bertforge.tasks.finetune import FinetuneError, ner
+from bertforge.tasks.finetune.ner import NerError
 
 VOCAB = "vocab/bert-base-uncased-vocab.txt"
 # A vocab small enough to know every split by heart: "unbelievable" is un ##believ ##able.
@@ -467,7 +467,7 @@ def test_entity_scores_values_and_errors():
 
 
 def test_the_module_needs_neither_seqeval_nor_torch():
-    code = ("import sys, bertforge.finetune.ner; "
+    code = ("import sys, bertforge.tasks.finetune.ner; "
             "print(sorted(m for m in ('seqeval', 'torch', 'transformers') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert done.stdout.strip() == "[]"

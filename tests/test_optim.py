@@ -1,4 +1,4 @@
-"""Tests of bertforge.optim against numbers computed by hand or by small
+"""Tests of bertforge.training.optim against numbers computed by hand or by small
 independent numpy re-implementations of the published update rules."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from bertforge.config import ConfigError, ExecutionConfig, ModelConfig, TrainConfig
-from bertforge.dist import compiles_optimizer
-from bertforge.engine import Engine, skips_on_device
-from bertforge.model import BertForPreTraining
-from bertforge.optim import (
+from bertforge.models.bert import BertForPreTraining
+from bertforge.parallel.dist import compiles_optimizer
+from bertforge.training.engine import Engine, skips_on_device
+from bertforge.training.optim import (
     AdamWNoBiasCorrection,
     Lamb,
     StableAdamW,
@@ -1164,8 +1164,8 @@ def test_sgd_equals_torch_sgd_with_no_decay_on_biases_and_layernorms(momentum, n
     """train.optimizer sgd: torch.optim.SGD (L2 weight decay added to the gradient, as torch does),
     over the two parameter groups every optimizer here uses: biases and LayerNorms undecayed."""
     from bertforge.config import ModelConfig, TrainConfig
-    from bertforge.model import BertForPreTraining
-    from bertforge.optim import build_optimizer
+    from bertforge.models.bert import BertForPreTraining
+    from bertforge.training.optim import build_optimizer
 
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
@@ -1206,7 +1206,7 @@ def test_sgd_with_momentum_resumes_exactly(tmp_path):
     from test_preemption import losses, run_args
 
     from bertforge.cli import main
-    from bertforge.weights import load_model
+    from bertforge.formats.hf import load_model
 
     sgd = ["--train.optimizer", "sgd", "--train.momentum", "0.9", "--train.lr", "0.05", "--checkpoint.every", "2"]
     assert main(run_args(tmp_path, "whole", 4, *sgd)) == 0
@@ -1225,7 +1225,7 @@ def test_sgd_and_momentum_equal_graphcore_tf1_application(variant):
     train.weight_decay 0 and train.grad_clip 0 on the true gradients, at the same lr each step:
     equal to real TensorFlow's weights at every step (tests/fixtures/optim/make_momentum_fixture.py)."""
     from bertforge.config import TrainConfig
-    from bertforge.optim import build_optimizer
+    from bertforge.training.optim import build_optimizer
 
     ref = np.load(FIXTURES / "momentum_tf1_reference.npz")
     model = torch.nn.Module()

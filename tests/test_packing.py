@@ -22,8 +22,8 @@ from bertforge.data.record_inspect import inspect_records
 from bertforge.data.record_reader import open_records, read_records
 from bertforge.data.record_writer import write_records
 from bertforge.data.rows import PackedArrays, PretrainingArrays
-from bertforge.model import BertForPreTraining
-from bertforge.train import forward_loss, training_loss
+from bertforge.models.bert import BertForPreTraining
+from bertforge.training.pretrain import forward_loss, training_loss
 
 SAMPLE_RECORDS = "tfrecord/graphcore_sample_text.tfrecord"
 SAMPLE_TEXT = "text/sample_text.txt"
@@ -270,7 +270,7 @@ def test_data_create_pack_packs_what_create_makes(tmp_path, capsys):
 def test_pretrain_on_packed_records(tmp_path):
     """Packed shards train and evaluate (an unpacked eval set), counting real sequences."""
     from bertforge.config import ConfigError, load_config
-    from bertforge.train import pretrain
+    from bertforge.training.pretrain import pretrain
 
     a = synthetic(96, 64, 10, 500, seed=9)  # random ids: no vocab has their [CLS] and [MASK] (issue 21)
     write_records(tmp_path / "plain" / "train.bfrec", a, "native", vocab_size=500)

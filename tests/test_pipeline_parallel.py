@@ -1,4 +1,4 @@
-"""Pipeline parallelism (pipeline_parallel.py) on 2 gloo ranks against one process.
+"""Pipeline parallelism (training/pipeline.py) on 2 gloo ranks against one process.
 
 One spawn of two ranks (2 stages of BERT-tiny with 4 layers) trains 3 steps of 4 micro-batches of
 2 sequences under each case (GPipe, 1F1B, and 1F1B under bf16 with layer recomputation), dropout
@@ -22,7 +22,7 @@ import torch.multiprocessing as mp
 from gloo_worker import run_rank
 
 from bertforge.config import ConfigError, ExecutionConfig, load_config
-from bertforge.dist import check_execution
+from bertforge.parallel.dist import check_execution
 
 STEPS, MICRO_BATCHES, ROWS, LAYERS, WORLD = 3, 4, 2, 4, 2
 CASES: dict[str, dict[str, Any]] = {
@@ -51,8 +51,8 @@ def _data(cfg, size: int = 64, seed: int = 12345):
 def _train(engine, cfg, tracker_factory=None) -> dict[str, Any]:
     """STEPS steps of the engine on the same micro-batches in any process; the optimizer's inputs
     at the first step; live-tensor bytes through the last step (forward/backward, then optimizer)."""
-    from bertforge.dist import unwrap
-    from bertforge.engine import BatchStream
+    from bertforge.parallel.dist import unwrap
+    from bertforge.training.engine import BatchStream
 
     stream = BatchStream(_data(cfg), ROWS, seed=cfg.train.seed)
     result: dict[str, Any] = {"losses": [], "grad_norms": []}
@@ -82,10 +82,10 @@ def _train(engine, cfg, tracker_factory=None) -> dict[str, Any]:
 
 
 def _pipeline_case(rank: int, execution: dict[str, Any]) -> dict[str, Any]:
-    from bertforge import pipeline_parallel
-    from bertforge.bench import LiveTensorBytes
-    from bertforge.dist import DistContext
-    from bertforge.model import BertForPreTraining
+    from bertforge.bench.pretrain import LiveTensorBytes
+    from bertforge.models.bert import BertForPreTraining
+    from bertforge.parallel.dist import DistContext
+    from bertforge.training import pipeline as pipeline_parallel
 
     cfg = _config(**execution)
     ctx = DistContext(rank, WORLD)
@@ -126,11 +126,11 @@ def pipeline_runs(tmp_path_factory) -> dict[str, list[dict[str, Any]]]:
 
 def _single_process(name: str) -> tuple[dict[str, Any], Any]:
     """The same steps in one process: the whole model, Engine.step, accumulation over the micro-batches."""
-    from bertforge.dist import DistContext, apply_recompute
-    from bertforge.engine import Engine
-    from bertforge.model import BertForPreTraining
-    from bertforge.optim import build_optimizer, build_scheduler
-    from bertforge.train import evaluate, training_loss
+    from bertforge.models.bert import BertForPreTraining
+    from bertforge.parallel.dist import DistContext, apply_recompute
+    from bertforge.training.engine import Engine
+    from bertforge.training.optim import build_optimizer, build_scheduler
+    from bertforge.training.pretrain import evaluate, training_loss
 
     cfg = _config(**CASES[name])
     torch.manual_seed(cfg.train.seed)
@@ -246,7 +246,7 @@ def test_evaluation_through_the_pipeline(pipeline_runs, single_runs):
 def test_step_memory_matches_the_plan(pipeline_runs, name):
     """Bytes of live tensors made in the third step of each stage against the stage's plan: all but
     what was allocated before it (parameters, optimizer state, the schedule's receive buffers)."""
-    from bertforge.plan import plan_memory
+    from bertforge.parallel.plan import plan_memory
 
     plan = plan_memory(_config(**CASES[name]), world_size=WORLD, device="cpu")
     for rank in pipeline_runs[name]:
@@ -294,7 +294,7 @@ def pretrain_runs(tmp_path_factory) -> Path:
 @pytest.mark.dist
 @pytest.mark.parametrize("name", ["pipeline", "pipelines"])
 def test_pretrain_with_stages_equals_one_process(pretrain_runs, name):
-    from bertforge.weights import load_model
+    from bertforge.formats.hf import load_model
 
     single, staged = _rows(pretrain_runs / "single"), _rows(pretrain_runs / name)
     assert [r["step"] for r in staged] == [1, 2, 3, 4]  # rank 0 (stage 0) logs the last stage's losses
@@ -331,12 +331,12 @@ def _stages_in_sequence(packed: bool, device: torch.device, precision: str) -> N
     from test_packing import synthetic
 
     from bertforge.config import MODEL_PRESETS, ModelConfig
+    from bertforge.data.feed import to_device, widen
     from bertforge.data.packing import pack_arrays
-    from bertforge.engine import autocast
-    from bertforge.feed import to_device, widen
-    from bertforge.model import BertForPreTraining, pretraining_loss
-    from bertforge.pipeline_parallel import BertStage, pack_targets, unpack_targets
-    from bertforge.train import forward_loss
+    from bertforge.models.bert import BertForPreTraining, pretraining_loss
+    from bertforge.training.engine import autocast
+    from bertforge.training.pipeline import BertStage, pack_targets, unpack_targets
+    from bertforge.training.pretrain import forward_loss
 
     rows = synthetic(12, 64, 10, 500)
     batch = widen(to_device((pack_arrays(rows, 3, seed=2) if packed else rows).to_torch(), device))
@@ -375,7 +375,7 @@ def test_stages_in_sequence_are_the_model_on_cuda():
 
 
 def test_other_jobs_refuse_stages():
-    from bertforge.dist import DistContext, prepare_model
+    from bertforge.parallel.dist import DistContext, prepare_model
 
     with pytest.raises(ConfigError, match="execution.pipeline_stages=2 is supported by bertforge pretrain only"):
         prepare_model(torch.nn.Linear(1, 1), ExecutionConfig(pipeline_stages=2), DistContext(0, 2))
@@ -416,7 +416,7 @@ def test_world_size_errors(world_size, parallel, message):
 
 
 def test_1f1b_needs_a_micro_batch_per_stage():
-    from bertforge.pipeline_parallel import check_micro_batches
+    from bertforge.training.pipeline import check_micro_batches
 
     with pytest.raises(ConfigError, match="execution.pipeline_schedule=1f1b needs at least "
                                           "execution.pipeline_stages=4 micro-batches per step and pipeline, got 3"):
@@ -425,8 +425,8 @@ def test_1f1b_needs_a_micro_batch_per_stage():
 
 
 def test_stage_layers_split_rule():
-    from bertforge.pipeline_parallel import stage_layers
-    from bertforge.plan import stage_layer_counts
+    from bertforge.parallel.plan import stage_layer_counts
+    from bertforge.training.pipeline import stage_layers
 
     assert stage_layers(12, 4) == [range(0, 3), range(3, 6), range(6, 9), range(9, 12)]
     assert stage_layers(10, 4) == [range(0, 3), range(3, 6), range(6, 8), range(8, 10)]
@@ -437,7 +437,7 @@ def test_stage_layers_split_rule():
 
 
 def test_targets_pack_exactly():
-    from bertforge.pipeline_parallel import pack_targets, unpack_targets
+    from bertforge.training.pipeline import pack_targets, unpack_targets
 
     batch = {"masked_lm_ids": torch.tensor([[30521, 0], [7, 2**40]]),
              "masked_lm_weights": torch.tensor([[1.0, 0.0], [0.25, 1.0]]),

@@ -9,23 +9,23 @@ import math
 import pytest
 import torch
 
-from bertforge.bench import LiveTensorBytes
+from bertforge.bench.pretrain import LiveTensorBytes
 from bertforge.cli import main
 from bertforge.config import ConfigError, load_config
 from bertforge.data import SyntheticDataset
-from bertforge.dist import DistContext, apply_recompute, destroy_distributed, prepare_model, unwrap
-from bertforge.engine import autocast
-from bertforge.families import build_pretraining_model
-from bertforge.model import BertForPreTraining, num_parameters
-from bertforge.optim import build_optimizer, param_groups
-from bertforge.plan import (
+from bertforge.models.bert import BertForPreTraining, num_parameters
+from bertforge.models.families import build_pretraining_model
+from bertforge.parallel.dist import DistContext, apply_recompute, destroy_distributed, prepare_model, unwrap
+from bertforge.parallel.plan import (
     count_parameters,
     decayed_parameters,
     format_plan,
     parse_size,
     plan_memory,
 )
-from bertforge.train import forward_loss
+from bertforge.training.engine import autocast
+from bertforge.training.optim import build_optimizer, param_groups
+from bertforge.training.pretrain import forward_loss
 
 
 def make_config(preset: str, batch: int = 2, seq_len: int = 128, predictions: int = 20,
@@ -427,7 +427,7 @@ def _pipeline_config(preset: str, stages: int, schedule: str, micro_batches: int
 
 
 def _stage_modules(cfg, stages: int):
-    from bertforge.pipeline_parallel import BertStage
+    from bertforge.training.pipeline import BertStage
 
     with torch.device("meta"):
         model = BertForPreTraining(cfg.model)
@@ -495,7 +495,7 @@ def test_gpipe_holds_every_micro_batch_and_1f1b_at_most_the_stages():
 def test_pipeline_saved_activations_are_the_models():
     """Summed over the stages, a micro-batch saves what it saves in one process, plus what the schedule
     keeps between stages: hidden and RNG states of each boundary, the last stage's logits."""
-    from bertforge.plan import RNG_STATE_BYTES
+    from bertforge.parallel.plan import RNG_STATE_BYTES
 
     for schedule, recompute in (("gpipe", "none"), ("1f1b", "layer")):
         cfg = _pipeline_config("base", 3, schedule, micro_batches=4, recompute=recompute)
@@ -507,8 +507,8 @@ def test_pipeline_saved_activations_are_the_models():
 
 
 def test_pipelines_average_gradients_in_buckets():
-    from bertforge.pipeline_parallel import BUCKET_BYTES
-    from bertforge.plan import PIPELINE_BUCKET_BYTES
+    from bertforge.parallel.plan import PIPELINE_BUCKET_BYTES
+    from bertforge.training.pipeline import BUCKET_BYTES
 
     assert PIPELINE_BUCKET_BYTES == BUCKET_BYTES
     one = plan_memory(_pipeline_config("base", 2, "1f1b", micro_batches=8), world_size=2)

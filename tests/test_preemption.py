@@ -28,7 +28,7 @@ from bertforge.cli import main
 from bertforge.config import ConfigError, load_config
 from bertforge.data.record_reader import read_records
 from bertforge.data.record_writer import write_records
-from bertforge.weights import load_model
+from bertforge.formats.hf import load_model
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -127,7 +127,7 @@ def test_sigterm_checkpoints_the_step_and_resumes_exactly(tmp_path):
 
 SECOND_SIGNAL = """
 import os, signal, time
-from bertforge.engine import Preemption
+from bertforge.training.engine import Preemption
 with Preemption() as preemption:
     os.kill(os.getpid(), signal.SIGUSR1)
     assert preemption.requested and preemption.name == "SIGUSR1"
@@ -180,7 +180,7 @@ def test_resume_auto_needs_a_name_in_config_from_args():
     with pytest.raises(ConfigError, match="--resume auto needs a named run directory"):
         import contextlib
 
-        from bertforge.train import locate_run
+        from bertforge.training.pretrain import locate_run
 
         locate_run(cfg, contextlib.ExitStack())
 
@@ -367,7 +367,7 @@ def test_a_seq_len_given_equal_to_the_default_must_agree_with_the_records(tmp_pa
 
     from bertforge.config import DataConfig
     from bertforge.data.record_writer import write_records
-    from bertforge.train import load_data
+    from bertforge.training.pretrain import load_data
 
     path = write_records(tmp_path / "train.native", numbered_arrays(0, 12), fmt="native")
     default = DataConfig().seq_len
@@ -410,7 +410,7 @@ def _start_run(cfg, lined_up, results, release) -> None:
     """One of many runs started at once (a forked process): the directory it got or its error, then
     it holds on until released. All wait for each other before their first mkdir and again before
     their first lock: the worst case of starting at once, every check made and nothing taken yet."""
-    from bertforge import train
+    from bertforge.training import pretrain as train
 
     def first_lined_up(call, applies):
         waited = False
@@ -442,8 +442,8 @@ def test_runs_of_one_name_started_at_once_leave_one_live_run_per_directory(tmp_p
     auto`` exactly one goes on and the others get the one-line error naming the directory, whose
     lock stays the winner's (a loser once removed the directory and the winner's lock); without
     it each run gets a directory of its own (NAME, NAME-2 …). About 4 s."""
-    from bertforge import train  # noqa: F401  # imported once, before the forks
     from bertforge.fileio import live_holder
+    from bertforge.training import pretrain as train  # noqa: F401  # imported once, before the forks
 
     forked = multiprocessing.get_context("fork")
     for trial in range(3):
@@ -571,7 +571,7 @@ def test_records_regenerated_before_a_resume_are_refused(tmp_path, capsys):
 # ------------------------------------------------------------ a loss that explodes but stays finite
 
 def test_the_divergence_guard_counts_spikes_in_a_row_against_the_median_before():
-    from bertforge.engine import DivergenceError, DivergenceGuard
+    from bertforge.training.engine import DivergenceError, DivergenceGuard
 
     off = DivergenceGuard(0.0, 3)
     for step in range(50):
@@ -596,16 +596,16 @@ def test_a_diverged_run_stops_and_keeps_its_checkpoint_from_before_the_spike(tmp
     """The loss explodes from step 13 (×1e6, finite): the run stops when step 15's loss is read, with
     one line, exit 2. The loss of step 13 is that of the weights after step 12, so step_12 never
     counts (it is removed); rotation (keep 1) holds step 10, whose next loss was normal. About 4 s."""
-    import bertforge.train
+    import bertforge.training.pretrain
 
-    training_loss, calls = bertforge.train.training_loss, []
+    training_loss, calls = bertforge.training.pretrain.training_loss, []
 
     def exploding(model, batch):  # two micro-batches a step
         out = training_loss(model, batch)
         calls.append(None)
         return {**out, "loss": out["loss"] * 1e6} if len(calls) > 2 * 12 else out
 
-    monkeypatch.setattr(bertforge.train, "training_loss", exploding)
+    monkeypatch.setattr(bertforge.training.pretrain, "training_loss", exploding)
     argv = run_args(tmp_path, "d", 20, "--checkpoint.every", "2", "--checkpoint.keep", "1",
                     "--train.divergence_factor", "10", "--train.divergence_steps", "3")
     assert main(argv) == 2
@@ -620,7 +620,7 @@ def test_a_diverged_run_stops_and_keeps_its_checkpoint_from_before_the_spike(tmp
     assert not list((tmp_path / "d" / "checkpoints").glob(".*"))  # step_12, unconfirmed, was removed
     assert [r["step"] for r in train_rows(tmp_path / "d")][-1] == 15
     # The guard is off by default: the same run trains on to the end and exits 0.
-    monkeypatch.setattr(bertforge.train, "training_loss", training_loss)
+    monkeypatch.setattr(bertforge.training.pretrain, "training_loss", training_loss)
     assert main(run_args(tmp_path, "off", 20, "--checkpoint.every", "2", "--checkpoint.keep", "1")) == 0
     assert checkpoints(tmp_path / "off") == ["step_00000020"]
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from bertforge.cli import main
-from bertforge.profile import check_window, gpu_summary
+from bertforge.observe.profile import check_window, gpu_summary
 
 TINY_RUN = ["pretrain", "--config", "tiny", "--data.synthetic", "--steps", "5", "--no-progress",
             "--data.seq_len", "32", "--train.micro_batch_size", "4", "--train.global_batch_size", "8",
@@ -108,7 +108,7 @@ PHASES = """
 import json
 import numpy as np
 import torch
-from bertforge.profile import PhaseMemory
+from bertforge.observe.profile import PhaseMemory
 
 memory = PhaseMemory(torch.device("cpu"))
 memory.switch("big")

@@ -18,7 +18,7 @@ from bertforge.config import load_config
 
 pytest.importorskip("matplotlib")
 
-from bertforge.report import FIGURES, differences, legend_labels, load_runs, plot, summary  # noqa: E402
+from bertforge.observe.report import FIGURES, differences, legend_labels, load_runs, plot, summary  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PRETRAIN_FIGURES = ["loss.png", "mlm_loss.png", "mlm_accuracy.png", "nsp_accuracy.png", "lr.png", "grad_norm.png",
@@ -27,7 +27,7 @@ PRETRAIN_FIGURES = ["loss.png", "mlm_loss.png", "mlm_accuracy.png", "nsp_accurac
 
 def pretrain_run(tmp: Path, name: str, lr: float) -> Path:
     """Tiny BERT on a slice of the built-in corpus: 4 steps, evaluated at steps 0, 2 and 4."""
-    from bertforge.train import pretrain
+    from bertforge.training.pretrain import pretrain
 
     pairs = {"data.vocab_size": 2000, "data.dupe_factor": 1, "data.seq_len": 64, "data.max_predictions": 10,
              "train.micro_batch_size": 8, "train.global_batch_size": 16, "train.steps": 4, "train.lr": lr,
@@ -108,8 +108,8 @@ def test_a_target_line_when_the_config_has_one_and_a_torn_line_is_skipped(runs, 
 
 def test_a_squad_run_gets_its_loss_scores_and_profile(tmp_path):
     from bertforge.config import ModelConfig
-    from bertforge.model import BertForQuestionAnswering
-    from bertforge.weights import export_hf
+    from bertforge.formats.hf import export_hf
+    from bertforge.models.bert import BertForQuestionAnswering
 
     words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "paris", "is", "the", "capital", "of", "france", ".",
              "what", "?"]

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from bertforge.bench.squad import synthetic_batch
 from bertforge.cli import main
-from bertforge.squad.bench import synthetic_batch
-from bertforge.squad.postprocess import MAX_ANSWER_LENGTH
+from bertforge.tasks.squad.postprocess import MAX_ANSWER_LENGTH
 
 COMMON_KEYS = {"model", "task", "mode", "source", "layers", "hidden", "params_m", "device", "precision",
                "threads", "batch_size", "seq_len", "steps", "warmup"}

@@ -16,10 +16,10 @@ from conftest import live_run, tmpfs
 
 from bertforge.cli import main
 from bertforge.config import ConfigError, ModelConfig, load_config
-from bertforge.finetune.run import new_run_dir, prepare_out_dir
-from bertforge.model import BertForQuestionAnswering
-from bertforge.squad.metric import check_predictions
-from bertforge.weights import export_hf
+from bertforge.formats.hf import export_hf
+from bertforge.models.bert import BertForQuestionAnswering
+from bertforge.tasks.finetune.run import new_run_dir, prepare_out_dir
+from bertforge.tasks.squad.metric import check_predictions
 
 CONTEXT = "Paris is the capital of France ."
 DEV = {"version": "1.1", "data": [{"title": "t", "paragraphs": [{"context": CONTEXT, "qas": [
@@ -261,9 +261,9 @@ def test_training_answers_not_at_their_answer_start_are_skipped_and_named(tiny, 
     assert main(argv) == 0
     why = "answer 'France' not found at answer_start 0 (words there: 'Paris')"
     out, err = capsys.readouterr()
-    assert err == (f"WARNING bertforge.squad.train: {train}: 4 of 6 training questions skipped, their answer text "
-                   f"not at their answer_start (as google-research/bert's run_squad.py skips them, \"Could not find "
-                   f"answer\"): question m1: {why}; question m2: {why}; question m3: {why}; and 1 more\n")
+    assert err == (f"WARNING bertforge.tasks.squad.train: {train}: 4 of 6 training questions skipped, their answer "
+                   f"text not at their answer_start (as google-research/bert's run_squad.py skips them, \"Could not "
+                   f"find answer\"): question m1: {why}; question m2: {why}; question m3: {why}; and 1 more\n")
     assert "2 questions (2 features, 4 answers skipped)" in out
 
 

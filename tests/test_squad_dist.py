@@ -21,9 +21,9 @@ from test_dist import run_here, torchrun
 from test_squad_v2 import to_v2
 
 from bertforge.config import ModelConfig
-from bertforge.model import BertForPreTraining
+from bertforge.formats.hf import export_hf, load_model
+from bertforge.models.bert import BertForPreTraining
 from bertforge.runs import find_checkpoint
-from bertforge.weights import export_hf, load_model
 
 pytestmark = [pytest.mark.dist, pytest.mark.shared_data]
 

@@ -12,7 +12,7 @@ from bert_reference import reference
 from conftest import shared_data
 
 from bertforge.data.tokenizer import load_tokenizer
-from bertforge.squad import (
+from bertforge.tasks.squad import (
     SquadError,
     SquadFeatures,
     convert_examples_to_features,

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import shared_data
 
-from bertforge.squad import SquadError, evaluate, exact_match_score, f1_score, normalize_answer
+from bertforge.tasks.squad import SquadError, evaluate, exact_match_score, f1_score, normalize_answer
 
 
 def dataset(questions: list[tuple[str, list[str]]]) -> dict:
@@ -45,7 +45,7 @@ HAND_PREDICTIONS = {
 
 
 def test_hand_checked_scores(caplog):
-    with caplog.at_level(logging.WARNING, logger="bertforge.squad.metric"):
+    with caplog.at_level(logging.WARNING, logger="bertforge.tasks.squad.metric"):
         scores = evaluate(HAND, HAND_PREDICTIONS)
     assert scores["exact_match"] == 37.5
     assert scores["f1"] == pytest.approx(11900 / 240, rel=1e-12)  # 49.583...

@@ -12,7 +12,7 @@ from conftest import shared_data
 from test_squad_features import DEV, VOCAB, reference_examples, reference_features, run_squad
 
 from bertforge.data.tokenizer import load_tokenizer
-from bertforge.squad import (
+from bertforge.tasks.squad import (
     SquadError,
     convert_examples_to_features,
     example_from_text,

@@ -15,16 +15,17 @@ from conftest import shared_data
 from bertforge.cli import main
 from bertforge.config import ConfigError, ModelConfig
 from bertforge.data.tokenizer import load_tokenizer
-from bertforge.finetune.run import save_finetuned, write_run_files
-from bertforge.model import BertForQuestionAnswering
+from bertforge.formats.hf import export_hf, load_model
+from bertforge.models.bert import BertForQuestionAnswering
 from bertforge.runs import CheckpointError, find_checkpoint
-from bertforge.squad import (
+from bertforge.tasks.finetune.run import save_finetuned, write_run_files
+from bertforge.tasks.squad import (
     convert_examples_to_features,
     evaluate,
     load_json,
     parse_examples,
 )
-from bertforge.squad.train import (
+from bertforge.tasks.squad.train import (
     PADDING_LOGIT,
     find_vocab,
     finetune,
@@ -34,7 +35,6 @@ from bertforge.squad.train import (
     predict_logits,
     qa_loss,
 )
-from bertforge.weights import export_hf, load_model
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -38,9 +38,10 @@ from test_squad_postprocess import RawResult, random_logits
 from bertforge.cli import main
 from bertforge.config import ConfigError, ModelConfig
 from bertforge.data.tokenizer import load_tokenizer
-from bertforge.log import rounded
-from bertforge.model import BertForQuestionAnswering
-from bertforge.squad import (
+from bertforge.formats.hf import export_hf
+from bertforge.models.bert import BertForQuestionAnswering
+from bertforge.observe.log import rounded
+from bertforge.tasks.squad import (
     SquadError,
     convert_examples_to_features,
     evaluate_v2,
@@ -51,8 +52,7 @@ from bertforge.squad import (
     read_examples,
     write_predictions,
 )
-from bertforge.squad.train import load_squad_config
-from bertforge.weights import export_hf
+from bertforge.tasks.squad.train import load_squad_config
 
 
 def to_v2(dataset: dict, articles: int | None = None, every: int = 3) -> dict:

@@ -27,11 +27,11 @@ import numpy as np
 import pytest
 import torch
 
-from bertforge import tf1, tf2
 from bertforge.cli import main
-from bertforge.model import BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification, BertModel
+from bertforge.formats import tf1, tf2
+from bertforge.formats.hf import ConversionError, load_model, model_config_from_bert_config, read_tf1
+from bertforge.models.bert import BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification, BertModel
 from bertforge.runs import CheckpointError
-from bertforge.weights import ConversionError, load_model, model_config_from_bert_config, read_tf1
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tf2"
 SMALL = FIXTURES / "small"
@@ -75,7 +75,7 @@ def rewrite(prefix: Path, out: Path, change) -> Path:
 @pytest.mark.parametrize("layout", tf2.LAYOUTS)
 def test_imported_outputs_equal_tensorflows(tmp_path, capsys, caplog, layout):
     expected = np.load(SMALL / "outputs.npz")
-    with caplog.at_level(logging.WARNING, logger="bertforge.tf2"):
+    with caplog.at_level(logging.WARNING, logger="bertforge.formats.tf2"):
         assert main(["import", "tf2", str(PREFIXES[layout]), str(tmp_path / "out")]) == 0
     printed = capsys.readouterr().out
     assert "skipped 1 variables" in printed  # save_counter
@@ -181,7 +181,7 @@ def test_import_and_export_commands(tmp_path, capsys, caplog):
     assert main(["import", "tf2", str(PREFIXES["pretrainer"]), str(out), "--overwrite"]) == 0
     imported = load_model(out)
     exported = tmp_path / "exported"
-    with caplog.at_level(logging.WARNING, logger="bertforge.tf2"):
+    with caplog.at_level(logging.WARNING, logger="bertforge.formats.tf2"):
         assert main(["export", str(out), str(exported), "--format", "tf2"]) == 0
     assert "cls.seq_relationship.weight, cls.seq_relationship.bias" in caplog.text  # no NSP head in TF2
     assert sorted(p.name for p in exported.iterdir()) == [

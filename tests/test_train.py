@@ -10,10 +10,10 @@ import torch
 from safetensors.torch import load_file
 
 from bertforge.config import load_config
-from bertforge.engine import BatchStream
+from bertforge.formats.hf import load_model
 from bertforge.runs import CheckpointError, find_checkpoint
-from bertforge.train import pretrain
-from bertforge.weights import load_model
+from bertforge.training.engine import BatchStream
+from bertforge.training.pretrain import pretrain
 
 
 def small_config(tmp_path: Path, name: str, **overrides):
@@ -197,7 +197,7 @@ def test_synthetic_data_trains_without_a_corpus(tmp_path):
 
 
 def test_epochs_set_the_number_of_steps():
-    from bertforge.train import total_steps
+    from bertforge.training.pretrain import total_steps
 
     cfg = load_config("tiny", [("train.epochs", 3), ("train.micro_batch_size", 8), ("train.global_batch_size", 32)])
     assert total_steps(cfg, batches_per_epoch=100, accumulation=4) == 75
@@ -207,9 +207,9 @@ def test_epochs_set_the_number_of_steps():
 
 def test_bf16_autocast_on_cpu_matches_fp32_closely():
     from bertforge.data import SyntheticDataset
-    from bertforge.engine import autocast
-    from bertforge.model import BertForPreTraining
-    from bertforge.train import forward_loss
+    from bertforge.models.bert import BertForPreTraining
+    from bertforge.training.engine import autocast
+    from bertforge.training.pretrain import forward_loss
 
     cfg = load_config("tiny")
     torch.manual_seed(0)

@@ -22,7 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..fileio import refuse_live_runs
+from bertforge.fileio import refuse_live_runs
+
 from .errors import DataError
 
 _CHUNK = 8 << 20  # bytes read at a time: hashlib releases the GIL on large updates, so threads hash in parallel

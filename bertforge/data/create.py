@@ -81,7 +81,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..fileio import atomic_files, refuse_live_runs
+from bertforge.fileio import atomic_files, refuse_live_runs
+
 from .errors import DataError, warn_one_document, warn_prediction_cap
 from .instances import create_arrays_fast, create_arrays_mlm, create_instances, to_arrays
 from .record_schema import FORMATS

@@ -1,7 +1,7 @@
 """Datasets the training loop reads, and :func:`build_datasets`, which makes them from a config.
 
 A dataset hands out batches as dicts of tensors with the keys of
-``bertforge.model.pretraining_loss``: ``input_ids``, ``token_type_ids``,
+``bertforge.models.bert.pretraining_loss``: ``input_ids``, ``token_type_ids``,
 ``attention_mask`` (left out when no row has padding), ``masked_lm_positions``,
 ``masked_lm_ids``, ``masked_lm_weights`` and ``next_sentence_labels``, in the
 compact dtypes of :meth:`.rows.PretrainingArrays.to_torch`; packed rows
@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..config import DataConfig
+from bertforge.config import DataConfig
+
 from .corpus import builtin_corpus, read_text_corpus
 from .errors import DataError, warn_one_document, warn_prediction_cap
 from .instances import create_arrays_mlm, create_instances, to_arrays

@@ -35,8 +35,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..feed import pinned
 from .errors import DataError
+from .feed import pinned
 from .instances import mask_candidates
 from .record_reader import RecordFile, open_records
 from .record_schema import detect_format
@@ -316,7 +316,7 @@ class Prefetcher:
     (torch releases the GIL). ``state()`` is the position after the last batch
     handed out, not after the last one read ahead, so checkpoints stay exact.
     With ``pin`` (training on CUDA) the thread also puts each batch in pinned
-    memory, from which :func:`bertforge.feed.copied_ahead` copies it to the GPU
+    memory, from which :func:`bertforge.data.feed.copied_ahead` copies it to the GPU
     without the host waiting.
     """
 

@@ -2,7 +2,7 @@
 
 Short sequences waste the compute of their padding. Packing puts up to
 ``max_sequences_per_pack`` (S) whole sequences into one row of ``seq_len``
-tokens; the model keeps them apart (see ``bertforge.model``): each token
+tokens; the model keeps them apart (see ``bertforge.models.bert``): each token
 attends only to the tokens of its own sequence (a block-diagonal attention
 mask from the per-token sequence index), positions restart at 0 in every
 sequence, and each sequence's next-sentence prediction comes from its own
@@ -381,7 +381,7 @@ def packing_to(output: str | Path, paths: Sequence[Path], max_sequences_per_pack
     hidden directory also holds the unpacked records); the temporaries are
     removed either way.
     """
-    from ..fileio import atomic_files
+    from bertforge.fileio import atomic_files
 
     check_max_sequences(max_sequences_per_pack)
     output = Path(output)
@@ -402,7 +402,8 @@ def pack_command(inputs: str, output: Path, max_sequences_per_pack: int, *, fmt:
     shard is complete. Shards are ``part-0000i-of-0000N.EXT``, N the input's
     file count unless ``num_output_files``.
     """
-    from ..fileio import atomic_directory, refuse_live_runs
+    from bertforge.fileio import atomic_directory, refuse_live_runs
+
     from .loader import record_files
     from .record_schema import FORMATS, SUFFIXES, detect_format
 

@@ -44,7 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from ..fileio import atomic_directory, fsync
+from bertforge.fileio import atomic_directory, fsync
+
 from .bpe import train_bpe
 from .corpus import iter_text_corpus
 from .errors import DataError

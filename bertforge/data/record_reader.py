@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..fileio import atomic_file
+from bertforge.fileio import atomic_file
+
 from . import native
 from .errors import DataError
 from .record_schema import (

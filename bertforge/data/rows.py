@@ -71,9 +71,9 @@ class PretrainingArrays(Columns):
                    next_sentence_labels=np.zeros(n, np.int64))
 
     def to_torch(self, always_mask: bool = False) -> dict[str, torch.Tensor]:
-        """The model's batch dict (see ``bertforge.model.pretraining_loss``), compact for the copy
+        """The model's batch dict (see ``bertforge.models.bert.pretraining_loss``), compact for the copy
         to the device: ids, positions and labels int32, the mask uint8, weights float32
-        (``bertforge.feed.widen`` makes the int32 fields int64 on the device).
+        (``bertforge.data.feed.widen`` makes the int32 fields int64 on the device).
 
         A batch without padding has no ``attention_mask``: the model then runs
         attention without a mask (Flash on CUDA), and knowing it costs no device sync.
@@ -126,7 +126,7 @@ class PackedArrays(Columns):
         return int(np.shape(self.next_sentence_labels)[1])
 
     def to_torch(self, always_mask: bool = False) -> dict[str, torch.Tensor]:
-        """The model's packed batch (see ``bertforge.train.forward_loss``); it always has its mask
+        """The model's packed batch (see ``bertforge.training.pretrain.forward_loss``); it always has its mask
         (``always_mask`` is for the signature :meth:`PretrainingArrays.to_torch` shares).
 
         ``sequence_ids`` (the per-token sequence index) makes the attention

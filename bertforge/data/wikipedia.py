@@ -8,7 +8,7 @@
   either one given (``sha1``/``md5``) or one looked up in the dump's published
   checksum file (lines of ``<hex>  <file name>``, as ``sha1sum`` writes them).
   A mismatch keeps the bytes as ``NAME.bad`` and raises.
-  The transfer itself is :mod:`bertforge.download`'s, shared with GLUE's downloader.
+  The transfer itself is :mod:`bertforge.data.download`'s, shared with GLUE's downloader.
 * :func:`extract` -- run ``wikiextractor`` (3.1.0) on a dump, then clean what
   it returns and write one JSON object per article to a ``.jsonl`` file:
   ``{"id": "12", "title": "Anarchism", "text": "paragraph\\nparagraph..."}``.
@@ -48,8 +48,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from ..download import HASH_BY_HEX_LENGTH, checked_digest, fetch_verified, is_hex
-from ..fileio import atomic_file
+from bertforge.fileio import atomic_file
+
+from .download import HASH_BY_HEX_LENGTH, checked_digest, fetch_verified, is_hex
 from .errors import DataError
 
 log = logging.getLogger(__name__)

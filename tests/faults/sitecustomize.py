@@ -12,7 +12,7 @@ _fault = os.environ.get("BERTFORGE_TEST_FAIL_AT", "")
 if _fault and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0" and "RANK" in os.environ:
     _rank, _step = (int(part) for part in _fault.split(":"))
     if int(os.environ["RANK"]) == _rank:
-        from bertforge.engine import Engine
+        from bertforge.training.engine import Engine
 
         _step_of = Engine.step
 

@@ -1,0 +1,271 @@
+"""Metrics: a console progress bar, ``metrics.jsonl``, TensorBoard and Weights & Biases.
+
+Every logged row goes to ``metrics.jsonl`` in the run directory, one JSON
+object per line (training rows have ``step``, ``loss``, ``mlm_loss``,
+``nsp_loss``, ``lr``, ``seq_per_s``; evaluation rows have ``split: "eval"``,
+``mlm_accuracy`` and ``nsp_accuracy``), its numbers to 7 significant digits
+(:func:`rounded`). TensorBoard gets the same scalars, unrounded, when the
+``tensorboard`` package is installed, and wandb when ``--log.wandb`` is set.
+Run metadata (versions, device, peak memory) goes to ``metadata.jsonl``
+(:meth:`MetricsLogger.log_metadata`).
+Only the main process logs. A resumed run first drops the rows after the step
+it resumes from (:func:`truncate_metrics`), so every step appears once.
+
+Python ``logging`` records of the ``bertforge`` loggers go to stderr through
+:func:`console_logging`, which the command line enters once; they share the
+progress bar's console, so a log line never tears the bar.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import IO, TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+)
+
+from bertforge.config import Config, ConfigError
+from bertforge.fileio import atomic_file
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
+    from typing_extensions import Self
+
+console = Console(stderr=True, highlight=False)
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+class ConsoleHandler(logging.Handler):
+    """Log records as plain lines on :data:`console` (stderr), above a live progress bar."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            console.print(self.format(record), markup=False, highlight=False, emoji=False,
+                          soft_wrap=True)
+        except Exception:  # noqa: BLE001 - logging must not raise
+            self.handleError(record)
+
+
+@contextlib.contextmanager
+def console_logging(level: str | int = "INFO") -> Iterator[None]:
+    """Show the ``bertforge.*`` loggers' records at ``level`` and above on stderr for the length
+    of a ``with`` block (one command); then the ``bertforge`` logger is as it was, so that
+    calling ``main`` in a process leaves nothing behind."""
+    logger = logging.getLogger("bertforge")
+    before = logger.level
+    handler = ConsoleHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(level.upper() if isinstance(level, str) else level)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(before)
+
+
+class _Closing:
+    """``with obj:`` closes it on every exit path; ``close`` may be called more than once."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+def truncate_metrics(path: Path, last_step: int) -> int:
+    """Keep only the rows of ``path`` up to step ``last_step`` (none for -1); the rows dropped.
+
+    What a run did after its last checkpoint is done again when it resumes:
+    its rows would appear twice. A torn last line (a kill mid-write) goes too.
+    The file is replaced atomically, so a kill here loses nothing.
+    """
+    if not path.is_file():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+            keep = isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= last_step
+        except ValueError:
+            keep = False
+        if keep:
+            kept.append(line + "\n")
+        else:
+            dropped += 1
+    if dropped:
+        with atomic_file(path) as tmp:
+            tmp.write_text("".join(kept), encoding="utf-8")
+    return dropped
+
+
+def rounded(value: Any) -> Any:
+    """A finite float to 7 significant digits, as ``metrics.jsonl`` writes it (float32 holds about as
+    many; decimal places would write a learning rate of 4.87e-7 as 0.0); anything else as it is."""
+    return float(f"{value:.7g}") if isinstance(value, float) and math.isfinite(value) else value
+
+
+class MetricsLogger(_Closing):
+    """Fans one row of metrics out to every enabled sink. A context manager: leaving the
+    ``with`` block closes the sinks.
+
+    ``start_step`` is the step the run starts from (that of the checkpoint it
+    resumes, 0 for a fresh start): rows after it in an existing ``metrics.jsonl``
+    are dropped first. None appends to the file as it is.
+    """
+
+    def __init__(self, run_dir: Path, cfg: Config, enabled: bool = True, start_step: int | None = None):
+        self.enabled = enabled
+        self.run_dir = run_dir
+        self.tensorboard: SummaryWriter | None = None
+        self.wandb_run: Any = None  # a wandb Run; wandb is optional
+        self.jsonl: IO[str] | None = None
+        if not enabled:
+            return
+        try:
+            if start_step is not None:  # a fresh start keeps nothing: its step-0 rows come again
+                truncate_metrics(run_dir / "metrics.jsonl", start_step if start_step > 0 else -1)
+            self._open(run_dir, cfg)
+        except BaseException:
+            self.close()  # what was opened before the failure
+            raise
+
+    def _open(self, run_dir: Path, cfg: Config) -> None:
+        # Appending keeps the history of a resumed run in one file.
+        self.jsonl = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")  # closed by close()
+        if cfg.log.tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:  # tensorboard is optional
+                pass
+            else:
+                self.tensorboard = SummaryWriter(str(run_dir / "tensorboard"))
+        if cfg.log.wandb:
+            try:
+                import wandb
+            except ImportError:
+                raise ConfigError("--log.wandb needs the wandb package (pip install wandb)") from None
+            self.wandb_run = wandb.init(project=cfg.log.wandb_project, name=run_dir.name,
+                                        dir=str(run_dir), config=cfg.to_dict(), resume="allow")
+
+    def log(self, row: dict[str, Any]) -> None:
+        if not self.enabled or self.jsonl is None:
+            return
+        self.jsonl.write(json.dumps({k: rounded(v) for k, v in row.items()}) + "\n")
+        self.jsonl.flush()
+        step = row.get("step", 0)
+        prefix = row.get("split", "train")
+        scalars = {k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "step"}
+        if self.tensorboard is not None:
+            for key, value in scalars.items():
+                self.tensorboard.add_scalar(f"{prefix}/{key}", value, step)
+        if self.wandb_run is not None:
+            self.wandb_run.log({f"{prefix}/{k}": v for k, v in scalars.items()}, step=step)
+
+    def log_metadata(self, row: dict[str, Any]) -> None:
+        """One row of run metadata (``event`` "start": versions, device, …; "end": peak memory, …;
+        see observe/profile.py): appended to ``metadata.jsonl`` (metrics.jsonl holds only steps and
+        evaluations, which is what its readers expect), a text summary in TensorBoard, wandb's
+        config at the start and its summary at the end."""
+        if not self.enabled or self.jsonl is None:
+            return
+        with open(self.run_dir / "metadata.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+        event, step = row.get("event", "start"), row.get("step", 0)
+        if self.tensorboard is not None:
+            table = "\n".join(["| key | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in row.items()])
+            self.tensorboard.add_text(f"run/{event}", table, step)
+        if self.wandb_run is not None:
+            if event == "start":
+                self.wandb_run.config.update({"run": row}, allow_val_change=True)
+            else:
+                self.wandb_run.summary.update({f"run/{k}": v for k, v in row.items()})
+
+    def close(self) -> None:
+        """Flush and close every sink; later calls do nothing."""
+        jsonl, tensorboard, wandb_run = self.jsonl, self.tensorboard, self.wandb_run
+        self.jsonl = self.tensorboard = self.wandb_run = None
+        try:
+            if jsonl is not None:
+                jsonl.close()
+        finally:
+            try:
+                if tensorboard is not None:
+                    tensorboard.close()
+            finally:
+                if wandb_run is not None:
+                    wandb_run.finish()
+
+
+class ProgressBar(_Closing):
+    """A rich progress bar over optimizer steps showing the latest loss and throughput.
+
+    Messages are printed even without the bar, but only by the main process
+    (``main=False`` silences both on the other ranks). A context manager: leaving
+    the ``with`` block stops the bar.
+    """
+
+    def __init__(self, total: int, start: int, enabled: bool, main: bool = True, label: str = "pretrain"):
+        self.progress = None
+        self.main = main
+        if not (enabled and main):
+            return
+        self.progress = Progress(
+            TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[status]}"), TimeRemainingColumn(),
+            console=console, transient=False)
+        self.task = self.progress.add_task("steps", total=total, completed=start, status="")
+        self.progress.start()
+
+    def update(self, step: int, status: str | None = None) -> None:
+        if self.progress is not None:
+            fields: dict[str, Any] = {"status": status} if status is not None else {}
+            self.progress.update(self.task, completed=step, **fields)
+
+    def print(self, message: str) -> None:
+        if not self.main:
+            return
+        # One line per message however long (paths are), and no markup read in a path.
+        target = self.progress.console if self.progress is not None else console
+        target.print(message, soft_wrap=True, markup=False, highlight=False)
+
+    def close(self) -> None:
+        """Stop the bar (it stays on screen); later calls do nothing."""
+        progress, self.progress = self.progress, None
+        if progress is not None:
+            progress.stop()
+
+
+class Throughput:
+    """Sequences per second between two calls of ``rate``."""
+
+    def __init__(self):
+        self.last_time = time.perf_counter()
+        self.sequences = 0
+
+    def add(self, sequences: int) -> None:
+        self.sequences += sequences
+
+    def rate(self) -> float:
+        now = time.perf_counter()
+        rate = self.sequences / max(now - self.last_time, 1e-9)
+        self.last_time, self.sequences = now, 0
+        return rate

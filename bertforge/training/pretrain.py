@@ -1,0 +1,702 @@
+"""The pre-training loop, flat, top to bottom.
+
+    bertforge pretrain                                   # tiny BERT on the built-in corpus
+    bertforge pretrain --config pretrain_base_128 --data.input corpus/ --train.steps 10000
+    bertforge pretrain --resume runs/NAME                # continue from its newest checkpoint
+    bertforge pretrain --name NAME --resume auto ...     # one command for the first start and every restart
+
+    torchrun --nproc_per_node 8 -m bertforge pretrain --execution.parallel fsdp ...
+
+One optimizer step consumes ``train.global_batch_size`` sequences: each of
+the W ranks (1 without torchrun) runs ``accumulation`` micro-batches of
+``train.micro_batch_size``. The data order is a seeded permutation per epoch,
+so the data position is two integers (epoch, micro-batch) and a resumed run
+continues exactly where it stopped without replaying anything. With W ranks,
+rank r takes micro-batches r, r + W, … of that order and dropout is seeded
+per micro-batch of the global batch, so a step sees the same sequences and
+masks, and gives the same loss, at any world size.
+
+Nothing is lost: SIGTERM or SIGUSR1 finishes the current step, writes a
+checkpoint on every rank and returns (exit status 0); ``--resume auto``
+resumes from the newest sound checkpoint of ``log.run_dir/log.name`` or
+starts fresh there, so torchrun's ``--max-restarts`` continues a job whose
+rank died. Every (re)start removes the temporaries of interrupted saves, and
+a run directory made by a run that failed before its first step is removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import os
+import random
+import shutil
+import time
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from bertforge import runs
+from bertforge.config import Config, ConfigError, DataConfig, accumulation_steps, freeze, replaced
+from bertforge.data import PretrainingDataset, SyntheticDataset, build_datasets, decode_sample, vocab_size_of
+from bertforge.data.checksum import fingerprint
+from bertforge.data.errors import warn_prediction_cap
+from bertforge.data.feed import copied_ahead, widen
+from bertforge.data.loader import (
+    Prefetcher,
+    RecordStream,
+    check_tokenizer,
+    check_vocab_fits,
+    is_records,
+    masking_spec,
+    record_files,
+)
+from bertforge.fileio import atomic_file
+from bertforge.formats import hf as weights
+from bertforge.models.bert import compiled_pretraining_loss, eval_result, eval_sums, num_parameters, pretraining_loss
+from bertforge.models.families import build_pretraining_model
+from bertforge.observe.log import MetricsLogger, ProgressBar, Throughput
+from bertforge.observe.profile import RunMonitor
+from bertforge.parallel.dist import (
+    DEFAULT_COMPILE_CACHE,
+    DistContext,
+    barrier,
+    check_execution,
+    compiles,
+    compiles_optimizer,
+    destroy_distributed,
+    from_main,
+    init_distributed,
+    is_compiled,
+    prepare_model,
+    resolve_device,
+    unwrap,
+    write_error,
+)
+
+from . import checkpoint as ckpt
+from . import pipeline as pipeline_parallel
+from .engine import (
+    BatchStream,
+    DivergenceError,
+    DivergenceGuard,
+    Engine,
+    Preemption,
+    StepReport,
+    autocast,
+    set_threads,
+    to_device,
+)
+from .mlperf import eval_due, eval_every_samples, open_log
+from .optim import build_optimizer, build_scheduler
+
+
+def forward_loss(model: nn.Module, batch: dict[str, torch.Tensor], accuracy: bool = True) -> dict[str, torch.Tensor]:
+    """The pre-training losses of one batch, and with ``accuracy`` the counts of correct predictions
+    (see ``pretraining_loss``).
+
+    The batch may be compact (int32, as the loader makes it): it is widened
+    here, on the device, where the loss needs int64. A batch without padding
+    has no ``attention_mask``, and the model runs without one.
+    """
+    batch = widen(batch)
+    # A compiled model comes with a compiled loss: fp32 cross-entropy over (B, P, V) logits
+    # fused into a few kernels instead of materialising fp32 copies of the logits.
+    loss_fn = (compiled_pretraining_loss(accuracy) if is_compiled(model)
+               else functools.partial(pretraining_loss, accuracy=accuracy))
+    if "sequence_ids" in batch:  # packed rows (see data/packing.py)
+        mlm_logits, nsp_logits = model(batch["input_ids"], batch["token_type_ids"], None,
+                                       batch["masked_lm_positions"], position_ids=batch["position_ids"],
+                                       sequence_ids=batch["sequence_ids"], cls_positions=batch["cls_positions"])
+        return loss_fn(mlm_logits, nsp_logits, batch)
+    mlm_logits, nsp_logits = model(batch["input_ids"], batch["token_type_ids"],
+                                   batch.get("attention_mask"), batch["masked_lm_positions"])
+    return loss_fn(mlm_logits, nsp_logits, batch)
+
+
+def training_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The engine's loss function: the losses a training step reports (and, for packed rows,
+    ``sequences``: the real sequences of the batch, for a throughput in real sequences); no
+    accuracy counts, whose argmax over the logits training does not need."""
+    out = forward_loss(model, batch, accuracy=False)
+    keys = ("loss", "mlm_loss", "nsp_loss") if has_nsp(model) else ("loss", "mlm_loss")
+    losses = {key: out[key] for key in keys}
+    if "sequence_ids" in batch:
+        losses["sequences"] = out["nsp_count"]
+    return losses
+
+
+def has_nsp(model: nn.Module) -> bool:
+    """Whether a (wrapped) pre-training model has the next-sentence head (not BertForMaskedLM)."""
+    return unwrap(model).next_sentence  # type: ignore[return-value]
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, dataset: PretrainingDataset, batch_size: int, device: torch.device,
+             precision: str, max_batches: int = 0) -> dict[str, float]:
+    """Masked-LM and NSP accuracy and loss over the eval set, in order, without dropout
+    (the masked LM's alone for a model without the NSP head)."""
+    was_training = model.training
+    model.eval()
+    sums = [0.0] * 6
+    starts = range(0, len(dataset), batch_size)
+    if max_batches > 0:
+        starts = starts[:max_batches]
+    for start in starts:
+        indices = torch.arange(start, min(start + batch_size, len(dataset))).numpy()
+        batch = to_device(dataset.batch(indices), device)
+        with autocast(device, precision):
+            out = forward_loss(model, batch)
+        sums = [total + value for total, value in zip(sums, eval_sums(out))]
+    model.train(was_training)
+    return eval_result(sums, has_nsp(model))
+
+
+
+
+def make_run_dir(cfg: Config) -> Path:
+    """A new run directory under ``log.run_dir``: ``log.name``, or the first of ``NAME-2``, ``NAME-3`` …
+    that no other run has made (never two runs in one directory, even when started at once)."""
+    name = cfg.log.name or datetime.now().strftime("pretrain-%Y%m%d-%H%M%S")
+    run_dir, suffix = Path(cfg.log.run_dir) / name, 1
+    while True:
+        try:
+            run_dir.mkdir(parents=True)  # of two that start at once, one makes it
+            return run_dir
+        except FileExistsError:
+            suffix += 1
+            run_dir = Path(cfg.log.run_dir) / f"{name}-{suffix}"
+        except OSError as err:  # a read-only or missing parent: the user's to fix
+            raise ConfigError(f"cannot create the run directory {run_dir}: {err.strerror} (log.run_dir)") from None
+
+
+def absolute_paths(cfg: Config) -> Config:
+    """``cfg`` with the paths a run reads made absolute, so that the saved config resumes from any
+    directory.
+
+    ``checkpoint.init`` may be a Hugging Face model id: it becomes the model's snapshot in the
+    local Hugging Face cache. An id found nowhere stays as given, for the load of a new run to
+    say where it was looked for (a resume does not read it)."""
+    paths = {f"{section}.{key}": getattr(getattr(cfg, section), key)
+             for section, key in (("data", "input"), ("data", "eval_input"), ("data", "vocab"), ("log", "mlperf"))}
+    absolute = {key: os.path.abspath(os.path.expanduser(value)) for key, value in paths.items() if value}
+    init = cfg.checkpoint.init
+    found = weights.resolve_model(init) if init else None
+    if found is not None and (weights.is_model(found) or not weights.HF_MODEL_ID.match(init)):
+        absolute["checkpoint.init"] = os.path.abspath(found)
+    return replaced(cfg, absolute)
+
+
+def locate_run(cfg: Config, held: contextlib.ExitStack) -> tuple[Path | None, Path, bool]:
+    """(the checkpoint to resume or None, the run directory, whether this run created it).
+
+    On rank 0 only. ``checkpoint.resume: auto`` takes the newest checkpoint of
+    ``log.run_dir/log.name`` that verifies (skipping damaged ones with a
+    warning), or starts fresh there. The run directory's lock is taken into
+    ``held`` first (another live run there is an error naming it); then the
+    temporaries of interrupted saves are removed.
+    """
+    resume = cfg.checkpoint.resume
+    if resume == runs.AUTO:
+        run_dir = runs.auto_run_dir(cfg.log.run_dir, cfg.log.name)
+        lock = held.enter_context(runs.RunLock(run_dir, create=True))  # of runs started at once, one goes on
+        try:
+            return runs.checkpoint_to_resume(resume, run_dir), run_dir, lock.created
+        except Exception:
+            if lock.created:  # made and locked here, nothing of a run is in it: leave nothing behind
+                runs.remove_run_dir(run_dir)
+            raise
+    if resume:
+        run_dir = runs.find_checkpoint(resume).parent.parent
+        held.enter_context(runs.RunLock(run_dir))
+        resume_from = runs.checkpoint_to_resume(resume)
+        assert resume_from is not None  # a named checkpoint, or an error
+        return resume_from, run_dir, False
+    run_dir = make_run_dir(cfg)
+    held.enter_context(runs.RunLock(run_dir))
+    return None, run_dir, True
+
+
+def fingerprint_of(d: DataConfig) -> str | None:
+    """The fingerprint of the files training reads, saved with every checkpoint, so that a resume
+    notices data regenerated at the same path (None: synthetic data, the built-in corpus)."""
+    if d.synthetic or not d.input:
+        return None
+    return fingerprint(record_files(d.input))
+
+
+@dataclasses.dataclass
+class TrainingData:
+    """What :func:`load_data` makes: a function giving this rank's training stream from a data
+    position, the eval set, and the config values the data decided (dotted keys: the vocab a
+    corpus trained and its size, the records' shapes), for ``config.replaced``."""
+
+    make_stream: Callable[[dict], Any]
+    eval_set: PretrainingDataset | None
+    decided: dict[str, Any]
+
+
+def load_data(cfg: Config, run_dir: Path, rank: int = 0, world_size: int = 1, *,
+              pin: bool = False, always_mask: bool = False) -> TrainingData:
+    """This rank's training data and the eval set of ``cfg.data``; ``cfg`` itself is left alone.
+
+    ``pin``: the record prefetcher puts batches in pinned memory (for a CUDA device).
+    ``always_mask``: batches without padding keep their attention mask, so that a compiled
+    model has one graph for all (synthetic rows, which never have padding, have none).
+
+    Training data is synthetic, a corpus of text (built here, see data/, training a vocab
+    into the run directory where none is given), or a directory or glob of record shards
+    (streamed), whose shapes and vocab decide ``data.seq_len``, ``data.max_predictions`` and
+    ``model.vocab_size``.
+    """
+    d, batch_size, seed = cfg.data, cfg.train.micro_batch_size, cfg.train.seed
+    split: dict[str, Any] = {"rank": rank, "world_size": world_size}
+    train: SyntheticDataset | PretrainingDataset
+    eval_set: PretrainingDataset | None
+    if d.synthetic:
+        train = SyntheticDataset(size=max(cfg.train.global_batch_size * 64, 1024),
+                                 vocab_size=cfg.model.vocab_size, seq_len=d.seq_len,
+                                 max_predictions=d.max_predictions, seed=d.seed)
+        return TrainingData(lambda position: BatchStream(train, batch_size, seed, **position, **split), None, {})
+    files = record_files(d.input) if d.input and is_records(d.input) else None
+    if files is None:
+        train, eval_set, vocab = build_datasets(d, run_dir, mlm_only=cfg.train.objective == "mlm")
+        train.always_mask = eval_set.always_mask = always_mask
+        # The saved config names the vocab actually used, so a resume rebuilds the same data.
+        return TrainingData(lambda position: BatchStream(train, batch_size, seed, **position, **split), eval_set,
+                            {"data.vocab": str(Path(vocab).resolve()), "model.vocab_size": vocab_size_of(vocab)})
+
+    from bertforge.data.loader import read_eval_records, records_shape
+    from bertforge.data.record_reader import open_records
+
+    # The records decide the shapes. A value the config sets (on the command line or in a config
+    # file, even the default value) must agree with them, or it would be silently replaced; a
+    # resumed run's saved config holds the records' values.
+    first, seq_len, max_predictions, header_vocab = records_shape(files)
+    with open_records(first, verify=False) as records:
+        packed = records.max_sequences_per_pack > 0
+    if packed and (cfg.log.mlperf or eval_every_samples(cfg) > 0):
+        # A step's real sequences vary with packed rows; samples are counted per step from the batch size.
+        raise ConfigError(f"{first}: packed records, but train.eval_every_samples and log.mlperf count samples "
+                          f"as global_batch_size per step: train on unpacked records, or use train.eval_every")
+    for key, value in (("seq_len", seq_len), ("max_predictions", max_predictions)):
+        given = getattr(d, key)
+        if f"data.{key}" in cfg.given and given != value:
+            raise ConfigError(f"data.{key}={given}, but the records have {key} {value} ({first}): leave "
+                              f"data.{key} out to train on these records, or give records of {key} {given}")
+    if seq_len > cfg.model.max_position_embeddings:
+        raise ConfigError(f"{first}: sequences of {seq_len} exceed "
+                          f"model.max_position_embeddings={cfg.model.max_position_embeddings}")
+    masking = None
+    vocab_size = vocab_size_of(d.vocab) if d.vocab else cfg.model.vocab_size
+    if d.vocab:
+        check_tokenizer(files + ([Path(d.eval_input)] if d.eval_input else []), d.vocab)  # native headers name theirs
+    if d.vocab and d.dynamic_masking:
+        masking = masking_spec(d.vocab, d.masked_lm_prob, d.whole_word_mask)
+        warn_prediction_cap(seq_len, max_predictions, d.masked_lm_prob, f"{first} (data.dynamic_masking)")
+    elif d.dynamic_masking:
+        raise ConfigError("data.dynamic_masking needs data.vocab (for the [CLS], [SEP] and [MASK] ids)")
+    if d.whole_word_mask and not d.dynamic_masking:
+        raise ConfigError("data.whole_word_mask on records needs data.dynamic_masking (records keep the "
+                          "masks they were made with: `data create --whole-word-mask` makes whole-word ones)")
+    if header_vocab is not None and header_vocab != vocab_size:  # (TFRecords declare none)
+        have = f"data.vocab {d.vocab} has {vocab_size} tokens" if d.vocab else f"model.vocab_size={vocab_size}"
+        raise ConfigError(f"{first}: written for a vocab of {header_vocab} tokens (its header's vocab_size), "
+                          f"but {have}: give data.vocab the vocab the records were made with")
+    if d.vocab and not d.dynamic_masking:  # the records' own masks: made with this vocab, or ids are shifted
+        with open_records(first, verify=False) as records:
+            check_vocab_fits(records, d.vocab)
+    # Token ids ≥ the vocab size are refused, naming the file and record, by the readers.
+    eval_set = (PretrainingDataset(read_eval_records(d.eval_input, (first, seq_len, max_predictions), vocab_size),
+                                   always_mask) if d.eval_input else None)
+
+    def make_stream(position: dict) -> RecordStream | Prefetcher:
+        # Every rank reads the same number of batches per epoch: none waits for another.
+        stream = RecordStream(files, batch_size, seed, shuffle_buffer=d.shuffle_buffer, masking=masking,
+                              vocab_size=vocab_size, always_mask=always_mask, **position, **split)
+        return Prefetcher(stream, d.prefetch, pin=pin) if d.prefetch > 0 else stream
+    return TrainingData(make_stream, eval_set, {"data.seq_len": seq_len, "data.max_predictions": max_predictions,
+                                                "model.vocab_size": vocab_size})
+
+
+def total_steps(cfg: Config, batches_per_epoch: int, accumulation: int) -> int:
+    if cfg.train.epochs > 0:
+        return max(1, cfg.train.epochs * batches_per_epoch // accumulation)
+    return cfg.train.steps
+
+
+def check_resume(checkpoint: Path, saved: dict[str, Any], world_size: int, streamed: bool) -> None:
+    """Refuse a resume whose data position would be silently wrong, naming both world sizes.
+
+    Weights and optimizer state load into any world size and parallel mode
+    (full files, or FSDP shards that torch.distributed.checkpoint reshards).
+    The in-memory stream's position counts micro-batches of all ranks, so any
+    world size continues it exactly (with the same global batch); the record
+    streams' position is per rank and holds only for the same world size.
+    """
+    saved_world = saved.get("world_size", 1)
+    if streamed and saved_world != world_size:
+        raise runs.CheckpointError(
+            f"{checkpoint} was saved by {saved_world} rank(s) and this run has {world_size}: the position "
+            f"in record shards is per rank, so resume with {saved_world} rank(s)")
+
+
+def pretrain(cfg: Config, compile_only: bool = False) -> dict[str, Any]:
+    """Run (or resume) pre-training; returns a summary with the run directory and results.
+
+    Under torchrun every rank calls this: rank 0 alone prints, logs and writes
+    the run's shared files, and a rank that fails leaves its traceback in
+    ``error_rank{N}.log`` in the run directory.
+    """
+    started = time.perf_counter()
+    set_threads(cfg.execution.threads)
+    cfg = absolute_paths(cfg)
+    dist = init_distributed(cfg.execution.device, cfg.execution.dist_timeout)
+    try:
+        check_execution(cfg.execution, dist.world_size)
+        with contextlib.ExitStack() as held:  # rank 0 holds the run directory's lock until the run ends
+            # One directory, named by rank 0.
+            resume_from, run_dir, created = from_main(dist, lambda: locate_run(cfg, held))
+            progress = {"steps": 0}
+            try:
+                summary = train(cfg, dist, run_dir, resume_from, started, progress, compile_only)
+                barrier(dist)  # no rank leaves the group while another still talks to it
+                return summary
+            except Exception:
+                if (created and dist.world_size == 1 and progress["steps"] == 0
+                        and not runs.complete_checkpoints(run_dir)):
+                    # Nothing to keep: the error on the console says it all. Under torchrun the
+                    # directory stays, holding every rank's error log.
+                    runs.remove_run_dir(run_dir)
+                else:
+                    write_error(run_dir, dist)
+                raise
+    finally:
+        destroy_distributed()
+
+
+def compile_only(cfg: Config) -> dict[str, Any]:
+    """``pretrain --compile-only``: compile the model and the loss for this config into the compile
+    cache and stop, so that the real run's first step (and first evaluation) start warm.
+
+    What is compiled is what the run compiles, by the run's own code: one training step on the
+    first batch of the configured data and the evaluation, in a hidden run directory under
+    ``log.run_dir`` that is removed afterwards. One step covers every batch of the run: a
+    compiled run's batches of padded data all carry their mask (``always_mask``), so a batch
+    without padding takes the same graph. No weights or logs are kept; the cache is
+    ``execution.compile_cache``. Under torchrun every rank compiles its own part (DDP, FSDP).
+    """
+    if not compiles(cfg.execution, resolve_device(cfg.execution.device)):
+        raise ConfigError(f"execution.compile={cfg.execution.compile} does not compile on "
+                          f"{resolve_device(cfg.execution.device).type} (auto: on CUDA only), so there is nothing "
+                          "to compile: give the run and --compile-only --execution.compile true")
+    cfg = replaced(cfg, {"train.steps": 1, "train.epochs": 0, "train.target_mlm_accuracy": 0.0,
+                         "checkpoint.every": 0, "checkpoint.keep": 1, "checkpoint.resume": "",
+                         "log.name": f".compile-only-{datetime.now():%Y%m%d-%H%M%S}", "log.tensorboard": False,
+                         "log.wandb": False, "log.mlperf": ""})
+    started = time.perf_counter()
+    summary = pretrain(cfg, compile_only=True)
+    if summary["rank"] == 0:
+        shutil.rmtree(summary["run_dir"], ignore_errors=True)
+    return {"rank": summary["rank"], "seconds": time.perf_counter() - started, "run_dir": summary["run_dir"],
+            "compile_cache": str(Path(cfg.execution.compile_cache or DEFAULT_COMPILE_CACHE).expanduser())}
+
+
+def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | None,
+          started: float, progress: dict[str, int] | None = None, compile_only: bool = False) -> dict[str, Any]:
+    """The body of ``pretrain`` on one rank, given the run directory (and the checkpoint to
+    resume, already verified): the config resolved and frozen, the data, the model and its
+    engine; then :class:`Pretraining`. ``progress["steps"]`` counts the steps this call completed."""
+    progress = {"steps": 0} if progress is None else progress
+    if cfg.checkpoint.init and resume_from is None:
+        weights.find_model(cfg.checkpoint.init)  # one not found is named before the data loads
+    # The MLPerf log's init phase starts here (rank 0 writes; without log.mlperf it logs nothing).
+    mlperf = open_log(cfg, dist, resumed=resume_from is not None)
+    data, cfg = resolved_data(cfg, dist, run_dir)
+    data_fingerprint = from_main(dist, lambda: fingerprint_of(cfg.data))
+    saved = ckpt.read_trainer_state(resume_from) if resume_from else None
+    if resume_from is not None:
+        saved_cfg, saved_data = weights.read_config(resume_from), saved.get("data_fingerprint") if saved else None
+        weights.check_model_config(saved_cfg.model, cfg.model, resume_from)
+        from_main(dist, lambda: runs.check_resume(resume_from, saved_cfg, cfg, saved_data, data_fingerprint,
+                                                  f"data.input {cfg.data.input}"))
+    if dist.is_main:
+        with atomic_file(run_dir / "config.yaml") as tmp:
+            tmp.write_text(cfg.to_yaml(), encoding="utf-8")
+    model = pretraining_model(cfg, from_weights=resume_from is None)
+    data_rank, data_world = pipeline_parallel.data_split(cfg.execution, dist)
+    accumulation = accumulation_of(cfg, data_world)
+    stream = data.make_stream(saved["data"] if saved else {})
+    if resume_from is not None:
+        assert saved is not None  # read above
+        check_resume(resume_from, saved, data_world, streamed=not isinstance(stream, BatchStream))
+    steps = total_steps(cfg, stream.batches_per_epoch, accumulation)
+    n_params = num_parameters(model)
+    engine = build_engine(cfg, dist, model, steps)
+    step = ckpt.resume(resume_from, engine, verified=True)["step"] if resume_from is not None else 0
+    with contextlib.ExitStack() as stack:
+        stack.callback(stream.close)
+        run = Pretraining(cfg, dist, run_dir, engine, stream, data.eval_set, steps, step, accumulation, mlperf,
+                          data_fingerprint, saved.get("train_s", 0.0) if saved else 0.0, started, stack)
+        ranks = f" × {dist.world_size} ranks ({cfg.execution.parallel})" if dist.world_size > 1 else ""
+        if cfg.execution.pipeline_stages > 1:
+            ranks = (f" × {data_world} pipeline(s) of {cfg.execution.pipeline_stages} stages "
+                     f"({cfg.execution.pipeline_schedule})")
+        run.bar.print(f"model: {n_params / 1e6:.2f}M parameters, "
+                      f"{cfg.model.num_hidden_layers} layers, hidden {cfg.model.hidden_size}; "
+                      f"{stream.num_sequences} training sequences of {cfg.data.seq_len}; "
+                      f"global batch {cfg.train.global_batch_size} = {cfg.train.micro_batch_size} × "
+                      f"{accumulation}{ranks}")
+        return run.train(progress, save=not compile_only)
+
+
+def resolved_data(cfg: Config, dist: DistContext, run_dir: Path) -> tuple[TrainingData, Config]:
+    """This rank's training data, and the config with what the data decided, frozen: what the
+    run reads from here on (and saves). Rank 0 loads first: it may train the vocab into the run
+    directory, which the other ranks then read."""
+    # The ranks that split the data: every rank, or with pipeline stages the pipelines (a
+    # pipeline's stages read alike).
+    data_rank, data_world = pipeline_parallel.data_split(cfg.execution, dist)
+    load = functools.partial(load_data, run_dir=run_dir, rank=data_rank, world_size=data_world,
+                             pin=dist.device.type == "cuda",  # pinned batches copy to the GPU without waiting
+                             always_mask=compiles(cfg.execution, dist.device))  # one graph for every batch
+    loaded: list[TrainingData] = []
+
+    def load_on_main() -> dict[str, Any]:
+        loaded.append(load(cfg))
+        return loaded[0].decided
+
+    cfg = freeze(replaced(cfg, from_main(dist, load_on_main)))
+    return (loaded[0] if loaded else load(cfg)), cfg
+
+
+def pretraining_model(cfg: Config, from_weights: bool) -> nn.Module:
+    """The model ``cfg`` trains, on every rank from the same seed, with ``checkpoint.init``'s weights
+    when ``from_weights`` (a fresh start); parallelism is applied to it afterwards (build_engine)."""
+    torch.manual_seed(cfg.train.seed)
+    random.seed(cfg.train.seed)
+    model = build_pretraining_model(cfg.model, cfg.train.objective)
+    if cfg.checkpoint.init and from_weights:
+        weights.load_weights(model, cfg.checkpoint.init)
+    return model.train()
+
+
+def accumulation_of(cfg: Config, data_world: int) -> int:
+    """Micro-batches per rank and step, for ``data_world`` ranks (or pipelines) that split the data."""
+    try:
+        accumulation = accumulation_steps(cfg.train, world_size=data_world)
+    except ConfigError as err:
+        what = "pipeline" if cfg.execution.pipeline_stages > 1 else "rank"
+        raise ConfigError(f"{err} (micro-batch {cfg.train.micro_batch_size} × {data_world} {what}(s))") from None
+    pipeline_parallel.check_micro_batches(cfg.execution, accumulation)
+    return accumulation
+
+
+def build_engine(cfg: Config, dist: DistContext, model: nn.Module, steps: int) -> Engine:
+    """The model as this rank trains it (parallelism applied from outside), its optimizer and
+    schedule: with pipeline stages this rank's stage (training/pipeline.py)."""
+    if cfg.execution.pipeline_stages > 1:
+        return pipeline_parallel.build_engine(model, cfg.execution, cfg.train, dist, steps)
+    model = prepare_model(model, cfg.execution, dist)
+    optimizer = build_optimizer(unwrap(model), cfg.train, compiled=compiles_optimizer(cfg.execution, dist.device))
+    return Engine(model, optimizer, build_scheduler(optimizer, cfg.train, steps), training_loss,
+                  cfg.execution.precision, cfg.train.grad_clip, dist, seed=cfg.train.seed,
+                  grad_sync=cfg.execution.grad_sync)
+
+
+class Pretraining:
+    """One rank's pre-training once its model, data and engine are set up: the steps, what their
+    reports say (logs, the divergence guard), evaluations and checkpoints.
+
+    Nothing here waits for the device between steps: a step's numbers arrive during the next
+    (``engine.report``, see training/engine.py). A checkpoint waits for its own step's (``engine.flush``),
+    and with the divergence guard on it counts only once the step after it is seen to be normal:
+    the loss that reveals a bad update comes one step after the update (``ckpt.confirm``).
+    """
+
+    def __init__(self, cfg: Config, dist: DistContext, run_dir: Path, engine: Engine, stream: Any,
+                 eval_set: PretrainingDataset | None, steps: int, step: int, accumulation: int, mlperf: Any,
+                 data_fingerprint: str | None, trained_s: float, started: float, stack: contextlib.ExitStack):
+        self.cfg, self.dist, self.run_dir, self.engine, self.stream = cfg, dist, run_dir, engine, stream
+        self.eval_set, self.steps, self.step, self.accumulation = eval_set, steps, step, accumulation
+        self.mlperf, self.data_fingerprint, self.started = mlperf, data_fingerprint, started
+        self.logger = stack.enter_context(MetricsLogger(run_dir, cfg, enabled=dist.is_main, start_step=step))
+        engine.preemption = self.preemption = stack.enter_context(Preemption())
+        self.bar = stack.enter_context(ProgressBar(steps, step, enabled=cfg.log.progress, main=dist.is_main))
+        self.monitor = stack.enter_context(RunMonitor(cfg, run_dir, dist, self.logger, self.bar.print,
+                                                      start_step=step, total_steps=steps, started=started))
+        self.bar.print(f"run directory: {run_dir}")
+        # Time to train: the timed region from here to the stop, summed over a resumed run's parts.
+        self.run_started, self.trained_s = time.perf_counter(), trained_s
+        self.guard = DivergenceGuard(cfg.train.divergence_factor, cfg.train.divergence_steps)
+        self.unconfirmed: tuple[int, Path] | None = None  # (its step, the checkpoint awaiting the next loss)
+        self.throughput = Throughput()
+        self.learning_rates: dict[int, float] = {}  # of the steps whose reports have not arrived
+        self.first_loss: float | None = None
+        self.last_loss: float | None = None
+        self.evaluated_at = -1  # the step of the newest evaluation
+
+    # -------- the loop
+
+    def train(self, progress: dict[str, int], save: bool = True) -> dict[str, Any]:
+        """Train to the end, a target accuracy or a signal; the summary. ``save`` false (compile-only)
+        writes no final checkpoint."""
+        cfg, engine, batch, target = self.cfg, self.engine, self.cfg.train.global_batch_size, self.target
+        self.mlperf.run_start(cfg, self.accumulation, self.steps, len(self.eval_set) if self.eval_set else 0)
+        first_eval = last_eval = self.evaluate() if self.step == 0 and cfg.train.eval_at_start else None
+        final: Path | None = None  # the checkpoint a signal made the run write
+        while self.step < self.steps and not self.reached(last_eval):  # (the target may be reached at 0)
+            self.learning_rates[self.step + 1] = engine.lr
+            self.mlperf.train(self.step * batch)
+            with self.monitor.step(self.step):  # memory, step times and the --profile window
+                # On CUDA each micro-batch's copy overlaps the compute of the one before.
+                engine.step(copied_ahead(self.micro_batches(), self.dist.device), self.accumulation, self.step)
+            self.step += 1
+            progress["steps"] += 1
+            self.on_report(engine.report)  # the step before's numbers
+            if eval_due(cfg, self.step) and self.step < self.steps:  # (the last step's comes after the loop)
+                last_eval = self.evaluate()
+                if self.reached(last_eval):
+                    break
+            if engine.stop_requested and self.step < self.steps:  # every rank stops after this same step
+                final = self.save()
+                self.bar.print(self.preemption.message(self.step, final, self.run_dir))
+                break
+            every = cfg.checkpoint.every
+            if every and self.step % every == 0 and self.step < self.steps:
+                self.checkpoint()
+        preempted = final is not None
+        status = time_to_train = None
+        if final is None:
+            self.on_report(engine.flush())
+            if self.evaluated_at != self.step:
+                last_eval = self.evaluate() or last_eval
+            time_to_train = round(self.trained_s + time.perf_counter() - self.run_started, 3)
+            if target > 0:  # success: an evaluation reached the target; aborted: the steps ran out first
+                status = "success" if self.reached(last_eval) else "aborted"
+                self.logger.log({"step": self.step, "split": "result", "status": status,
+                                 "time_to_train_s": time_to_train, "samples_to_train": self.step * batch})
+                self.bar.print(f"{status}: masked-LM accuracy target {target} "
+                               f"{'reached' if status == 'success' else 'not reached'} after {self.step * batch} "
+                               f"samples ({self.step} steps); time to train {time_to_train} s")
+            self.mlperf.run_stop(self.step * batch, status or "aborted")
+            final = self.save() if save else None
+        summary = {
+            "run_dir": str(self.run_dir), "checkpoint": str(final) if final else None, "steps": self.step,
+            "preempted": preempted,
+            "status": status, "time_to_train_s": time_to_train, "samples_to_train": self.step * batch,
+            "first_loss": self.first_loss, "last_loss": self.last_loss,
+            "first_eval": first_eval, "last_eval": last_eval,
+            "wall_s": round(time.perf_counter() - self.started, 1),
+            "rank": self.dist.rank, "world_size": self.dist.world_size,
+        }
+        if final is not None and not preempted:
+            self.bar.print(f"done in {summary['wall_s']} s; checkpoint: {final}")
+        return summary
+
+    def micro_batches(self) -> Iterable[dict[str, torch.Tensor]]:
+        """This step's micro-batches, read as the step reaches them; the first step shows the first
+        one decoded (what the model is fed, for a person)."""
+        stream, vocab = self.stream, self.cfg.data.vocab
+        for i in range(self.accumulation):
+            batch = stream.next()
+            if self.step == 0 and i == 0 and vocab and not self.cfg.data.synthetic:
+                self.bar.print(f"sample: {decode_sample(batch, vocab)[:400]}")
+            yield batch
+
+    @property
+    def target(self) -> float:
+        return self.cfg.train.target_mlm_accuracy
+
+    def reached(self, result: dict[str, float] | None) -> bool:
+        return self.target > 0 and result is not None and result["mlm_accuracy"] >= self.target
+
+    # -------- what a step's report says
+
+    def on_report(self, report: StepReport | None) -> None:
+        """Log a finished step's numbers, watch its loss, and confirm or reject the checkpoint
+        written the step before it (whose weights made this loss)."""
+        if report is None:
+            return
+        cfg, step, values = self.cfg, report.step, dict(report.values)
+        sequences = values.pop("sequences", None)  # packed rows: real sequences per micro-batch, averaged
+        self.throughput.add(cfg.train.global_batch_size if sequences is None else
+                            round(sequences * cfg.train.global_batch_size / cfg.train.micro_batch_size))
+        lr = self.learning_rates.pop(step)
+        if step % cfg.log.every == 0 or step == self.steps or step == 1:
+            self.first_loss = values["loss"] if self.first_loss is None else self.first_loss
+            self.last_loss = values["loss"]
+            seq_per_s = self.throughput.rate()
+            self.logger.log({"step": step, **values, "lr": lr, "seq_per_s": seq_per_s, "epoch": self.stream.epoch,
+                             **self.monitor.row()})
+            nsp = f"nsp {values['nsp_loss']:.3f} " if "nsp_loss" in values else ""
+            self.bar.update(step, f"loss {values['loss']:.3f} mlm {values['mlm_loss']:.3f} {nsp}"
+                                  f"{seq_per_s:.0f} seq/s")
+        else:
+            self.bar.update(step)
+        try:
+            self.guard.update(step, values["loss"])
+        except DivergenceError as err:
+            self.settle_unconfirmed(spiked=True)
+            newest = from_main(self.dist, lambda: runs.complete_checkpoints(self.run_dir))
+            where = (f"the newest checkpoint, {newest[-1]}, is from before the spike: resume from it with a "
+                     f"lower train.lr, say" if newest else "no checkpoint was written before the spike")
+            raise DivergenceError(f"{err}; {where}") from None
+        if self.unconfirmed is not None and self.unconfirmed[0] + 1 == step:
+            self.settle_unconfirmed(spiked=self.guard.spiking)
+
+    def settle_unconfirmed(self, spiked: bool) -> None:
+        if self.unconfirmed is None:
+            return
+        (_, path), self.unconfirmed = self.unconfirmed, None
+        if spiked:
+            ckpt.reject(self.dist, path)
+        else:
+            ckpt.confirm(self.dist, self.run_dir, path, self.cfg.checkpoint.keep)
+
+    # -------- evaluations and checkpoints
+
+    def evaluate(self) -> dict[str, float] | None:
+        if self.eval_set is None:
+            return None
+        self.on_report(self.engine.flush())  # (the last step's numbers first: they may stop the run)
+        cfg, step, engine = self.cfg, self.step, self.engine
+        self.mlperf.eval_start(step * cfg.train.global_batch_size)
+        # Every rank evaluates the whole set: FSDP's forward needs all ranks.
+        with self.monitor.phase("eval"):
+            eval_batch = cfg.train.eval_batch_size or cfg.train.micro_batch_size
+            if isinstance(engine, pipeline_parallel.PipelineEngine):
+                result = engine.evaluate(self.eval_set, eval_batch, cfg.train.eval_batches)
+            else:
+                result = evaluate(engine.model, self.eval_set, eval_batch, self.dist.device,
+                                  cfg.execution.precision, cfg.train.eval_batches)
+        self.mlperf.eval_stop(step * cfg.train.global_batch_size, result["mlm_accuracy"])
+        self.evaluated_at = step
+        self.logger.log({"step": step, "split": "eval", **result})
+        nsp = f"nsp_accuracy {result['nsp_accuracy']:.4f} " if "nsp_accuracy" in result else ""
+        self.bar.print(f"step {step}: eval mlm_accuracy {result['mlm_accuracy']:.4f} {nsp}loss {result['loss']:.4f}")
+        return result
+
+    def checkpoint(self) -> None:
+        """The checkpoint every ``checkpoint.every`` steps; none during a spike of the loss, and with the
+        divergence guard on, one that counts only once the next step's loss is seen (on_report)."""
+        self.on_report(self.engine.flush())  # its own step must be finite, and its loss seen
+        if self.guard.spiking:
+            return  # (the newest checkpoint stays one from before the spike)
+        self.settle_unconfirmed(spiked=False)  # (an older one waiting still: its next step was normal)
+        path = self.save(confirmed=not self.guard.enabled)
+        if self.guard.enabled:
+            self.unconfirmed = (self.step, path)
+
+    def save(self, confirmed: bool = True) -> Path:
+        if confirmed:
+            self.on_report(self.engine.flush())
+            self.settle_unconfirmed(spiked=self.guard.spiking)
+        state = {"data": self.stream.state(), "data_fingerprint": self.data_fingerprint,
+                 "train_s": self.trained_s + time.perf_counter() - self.run_started}
+        return ckpt.save(self.run_dir, self.step, self.engine, self.cfg, state, confirmed)
