@@ -382,10 +382,10 @@ def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def config_changes(saved: Config, new: Config) -> tuple[list[str], list[str]]:
-    """(the changes from ``saved`` to ``new`` that break "continue exactly", those that do not),
-    each as ``key: old → new``."""
-    old, now = _flat(saved.to_dict()), _flat(new.to_dict())
+def config_changes(saved: dict[str, Any], new: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(the changes from ``saved`` to ``new``, two configs as ``Config.to_dict`` gives them, that
+    break "continue exactly", those that do not), each as ``key: old → new``."""
+    old, now = _flat(saved), _flat(new)
     breaking: list[str] = []
     allowed: list[str] = []
     for key in now:
@@ -406,8 +406,10 @@ def check_resume(checkpoint: Path, saved: Config, cfg: Config, saved_data: str |
                  data_name: str) -> None:
     """Refuse a resume that would not continue the run of ``checkpoint``: a config that differs
     in what the run computes, or data (``data_name``; ``data``: its fingerprint) other than it
-    trained on, each named; unless ``checkpoint.resume_with_changes``. Every change is logged."""
-    breaking, allowed = config_changes(saved, cfg)
+    trained on, each named; unless ``checkpoint.resume_with_changes``. Every change is logged.
+
+    Two whole configs: what the run computes is in every section of them."""
+    breaking, allowed = config_changes(saved.to_dict(), cfg.to_dict())
     # The vocab and the data are named by paths, which move with their directories: what is in
     # them is what counts (the vocab's tokens, the data's fingerprint).
     for key, same in (("data.vocab:", _same_file(vocab_in(checkpoint) or checkpoint / VOCAB_FILES[0],

@@ -411,11 +411,11 @@ def test_records_from_another_tokenizer_are_refused(tmp_path, wiki_docs, bpe, ca
     assert capsys.readouterr().err == "error: " + said.format(setting="--vocab") + "\n"
     cfg = records_config(tmp_path, **{"data.input": str(records), "data.vocab": str(other)})
     with pytest.raises(DataError) as err:
-        load_data(cfg, tmp_path)
+        load_data(cfg.model, cfg.data, cfg.train, tmp_path, given=cfg.given)
     assert str(err.value) == said.format(setting="data.vocab")
     cfg = records_config(tmp_path, **{"data.input": str(records), "data.vocab": str(bpe), "data.dynamic_masking": True,
                                       "data.whole_word_mask": True})
-    data = load_data(cfg, tmp_path)
+    data = load_data(cfg.model, cfg.data, cfg.train, tmp_path, given=cfg.given)
     assert data.decided["model.vocab_size"] == vocab.size
     assert data.make_stream({"epoch": 0, "index": 0}).next()["input_ids"].shape[0] == 4
     # Packing keeps the field; a file without it (as before) reads and inspects as it did.

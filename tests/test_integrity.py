@@ -21,7 +21,7 @@ from conftest import tmpfs
 
 from bertforge import runs
 from bertforge.cli import main
-from bertforge.config import ConfigError, load_config
+from bertforge.config import ConfigError, load_config, replaced
 from bertforge.fileio import atomic_directory, remove_temporaries
 from bertforge.formats import hf as weights
 from bertforge.observe.log import truncate_metrics
@@ -147,7 +147,7 @@ def test_non_finite_weights_are_never_saved(run, tmp_path):
     engine = Engine(model, optimizer, scheduler, training_loss, "fp32", 0.0)
     with pytest.raises(runs.CheckpointError, match=r"step 7: weight bert.encoder.layer.1.output.dense.weight "
                                                    r"is not finite \(NaN or infinity\); refusing to write"):
-        ckpt.save(tmp_path, 7, engine, load_config("tiny"), {})
+        ckpt.save(tmp_path, 7, engine, ckpt.RunFiles(load_config("tiny").to_yaml()), {}, keep=0, parallel="none")
     assert not (tmp_path / "checkpoints").exists() or not list((tmp_path / "checkpoints").iterdir())
 
 
@@ -181,7 +181,7 @@ def test_saved_config_has_absolute_paths_and_resumes_from_elsewhere(run, tmp_pat
                                ("checkpoint.init", "../x")])
     from bertforge.training.pretrain import absolute_paths
 
-    cfg = absolute_paths(cfg)
+    cfg = replaced(cfg, absolute_paths(cfg.data, cfg.log, cfg.checkpoint))
     assert cfg.data.vocab == str(vocab) and cfg.data.input == str(tmp_path / "corpus" / "*.txt")
     assert cfg.checkpoint.init == str(tmp_path.parent / "x") and cfg.data.eval_input == ""
 

@@ -197,16 +197,16 @@ def test_records_decide_the_shapes_and_a_set_shape_must_agree(fmt, tmp_path):
 
     path = write_records(tmp_path / f"train.{fmt}", numbered_arrays(0, 12), fmt=fmt)
     cfg = records_config(tmp_path, **{"data.input": str(path)})
-    data = load_data(cfg, tmp_path)
+    data = load_data(cfg.model, cfg.data, cfg.train, tmp_path, given=cfg.given)
     assert data.decided == {"data.seq_len": 16, "data.max_predictions": 3, "model.vocab_size": cfg.model.vocab_size}
     assert data.eval_set is None and (cfg.data.seq_len, cfg.data.max_predictions) == (128, 20)  # cfg unchanged
     assert data.make_stream({"epoch": 0, "index": 0}).next()["input_ids"].shape == (4, 16)
     cfg = records_config(tmp_path, **{"data.input": str(path), "data.seq_len": 16, "data.max_predictions": 3})
-    load_data(cfg, tmp_path)
+    load_data(cfg.model, cfg.data, cfg.train, tmp_path, given=cfg.given)
     for key, value, records in (("seq_len", 512, 16), ("max_predictions", 76, 3)):
         cfg = records_config(tmp_path, **{"data.input": str(path), f"data.{key}": value})
         with pytest.raises(ConfigError) as err:
-            load_data(cfg, tmp_path)
+            load_data(cfg.model, cfg.data, cfg.train, tmp_path, given=cfg.given)
         assert str(err.value) == (f"data.{key}={value}, but the records have {key} {records} ({path}): leave "
                                   f"data.{key} out to train on these records, or give records of {key} {value}")
 
@@ -220,15 +220,16 @@ def test_eval_records_and_other_shards_must_have_the_training_shape(fmt, tmp_pat
     wide = write_records(tmp_path / f"eval.{fmt}", numbered_arrays(0, 4, seq_len=32), fmt=fmt)
     cfg = records_config(tmp_path, **{"data.input": str(shards), "data.eval_input": str(wide)})
     with pytest.raises(DataError) as err:
-        load_data(cfg, tmp_path)
+        load_data(cfg.model, cfg.data, cfg.train, tmp_path, given=cfg.given)
     assert str(err.value) == (f"{wide}: eval records of seq_len 32, max_predictions 3, but the training "
                               f"records ({first}) have seq_len 16, max_predictions 3")
     same = write_records(tmp_path / f"eval16.{fmt}", numbered_arrays(0, 4), fmt=fmt)
     cfg = records_config(tmp_path, **{"data.input": str(shards), "data.eval_input": str(same)})
-    assert len(load_data(cfg, tmp_path).eval_set) == 4
+    assert len(load_data(cfg.model, cfg.data, cfg.train, tmp_path, given=cfg.given).eval_set) == 4
     # A second shard of another shape: refused when the stream opens the shards.
     second = write_records(shards / f"b.{fmt}", numbered_arrays(12, 6, predictions=5), fmt=fmt)
-    make_stream = load_data(records_config(tmp_path, **{"data.input": str(shards)}), tmp_path).make_stream
+    cfg = records_config(tmp_path, **{"data.input": str(shards)})
+    make_stream = load_data(cfg.model, cfg.data, cfg.train, tmp_path, given=cfg.given).make_stream
     with pytest.raises(DataError) as err:
         make_stream({"epoch": 0, "index": 0})
     assert str(err.value) == (f"{second}: records of seq_len 16, max_predictions 5, but {first} has seq_len 16, "
@@ -243,7 +244,7 @@ def test_token_ids_beyond_the_model_vocab_are_refused_naming_file_and_record(fmt
     path = write_records(tmp_path / f"train.{fmt}", numbered_arrays(0, 12), fmt=fmt)
     offset = 64 if fmt == "native" else 0
     cfg = records_config(tmp_path, **{"data.input": str(path), "model.vocab_size": 1000})
-    make_stream = load_data(cfg, tmp_path).make_stream
+    make_stream = load_data(cfg.model, cfg.data, cfg.train, tmp_path, given=cfg.given).make_stream
     with pytest.raises(DataError) as err:
         make_stream({"epoch": 0, "index": 0})
     assert str(err.value) == (f"{path}: record 0 (byte offset {offset}): input_ids[1] = 1000 is not a token id "
@@ -252,7 +253,7 @@ def test_token_ids_beyond_the_model_vocab_are_refused_naming_file_and_record(fmt
     cfg = records_config(tmp_path, **{"data.input": str(good), "data.eval_input": str(path),
                                       "model.vocab_size": 1000})
     with pytest.raises(DataError) as err:
-        load_data(cfg, tmp_path)
+        load_data(cfg.model, cfg.data, cfg.train, tmp_path, given=cfg.given)
     assert str(err.value).startswith(f"{path}: record 0 (byte offset {offset}): input_ids[1] = 1000 is not")
 
 
@@ -275,7 +276,7 @@ def test_a_native_header_of_another_vocab_is_refused(tmp_path, capsys):
     vocab.write_text("".join(f"t{i}\n" for i in range(200)))
     cfg = records_config(tmp_path, **{"data.input": str(path), "data.vocab": str(vocab)})
     with pytest.raises(ConfigError) as err:
-        load_data(cfg, tmp_path)
+        load_data(cfg.model, cfg.data, cfg.train, tmp_path, given=cfg.given)
     assert str(err.value) == (f"{path}: written for a vocab of 300 tokens (its header's vocab_size), but data.vocab "
                               f"{vocab} has 200 tokens: give data.vocab the vocab the records were made with")
     # Every shard is checked, not only the first (which declares no vocab here).
@@ -285,7 +286,7 @@ def test_a_native_header_of_another_vocab_is_refused(tmp_path, capsys):
     assert str(err.value) == (f"{path}: written for a vocab of 300 tokens (the header's vocab_size), "
                               "read with vocab_size 200")
     cfg = records_config(tmp_path, **{"data.input": str(path), "model.vocab_size": 300})
-    make_stream = load_data(cfg, tmp_path).make_stream
+    make_stream = load_data(cfg.model, cfg.data, cfg.train, tmp_path, given=cfg.given).make_stream
     assert make_stream({"epoch": 0, "index": 0}).next()["input_ids"].shape == (4, 16)
 
 
@@ -300,8 +301,9 @@ def test_a_damaged_record_file_is_taken_for_records_not_text(tmp_path):
         data[3] ^= 0x10
         path.write_bytes(bytes(data))
         assert is_records(str(path))
+        cfg = records_config(tmp_path, **{"data.input": str(path)})
         with pytest.raises(DataError) as err:
-            load_data(records_config(tmp_path, **{"data.input": str(path)}), tmp_path)
+            load_data(cfg.model, cfg.data, cfg.train, tmp_path, given=cfg.given)
         assert str(err.value) == {
             "tfrecord": f"{path}: record 0 (byte offset 0): corrupt record length (its checksum does not match); "
                         "the records after it cannot be located",
@@ -318,12 +320,12 @@ def test_records_with_fixed_masks_refuse_a_vocab_of_other_ids(tmp_path):
     fits = tmp_path / "vocab.txt"
     fits.write_text("\n".join(vocab) + "\n", encoding="utf-8")
     cfg = records_config(tmp_path, **{"data.input": str(records), "data.vocab": str(fits)})
-    load_data(cfg, tmp_path)  # the vocab the records were made with
+    load_data(cfg.model, cfg.data, cfg.train, tmp_path, given=cfg.given)  # the vocab the records were made with
     shifted = tmp_path / "shifted.txt"
     shifted.write_text("\n".join(vocab[:1] + vocab[2:]) + "\n", encoding="utf-8")  # [unused0] left out
     cfg = records_config(tmp_path, **{"data.input": str(records), "data.vocab": str(shifted)})
     with pytest.raises(DataError) as err:
-        load_data(cfg, tmp_path)
+        load_data(cfg.model, cfg.data, cfg.train, tmp_path, given=cfg.given)
     assert str(err.value) == (f"{shifted} does not fit the records in {records}: [CLS] is id 100 in the vocab but "
                               f"101 in the records; [MASK] is id 102 in the vocab but 103 in the records (made "
                               f"with another vocab?): train with the vocab they were made with")
@@ -331,4 +333,4 @@ def test_records_with_fixed_masks_refuse_a_vocab_of_other_ids(tmp_path):
     no_mask.write_text("\n".join(t for t in vocab if t != "[MASK]") + "\n", encoding="utf-8")
     cfg = records_config(tmp_path, **{"data.input": str(records), "data.vocab": str(no_mask)})
     with pytest.raises(DataError, match=rf"^{no_mask}: no \[MASK\] token, which the records in {records} hold"):
-        load_data(cfg, tmp_path)
+        load_data(cfg.model, cfg.data, cfg.train, tmp_path, given=cfg.given)

@@ -9,15 +9,12 @@ import time
 import pytest
 
 import bertforge.observe.log
-from bertforge.config import Config, ConfigError
+from bertforge.config import ConfigError, LogConfig
 from bertforge.observe.log import MetricsLogger, ProgressBar, rounded
 
 
-def config(wandb: bool = False) -> Config:
-    cfg = Config()
-    cfg.log.tensorboard = False
-    cfg.log.wandb = wandb
-    return cfg
+def config(wandb: bool = False) -> LogConfig:
+    return LogConfig(tensorboard=False, wandb=wandb)
 
 
 def test_metrics_logger_without_wandb_raises_a_config_error(tmp_path, monkeypatch):
@@ -65,7 +62,7 @@ def test_metrics_keep_significant_digits_and_tensorboard_gets_every_digit(tmp_pa
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     cfg = config()
-    cfg.log.tensorboard = True
+    cfg.tensorboard = True
     row = {"step": 1, "loss": 8.123456789, "lr": 4.87e-7, "seq_per_s": 12345.678901, "grad_norm": 1.234567891e-9}
     with MetricsLogger(tmp_path, cfg) as logger:
         logger.log(row)

@@ -76,12 +76,12 @@ def test_eval_interval_is_the_mlperf_formula():
 def test_cadence_in_samples_and_in_steps():
     cfg = load_config("pretrain_tiny", [("train.global_batch_size", 64), ("train.eval_every_samples", 100)])
     # Samples after step k: 64k; an evaluation each time they pass a multiple of 100.
-    assert [k for k in range(1, 20) if eval_due(cfg, k)] == [2, 4, 5, 7, 8, 10, 11, 13, 15, 16, 18, 19]
+    assert [k for k in range(1, 20) if eval_due(cfg.train, k)] == [2, 4, 5, 7, 8, 10, 11, 13, 15, 16, 18, 19]
     cfg = load_config("pretrain_tiny", [("train.global_batch_size", 64), ("train.eval_every_samples", "mlperf")])
-    assert eval_every_samples(cfg) == 150_000
-    assert [k for k in range(1, 5000) if eval_due(cfg, k)] == [2344, 4688]  # 150,016 and 300,032 samples
+    assert eval_every_samples(cfg.train) == 150_000
+    assert [k for k in range(1, 5000) if eval_due(cfg.train, k)] == [2344, 4688]  # 150,016 and 300,032 samples
     cfg = load_config("pretrain_tiny", [("train.eval_every", 7)])
-    assert [k for k in range(1, 30) if eval_due(cfg, k)] == [7, 14, 21, 28]
+    assert [k for k in range(1, 30) if eval_due(cfg.train, k)] == [7, 14, 21, 28]
 
 
 @needs_mlperf
@@ -100,7 +100,7 @@ def test_mlperf_config_is_the_reference_convergence_point_8192():
     assert (t.lamb, t.schedule, t.decay_power, t.end_lr, t.target_mlm_accuracy) == ("mlperf", "poly_tf", 1.0, 0.0, 0.72)
     assert (cfg.model.num_hidden_layers, cfg.model.hidden_size, cfg.data.seq_len, cfg.data.max_predictions) \
         == (24, 1024, 512, 76)
-    assert eval_every_samples(cfg) == 225_000 and t.eval_at_start
+    assert eval_every_samples(cfg.train) == 225_000 and t.eval_at_start
     p2 = load_config("pretrain_large_384_phase2")
     assert (p2.data.seq_len, p2.data.max_predictions, p2.train.global_batch_size, p2.train.lr,
             p2.train.warmup_steps, p2.train.steps) == (384, 58, 16400, 0.002828, 274, 2099)

@@ -182,7 +182,7 @@ def test_resume_auto_needs_a_name_in_config_from_args():
 
         from bertforge.training.pretrain import locate_run
 
-        locate_run(cfg, contextlib.ExitStack())
+        locate_run(cfg.checkpoint.resume, cfg.log, contextlib.ExitStack())
 
 
 def torchrun(args: list[str], *launcher: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -373,13 +373,13 @@ def test_a_seq_len_given_equal_to_the_default_must_agree_with_the_records(tmp_pa
     default = DataConfig().seq_len
     cfg = records_config(tmp_path, **{"data.input": str(path), "data.seq_len": default})
     with pytest.raises(ConfigError, match=rf"^data.seq_len={default}, but the records have seq_len 16 "):
-        load_data(cfg, tmp_path)
+        load_data(cfg.model, cfg.data, cfg.train, tmp_path, given=cfg.given)
     # pretrain_tiny.yaml sets seq_len 128 and max_predictions 20, both the defaults.
     cfg = load_config("pretrain_tiny", [("data.input", str(path)), ("log.run_dir", str(tmp_path))])
     with pytest.raises(ConfigError, match=rf"^data.seq_len={default}, but the records have seq_len 16 "):
-        load_data(cfg, tmp_path)
+        load_data(cfg.model, cfg.data, cfg.train, tmp_path, given=cfg.given)
     cfg = records_config(tmp_path, **{"data.input": str(path)})
-    decided = load_data(cfg, tmp_path).decided
+    decided = load_data(cfg.model, cfg.data, cfg.train, tmp_path, given=cfg.given).decided
     assert (decided["data.seq_len"], decided["data.max_predictions"]) == (16, 3)
 
 
@@ -428,7 +428,7 @@ def _start_run(cfg, lined_up, results, release) -> None:
     fcntl.flock = first_lined_up(fcntl.flock, lambda fd, operation: operation & fcntl.LOCK_EX)
     with contextlib.ExitStack() as held:
         try:
-            run_dir = train.locate_run(cfg, held)[1]
+            run_dir = train.locate_run(cfg.checkpoint.resume, cfg.log, held)[1]
         except ConfigError as err:
             results.put((os.getpid(), str(err)))
             return

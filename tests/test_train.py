@@ -200,9 +200,9 @@ def test_epochs_set_the_number_of_steps():
     from bertforge.training.pretrain import total_steps
 
     cfg = load_config("tiny", [("train.epochs", 3), ("train.micro_batch_size", 8), ("train.global_batch_size", 32)])
-    assert total_steps(cfg, batches_per_epoch=100, accumulation=4) == 75
+    assert total_steps(cfg.train, batches_per_epoch=100, accumulation=4) == 75
     cfg = load_config("tiny", [("train.steps", 7)])
-    assert total_steps(cfg, batches_per_epoch=100, accumulation=4) == 7
+    assert total_steps(cfg.train, batches_per_epoch=100, accumulation=4) == 7
 
 
 def test_bf16_autocast_on_cpu_matches_fp32_closely():

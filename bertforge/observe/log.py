@@ -37,7 +37,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from bertforge.config import Config, ConfigError
+from bertforge.config import ConfigError, LogConfig
 from bertforge.fileio import atomic_file
 
 if TYPE_CHECKING:
@@ -129,10 +129,12 @@ class MetricsLogger(_Closing):
 
     ``start_step`` is the step the run starts from (that of the checkpoint it
     resumes, 0 for a fresh start): rows after it in an existing ``metrics.jsonl``
-    are dropped first. None appends to the file as it is.
+    are dropped first. None appends to the file as it is. ``run_config`` is the run's whole
+    config as a dict, for wandb's record of the run.
     """
 
-    def __init__(self, run_dir: Path, cfg: Config, enabled: bool = True, start_step: int | None = None):
+    def __init__(self, run_dir: Path, log: LogConfig, enabled: bool = True, start_step: int | None = None,
+                 run_config: dict[str, Any] | None = None):
         self.enabled = enabled
         self.run_dir = run_dir
         self.tensorboard: SummaryWriter | None = None
@@ -143,28 +145,28 @@ class MetricsLogger(_Closing):
         try:
             if start_step is not None:  # a fresh start keeps nothing: its step-0 rows come again
                 truncate_metrics(run_dir / "metrics.jsonl", start_step if start_step > 0 else -1)
-            self._open(run_dir, cfg)
+            self._open(run_dir, log, run_config)
         except BaseException:
             self.close()  # what was opened before the failure
             raise
 
-    def _open(self, run_dir: Path, cfg: Config) -> None:
+    def _open(self, run_dir: Path, log: LogConfig, run_config: dict[str, Any] | None) -> None:
         # Appending keeps the history of a resumed run in one file.
         self.jsonl = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")  # closed by close()
-        if cfg.log.tensorboard:
+        if log.tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:  # tensorboard is optional
                 pass
             else:
                 self.tensorboard = SummaryWriter(str(run_dir / "tensorboard"))
-        if cfg.log.wandb:
+        if log.wandb:
             try:
                 import wandb
             except ImportError:
                 raise ConfigError("--log.wandb needs the wandb package (pip install wandb)") from None
-            self.wandb_run = wandb.init(project=cfg.log.wandb_project, name=run_dir.name,
-                                        dir=str(run_dir), config=cfg.to_dict(), resume="allow")
+            self.wandb_run = wandb.init(project=log.wandb_project, name=run_dir.name,
+                                        dir=str(run_dir), config=run_config, resume="allow")
 
     def log(self, row: dict[str, Any]) -> None:
         if not self.enabled or self.jsonl is None:

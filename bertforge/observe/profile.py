@@ -1,6 +1,7 @@
 """Seeing a run from the inside: its metadata, its peak memory per phase, and ``--profile START:END``.
 
-    with RunMonitor(cfg, run_dir, dist, logger, bar.print, start_step=step, total_steps=steps) as monitor:
+    with RunMonitor(cfg.execution, cfg.log, run_dir, dist, logger, bar.print, start_step=step,
+                    total_steps=steps) as monitor:
         while step < steps:
             with monitor.step(step):
                 out = engine.step(...)
@@ -48,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from bertforge.config import Config, ConfigError, profile_steps
+from bertforge.config import ConfigError, ExecutionConfig, LogConfig, profile_steps
 from bertforge.host import device_name, package_version, peak_rss_mb, reset_peak_rss
 from bertforge.parallel.dist import DistContext, compiles
 
@@ -79,7 +80,7 @@ def check_window(text: str, start_step: int, total_steps: int) -> tuple[int, int
 # ------------------------------------------------------------------ metadata
 
 
-def run_metadata(cfg: Config, dist: DistContext) -> dict[str, Any]:
+def run_metadata(execution: ExecutionConfig, dist: DistContext) -> dict[str, Any]:
     """What a run ran on: library versions, device, world size, threads and the execution settings."""
     from bertforge.version import __version__
 
@@ -90,8 +91,8 @@ def run_metadata(cfg: Config, dist: DistContext) -> dict[str, Any]:
         "device": str(device),
         "device_name": device_name(device),
         "world_size": dist.world_size, "threads": torch.get_num_threads(),
-        "precision": cfg.execution.precision, "parallel": cfg.execution.parallel,
-        "compile": compiles(cfg.execution, device),
+        "precision": execution.precision, "parallel": execution.parallel,
+        "compile": compiles(execution, device),
     }
     if device.type == "cuda":
         meta["cuda"] = torch.version.cuda
@@ -294,20 +295,21 @@ class RunMonitor:
     times), on the main rank through ``logger``.
     """
 
-    def __init__(self, cfg: Config, run_dir: Path, dist: DistContext, logger: MetricsLogger,
-                 echo: Callable[[str], None], start_step: int, total_steps: int, started: float | None = None):
-        self.cfg, self.dist, self.logger, self.echo = cfg, dist, logger, echo
+    def __init__(self, execution: ExecutionConfig, log: LogConfig, run_dir: Path, dist: DistContext,
+                 logger: MetricsLogger, echo: Callable[[str], None], start_step: int, total_steps: int,
+                 started: float | None = None):
+        self.execution, self.dist, self.logger, self.echo = execution, dist, logger, echo
         self.started = time.perf_counter() if started is None else started
         self.memory = PhaseMemory(dist.device)
         self.step_times: list[float] = []  # of the first two steps of this (re)start
         self.last_step = start_step
         self.profile_dir = run_dir / "profile"
-        window = check_window(cfg.log.profile, start_step, total_steps)
+        window = check_window(log.profile, start_step, total_steps)
         self.window = (ProfileWindow(*window, start_step, self.profile_dir, dist.device, dist.rank,
                                      dist.world_size, echo) if window else None)
 
     def __enter__(self) -> RunMonitor:
-        self.logger.log_metadata({"event": "start", "step": self.last_step, **run_metadata(self.cfg, self.dist)})
+        self.logger.log_metadata({"event": "start", "step": self.last_step, **run_metadata(self.execution, self.dist)})
         return self
 
     @contextlib.contextmanager
@@ -352,7 +354,7 @@ class RunMonitor:
                                **self.memory.peaks(closed=True), **self.memory.by_phase()}
         if self.step_times:
             end["first_step_s"] = round(self.step_times[0], 4)
-        if compiles(self.cfg.execution, self.dist.device) and len(self.step_times) == 2:
+        if compiles(self.execution, self.dist.device) and len(self.step_times) == 2:
             # torch.compile compiles in the first step: what it took beyond a compiled step
             end["compile_s"] = round(max(self.step_times[0] - self.step_times[1], 0.0), 4)
         failing = exc_info[0] is not None

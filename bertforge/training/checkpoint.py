@@ -31,6 +31,7 @@ crash before either leaves a temporary, removed at the next start.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import pickle
 import shutil
@@ -43,7 +44,6 @@ import torch.distributed
 from safetensors.torch import save_file
 from torch import nn
 
-from bertforge.config import Config
 from bertforge.fileio import WriteError, atomic_directory, fsync
 from bertforge.formats.hf import (
     check_shapes,
@@ -124,6 +124,15 @@ def _writing(final: Path, needed: int) -> Any:
 UNCONFIRMED = ".tmp-unconfirmed"  # the suffix of a checkpoint awaiting confirm (a fileio temporary's name)
 
 
+@dataclasses.dataclass(frozen=True)
+class RunFiles:
+    """What every checkpoint of a run holds besides its state: the run's ``config.yaml`` (its text)
+    and a copy of its vocab (``data.vocab``; "" = none), so that a checkpoint loads on its own."""
+
+    config_yaml: str
+    vocab: str = ""
+
+
 def step_directory(run_dir: Path, step: int, confirmed: bool = True) -> Path:
     """Where step ``step``'s checkpoint goes: ``checkpoints/step_N``, or its hidden unconfirmed name."""
     name = f"{STEP_PREFIX}{step:08d}"
@@ -131,14 +140,14 @@ def step_directory(run_dir: Path, step: int, confirmed: bool = True) -> Path:
 
 
 def save_checkpoint(run_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    trainer_state: dict[str, Any], cfg: Config, keep: int = 0, confirmed: bool = True) -> Path:
+                    trainer_state: dict[str, Any], files: RunFiles, keep: int = 0, confirmed: bool = True) -> Path:
     """Write ``run_dir/checkpoints/step_N`` atomically; keep only the newest ``keep`` (0 = all)."""
-    return save_full_state(run_dir, step, model.state_dict(), optimizer.state_dict(), trainer_state, cfg, keep,
+    return save_full_state(run_dir, step, model.state_dict(), optimizer.state_dict(), trainer_state, files, keep,
                            confirmed)
 
 
 def save_full_state(run_dir: Path, step: int, model_state: dict[str, torch.Tensor], optimizer_state: dict[str, Any],
-                    trainer_state: dict[str, Any], cfg: Config, keep: int = 0, confirmed: bool = True) -> Path:
+                    trainer_state: dict[str, Any], files: RunFiles, keep: int = 0, confirmed: bool = True) -> Path:
     """``save_checkpoint`` from the state dicts: the whole model's weights and one process's optimizer
     state (a pipeline's stages gather theirs into these, see training/pipeline.py)."""
     final = step_directory(run_dir, step, confirmed)
@@ -146,7 +155,7 @@ def save_full_state(run_dir: Path, step: int, model_state: dict[str, torch.Tenso
         save_file({k: v.detach().cpu().contiguous() for k, v in model_state.items()}, str(tmp / "model.safetensors"),
                   metadata={"format": "pt"})
         torch.save(optimizer_state, tmp / "optimizer.pt")
-        _write_trainer_files(tmp, trainer_state, cfg)
+        _write_trainer_files(tmp, trainer_state, files)
         write_manifest(tmp)
     if confirmed:
         _keep_newest(run_dir, keep, final)
@@ -154,7 +163,7 @@ def save_full_state(run_dir: Path, step: int, model_state: dict[str, torch.Tenso
 
 
 def save_sharded_checkpoint(run_dir: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-                            trainer_state: dict[str, Any], cfg: Config, ctx: DistContext,
+                            trainer_state: dict[str, Any], files: RunFiles, ctx: DistContext,
                             keep: int = 0, confirmed: bool = True) -> Path:
     """The FSDP counterpart of ``save_checkpoint``; every rank calls it.
 
@@ -178,7 +187,7 @@ def save_sharded_checkpoint(run_dir: Path, step: int, model: nn.Module, optimize
         if ctx.is_main:
             save_file({k: v.contiguous() for k, v in full.items()}, str(tmp / "model.safetensors"),
                       metadata={"format": "pt"})
-            _write_trainer_files(tmp, trainer_state, cfg)
+            _write_trainer_files(tmp, trainer_state, files)
             write_manifest(tmp)  # every rank's shards are on disk: dcp.save returned
     if ctx.is_main and confirmed:
         _keep_newest(run_dir, keep, final)
@@ -286,10 +295,10 @@ def load_full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer
     set_optimizer_state_dict(model, optimizer, by_name, options=StateDictOptions(full_state_dict=True))
 
 
-def _write_trainer_files(directory: Path, trainer_state: dict[str, Any], cfg: Config) -> None:
+def _write_trainer_files(directory: Path, trainer_state: dict[str, Any], files: RunFiles) -> None:
     torch.save(trainer_state, directory / "trainer.pt")
-    (directory / "config.yaml").write_text(cfg.to_yaml(), encoding="utf-8")
-    vocab = Path(cfg.data.vocab) if cfg.data.vocab else None
+    (directory / "config.yaml").write_text(files.config_yaml, encoding="utf-8")
+    vocab = Path(files.vocab) if files.vocab else None
     if vocab is not None and vocab.is_file():
         shutil.copyfile(vocab, directory / vocab_file_name(vocab))
 
@@ -314,19 +323,20 @@ def read_trainer_state(checkpoint: Path) -> dict[str, Any]:
     return state
 
 
-def save(run_dir: Path, step: int, engine: Engine, cfg: Config, state: dict[str, Any],
-         confirmed: bool = True) -> Path:
+def save(run_dir: Path, step: int, engine: Engine, files: RunFiles, state: dict[str, Any], *, keep: int,
+         parallel: str, confirmed: bool = True) -> Path:
     """Write step ``step`` of a run; every rank calls it, and all get the step directory back.
 
-    ``state`` is what the job adds to the engine's (its data position, say). ``confirmed=False``
-    writes it under its hidden name, for :func:`confirm` or :func:`reject` to decide.
+    ``state`` is what the job adds to the engine's (its data position, say); ``parallel`` (the
+    run's ``execution.parallel``) is recorded with it. The newest ``keep`` step directories are
+    kept (``checkpoint.keep``; 0 = all). ``confirmed=False`` writes it under its hidden name, for
+    :func:`confirm` or :func:`reject` to decide.
     """
     from .pipeline import PipelineEngine
 
     ctx = engine.dist
-    state = {"step": step, **engine.state_dict(), **state, "world_size": ctx.world_size,
-             "parallel": cfg.execution.parallel}
-    model, keep = unwrap(engine.model), cfg.checkpoint.keep
+    state = {"step": step, **engine.state_dict(), **state, "world_size": ctx.world_size, "parallel": parallel}
+    model = unwrap(engine.model)
     check_finite(model, ctx, step)
     if isinstance(engine, PipelineEngine):
         # The stages' states, gathered on rank 0 into one process's. The data position is per
@@ -336,11 +346,11 @@ def save(run_dir: Path, step: int, engine: Engine, cfg: Config, state: dict[str,
 
         def write() -> Path:
             assert full is not None
-            return save_full_state(run_dir, step, full[0], full[1], state, cfg, keep, confirmed)
+            return save_full_state(run_dir, step, full[0], full[1], state, files, keep, confirmed)
         return from_main(ctx, write)
     if is_sharded_model(model):
-        return save_sharded_checkpoint(run_dir, step, model, engine.optimizer, state, cfg, ctx, keep, confirmed)
-    return from_main(ctx, lambda: save_checkpoint(run_dir, step, model, engine.optimizer, state, cfg, keep,
+        return save_sharded_checkpoint(run_dir, step, model, engine.optimizer, state, files, ctx, keep, confirmed)
+    return from_main(ctx, lambda: save_checkpoint(run_dir, step, model, engine.optimizer, state, files, keep,
                                                   confirmed))
 
 

@@ -24,7 +24,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bertforge.config import Config, ConfigError
+from bertforge.config import ConfigError, DataConfig, LogConfig, TrainConfig
 from bertforge.host import device_name
 
 if TYPE_CHECKING:
@@ -48,20 +48,20 @@ def eval_interval_samples(global_batch_size: int) -> int:
     return (23023 * global_batch_size + 300_000_000) // 50_000_000 * 25_000
 
 
-def eval_every_samples(cfg: Config) -> int:
+def eval_every_samples(train: TrainConfig) -> int:
     """``train.eval_every_samples`` as a number of samples (``mlperf``: the formula above); 0 = off."""
-    value = cfg.train.eval_every_samples
-    return eval_interval_samples(cfg.train.global_batch_size) if value == "mlperf" else value
+    value = train.eval_every_samples
+    return eval_interval_samples(train.global_batch_size) if value == "mlperf" else value
 
 
-def eval_due(cfg: Config, step: int) -> bool:
+def eval_due(train: TrainConfig, step: int) -> bool:
     """Whether the run evaluates after optimizer step ``step`` (≥ 1): when the samples trained
     reach the next multiple of the interval in samples, else every ``train.eval_every`` steps."""
-    interval = eval_every_samples(cfg)
+    interval = eval_every_samples(train)
     if interval > 0:
-        batch = cfg.train.global_batch_size
+        batch = train.global_batch_size
         return step * batch // interval > (step - 1) * batch // interval
-    return cfg.train.eval_every > 0 and step % cfg.train.eval_every == 0
+    return train.eval_every > 0 and step % train.eval_every == 0
 
 
 def drop_page_cache(files: list[Path]) -> bool:
@@ -86,7 +86,8 @@ def drop_page_cache(files: list[Path]) -> bool:
 class NoLog:
     """What a run without ``log.mlperf`` (or a rank other than 0) logs: nothing."""
 
-    def run_start(self, cfg: Config, accumulation: int, steps: int, eval_sequences: int) -> None:
+    def run_start(self, train: TrainConfig, data: DataConfig, accumulation: int, steps: int,
+                  eval_sequences: int) -> None:
         pass
 
     def train(self, samples: int) -> None:
@@ -116,7 +117,7 @@ class _AppendHandler(logging.Handler):
 
 
 class MLPerfLog(NoLog):
-    """One run's MLPerf log at ``path`` (started anew by a fresh run, appended to on resume).
+    """One run's MLPerf log at ``log.mlperf`` (started anew by a fresh run, appended to on resume).
 
     Opening logs ``cache_clear``, ``init_start`` and the submission info; the
     training loop calls :meth:`run_start`, :meth:`train` before each step,
@@ -125,17 +126,16 @@ class MLPerfLog(NoLog):
     sequences consumed so far, the unit of ``epoch_num`` in MLPerf BERT logs.
     """
 
-    def __init__(self, path: str | Path, cfg: Config, platform_name: str, files: list[Path],
-                 append: bool = False):
+    def __init__(self, log: LogConfig, platform_name: str, files: list[Path], append: bool = False):
         from mlperf_logging import mllog  # the [mlperf] extra: open_log checked it
 
         self.constants = mllog.constants
-        self.path = Path(path)
+        self.path = Path(log.mlperf)
         try:
             with open(self.path, "a" if append else "w", encoding="utf-8"):
                 pass
         except OSError as err:
-            raise ConfigError(f"log.mlperf: cannot write {path}: {err.strerror or err}") from None
+            raise ConfigError(f"log.mlperf: cannot write {log.mlperf}: {err.strerror or err}") from None
         # A logger of its own, in no registry: two runs in one process never mix, nothing reaches the console.
         logger = logging.Logger(f"bertforge.training.mlperf:{self.path}", logging.INFO)
         logger.addHandler(_AppendHandler(self.path))
@@ -146,26 +146,27 @@ class MLPerfLog(NoLog):
         self.mllogger.start(c.INIT_START)
         self.event(c.SUBMISSION_BENCHMARK, BENCHMARK)
         self.event(c.SUBMISSION_DIVISION, DIVISION)
-        self.event(c.SUBMISSION_ORG, cfg.log.mlperf_org or "bertforge")
-        self.event(c.SUBMISSION_PLATFORM, cfg.log.mlperf_platform or platform_name)
+        self.event(c.SUBMISSION_ORG, log.mlperf_org or "bertforge")
+        self.event(c.SUBMISSION_PLATFORM, log.mlperf_platform or platform_name)
         self.event(c.SUBMISSION_STATUS, SUBMISSION_STATUS)
 
     def event(self, key: str, value: Any = None, metadata: dict[str, Any] | None = None) -> None:
         # The call site logged is the caller of the method that called this one (training/pretrain.py's line).
         self.mllogger.event(key, value, metadata=metadata, stack_offset=3)
 
-    def run_start(self, cfg: Config, accumulation: int, steps: int, eval_sequences: int) -> None:
+    def run_start(self, train: TrainConfig, data: DataConfig, accumulation: int, steps: int,
+                  eval_sequences: int) -> None:
         """The hyperparameters the rules check, then ``init_stop`` and ``run_start``."""
         from .optim import warmup_steps
 
-        c, t = self.constants, cfg.train
+        c, t = self.constants, train
         warmup = warmup_steps(t, steps)
         for key, value in (
                 (c.SEED, t.seed),
                 (c.GLOBAL_BATCH_SIZE, t.global_batch_size),
                 (c.GRADIENT_ACCUMULATION_STEPS, accumulation),
-                (c.MAX_SEQUENCE_LENGTH, cfg.data.seq_len),
-                ("max_predictions_per_seq", cfg.data.max_predictions),
+                (c.MAX_SEQUENCE_LENGTH, data.seq_len),
+                ("max_predictions_per_seq", data.max_predictions),
                 (c.OPT_NAME, c.LAMB),
                 (c.OPT_BASE_LR, t.lr),
                 (c.OPT_LAMB_EPSILON, t.eps),
@@ -210,34 +211,34 @@ class MLPerfLog(NoLog):
         self.mllogger.end(c.RUN_STOP, metadata={"status": status})
 
 
-def open_log(cfg: Config, dist: DistContext, resumed: bool = False) -> NoLog:
+def open_log(log: LogConfig, train: TrainConfig, data: DataConfig, dist: DistContext,
+             resumed: bool = False) -> NoLog:
     """The run's MLPerf log: an :class:`MLPerfLog` on rank 0 when ``log.mlperf`` names a file,
     else a :class:`NoLog`. Every rank refuses a run that cannot be logged (before any work)."""
-    if not cfg.log.mlperf:
+    if not log.mlperf:
         return NoLog()
     try:
         import mlperf_logging.mllog  # noqa: F401
     except ImportError:
         raise ConfigError("log.mlperf needs the mlperf-logging package: "
                           "pip install 'bertforge[mlperf]'") from None
-    if cfg.train.optimizer != "lamb":
+    if train.optimizer != "lamb":
         raise ConfigError(f"log.mlperf: the MLPerf BERT rules train with LAMB, not "
-                          f"train.optimizer={cfg.train.optimizer}")
-    if cfg.data.synthetic:
+                          f"train.optimizer={train.optimizer}")
+    if data.synthetic:
         raise ConfigError("log.mlperf needs real data and an eval set, not data.synthetic")
-    files = data_files(cfg)
-    if files and not cfg.data.eval_input:
+    files = data_files(data)
+    if files and not data.eval_input:
         raise ConfigError("log.mlperf needs an eval set: give data.eval_input (the 10,000 eval records)")
     if not dist.is_main:
         return NoLog()
-    return MLPerfLog(cfg.log.mlperf, cfg, f"{dist.world_size}x{device_name(dist.device)}", files,
-                     append=resumed)
+    return MLPerfLog(log, f"{dist.world_size}x{device_name(dist.device)}", files, append=resumed)
 
 
-def data_files(cfg: Config) -> list[Path]:
+def data_files(data: DataConfig) -> list[Path]:
     """The record files a run reads (training shards, then the eval file); none for text input."""
     from bertforge.data.loader import is_records, record_files
 
-    if not (cfg.data.input and is_records(cfg.data.input)):
+    if not (data.input and is_records(data.input)):
         return []
-    return record_files(cfg.data.input) + ([Path(cfg.data.eval_input)] if cfg.data.eval_input else [])
+    return record_files(data.input) + ([Path(data.eval_input)] if data.eval_input else [])

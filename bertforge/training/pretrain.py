@@ -33,7 +33,7 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -42,12 +42,25 @@ import torch
 from torch import nn
 
 from bertforge import runs
-from bertforge.config import Config, ConfigError, DataConfig, accumulation_steps, freeze, replaced
+from bertforge.config import (
+    CheckpointConfig,
+    Config,
+    ConfigError,
+    DataConfig,
+    ExecutionConfig,
+    LogConfig,
+    ModelConfig,
+    TrainConfig,
+    accumulation_steps,
+    freeze,
+    replaced,
+)
 from bertforge.data import PretrainingDataset, SyntheticDataset, build_datasets, decode_sample, vocab_size_of
 from bertforge.data.checksum import fingerprint
 from bertforge.data.errors import warn_prediction_cap
 from bertforge.data.feed import copied_ahead, widen
 from bertforge.data.loader import (
+    MaskingSpec,
     Prefetcher,
     RecordStream,
     check_tokenizer,
@@ -159,51 +172,50 @@ def evaluate(model: nn.Module, dataset: PretrainingDataset, batch_size: int, dev
 
 
 
-def make_run_dir(cfg: Config) -> Path:
+def make_run_dir(log: LogConfig) -> Path:
     """A new run directory under ``log.run_dir``: ``log.name``, or the first of ``NAME-2``, ``NAME-3`` …
     that no other run has made (never two runs in one directory, even when started at once)."""
-    name = cfg.log.name or datetime.now().strftime("pretrain-%Y%m%d-%H%M%S")
-    run_dir, suffix = Path(cfg.log.run_dir) / name, 1
+    name = log.name or datetime.now().strftime("pretrain-%Y%m%d-%H%M%S")
+    run_dir, suffix = Path(log.run_dir) / name, 1
     while True:
         try:
             run_dir.mkdir(parents=True)  # of two that start at once, one makes it
             return run_dir
         except FileExistsError:
             suffix += 1
-            run_dir = Path(cfg.log.run_dir) / f"{name}-{suffix}"
+            run_dir = Path(log.run_dir) / f"{name}-{suffix}"
         except OSError as err:  # a read-only or missing parent: the user's to fix
             raise ConfigError(f"cannot create the run directory {run_dir}: {err.strerror} (log.run_dir)") from None
 
 
-def absolute_paths(cfg: Config) -> Config:
-    """``cfg`` with the paths a run reads made absolute, so that the saved config resumes from any
-    directory.
+def absolute_paths(data: DataConfig, log: LogConfig, checkpoint: CheckpointConfig) -> dict[str, str]:
+    """The paths a run reads, made absolute (dotted keys, for ``config.replaced``), so that the saved
+    config resumes from any directory.
 
     ``checkpoint.init`` may be a Hugging Face model id: it becomes the model's snapshot in the
     local Hugging Face cache. An id found nowhere stays as given, for the load of a new run to
     say where it was looked for (a resume does not read it)."""
-    paths = {f"{section}.{key}": getattr(getattr(cfg, section), key)
-             for section, key in (("data", "input"), ("data", "eval_input"), ("data", "vocab"), ("log", "mlperf"))}
+    paths = {"data.input": data.input, "data.eval_input": data.eval_input, "data.vocab": data.vocab,
+             "log.mlperf": log.mlperf}
     absolute = {key: os.path.abspath(os.path.expanduser(value)) for key, value in paths.items() if value}
-    init = cfg.checkpoint.init
+    init = checkpoint.init
     found = weights.resolve_model(init) if init else None
     if found is not None and (weights.is_model(found) or not weights.HF_MODEL_ID.match(init)):
         absolute["checkpoint.init"] = os.path.abspath(found)
-    return replaced(cfg, absolute)
+    return absolute
 
 
-def locate_run(cfg: Config, held: contextlib.ExitStack) -> tuple[Path | None, Path, bool]:
+def locate_run(resume: str, log: LogConfig, held: contextlib.ExitStack) -> tuple[Path | None, Path, bool]:
     """(the checkpoint to resume or None, the run directory, whether this run created it).
 
-    On rank 0 only. ``checkpoint.resume: auto`` takes the newest checkpoint of
+    On rank 0 only. ``resume`` is ``checkpoint.resume``: ``auto`` takes the newest checkpoint of
     ``log.run_dir/log.name`` that verifies (skipping damaged ones with a
     warning), or starts fresh there. The run directory's lock is taken into
     ``held`` first (another live run there is an error naming it); then the
     temporaries of interrupted saves are removed.
     """
-    resume = cfg.checkpoint.resume
     if resume == runs.AUTO:
-        run_dir = runs.auto_run_dir(cfg.log.run_dir, cfg.log.name)
+        run_dir = runs.auto_run_dir(log.run_dir, log.name)
         lock = held.enter_context(runs.RunLock(run_dir, create=True))  # of runs started at once, one goes on
         try:
             return runs.checkpoint_to_resume(resume, run_dir), run_dir, lock.created
@@ -217,7 +229,7 @@ def locate_run(cfg: Config, held: contextlib.ExitStack) -> tuple[Path | None, Pa
         resume_from = runs.checkpoint_to_resume(resume)
         assert resume_from is not None  # a named checkpoint, or an error
         return resume_from, run_dir, False
-    run_dir = make_run_dir(cfg)
+    run_dir = make_run_dir(log)
     held.enter_context(runs.RunLock(run_dir))
     return None, run_dir, True
 
@@ -228,6 +240,11 @@ def fingerprint_of(d: DataConfig) -> str | None:
     if d.synthetic or not d.input:
         return None
     return fingerprint(record_files(d.input))
+
+
+# What records_shape reads of record shards: (the file that decides, its seq_len, max_predictions,
+# the vocab size its header declares or None).
+RecordsShape = tuple[Path, int, int, int | None]
 
 
 @dataclasses.dataclass
@@ -241,10 +258,13 @@ class TrainingData:
     decided: dict[str, Any]
 
 
-def load_data(cfg: Config, run_dir: Path, rank: int = 0, world_size: int = 1, *,
+def load_data(model: ModelConfig, data: DataConfig, train: TrainConfig, run_dir: Path, rank: int = 0,
+              world_size: int = 1, *, given: Collection[str] = frozenset(), mlperf_log: bool = False,
               pin: bool = False, always_mask: bool = False) -> TrainingData:
-    """This rank's training data and the eval set of ``cfg.data``; ``cfg`` itself is left alone.
+    """This rank's training data and the eval set of ``data``; the sections themselves are left alone.
 
+    ``given``: the dotted keys the user set (``Config.given``), which the records must agree with.
+    ``mlperf_log``: the run writes an MLPerf log (``log.mlperf``), which counts samples.
     ``pin``: the record prefetcher puts batches in pinned memory (for a CUDA device).
     ``always_mask``: batches without padding keep their attention mask, so that a compiled
     model has one graph for all (synthetic rows, which never have padding, have none).
@@ -254,80 +274,108 @@ def load_data(cfg: Config, run_dir: Path, rank: int = 0, world_size: int = 1, *,
     (streamed), whose shapes and vocab decide ``data.seq_len``, ``data.max_predictions`` and
     ``model.vocab_size``.
     """
-    d, batch_size, seed = cfg.data, cfg.train.micro_batch_size, cfg.train.seed
+    batch_size, seed = train.micro_batch_size, train.seed
     split: dict[str, Any] = {"rank": rank, "world_size": world_size}
-    train: SyntheticDataset | PretrainingDataset
-    eval_set: PretrainingDataset | None
-    if d.synthetic:
-        train = SyntheticDataset(size=max(cfg.train.global_batch_size * 64, 1024),
-                                 vocab_size=cfg.model.vocab_size, seq_len=d.seq_len,
-                                 max_predictions=d.max_predictions, seed=d.seed)
-        return TrainingData(lambda position: BatchStream(train, batch_size, seed, **position, **split), None, {})
-    files = record_files(d.input) if d.input and is_records(d.input) else None
+    if data.synthetic:
+        synthetic = SyntheticDataset(size=max(train.global_batch_size * 64, 1024), vocab_size=model.vocab_size,
+                                     seq_len=data.seq_len, max_predictions=data.max_predictions, seed=data.seed)
+        return TrainingData(lambda position: BatchStream(synthetic, batch_size, seed, **position, **split), None, {})
+    files = record_files(data.input) if data.input and is_records(data.input) else None
     if files is None:
-        train, eval_set, vocab = build_datasets(d, run_dir, mlm_only=cfg.train.objective == "mlm")
-        train.always_mask = eval_set.always_mask = always_mask
+        built, eval_set, vocab = build_datasets(data, run_dir, mlm_only=train.objective == "mlm")
+        built.always_mask = eval_set.always_mask = always_mask
         # The saved config names the vocab actually used, so a resume rebuilds the same data.
-        return TrainingData(lambda position: BatchStream(train, batch_size, seed, **position, **split), eval_set,
+        return TrainingData(lambda position: BatchStream(built, batch_size, seed, **position, **split), eval_set,
                             {"data.vocab": str(Path(vocab).resolve()), "model.vocab_size": vocab_size_of(vocab)})
+    return load_records(files, model, data, train, given=given, mlperf_log=mlperf_log, split=split, pin=pin,
+                        always_mask=always_mask)
 
+
+def load_records(files: list[Path], model: ModelConfig, data: DataConfig, train: TrainConfig, *,
+                 given: Collection[str], mlperf_log: bool, split: dict[str, Any], pin: bool,
+                 always_mask: bool) -> TrainingData:
+    """:func:`load_data` of record shards, streamed: their shapes decide ``data.seq_len`` and
+    ``data.max_predictions``, their vocab ``model.vocab_size``."""
     from bertforge.data.loader import read_eval_records, records_shape
-    from bertforge.data.record_reader import open_records
 
-    # The records decide the shapes. A value the config sets (on the command line or in a config
-    # file, even the default value) must agree with them, or it would be silently replaced; a
-    # resumed run's saved config holds the records' values.
-    first, seq_len, max_predictions, header_vocab = records_shape(files)
-    with open_records(first, verify=False) as records:
-        packed = records.max_sequences_per_pack > 0
-    if packed and (cfg.log.mlperf or eval_every_samples(cfg) > 0):
-        # A step's real sequences vary with packed rows; samples are counted per step from the batch size.
-        raise ConfigError(f"{first}: packed records, but train.eval_every_samples and log.mlperf count samples "
-                          f"as global_batch_size per step: train on unpacked records, or use train.eval_every")
-    for key, value in (("seq_len", seq_len), ("max_predictions", max_predictions)):
-        given = getattr(d, key)
-        if f"data.{key}" in cfg.given and given != value:
-            raise ConfigError(f"data.{key}={given}, but the records have {key} {value} ({first}): leave "
-                              f"data.{key} out to train on these records, or give records of {key} {given}")
-    if seq_len > cfg.model.max_position_embeddings:
-        raise ConfigError(f"{first}: sequences of {seq_len} exceed "
-                          f"model.max_position_embeddings={cfg.model.max_position_embeddings}")
-    masking = None
-    vocab_size = vocab_size_of(d.vocab) if d.vocab else cfg.model.vocab_size
-    if d.vocab:
-        check_tokenizer(files + ([Path(d.eval_input)] if d.eval_input else []), d.vocab)  # native headers name theirs
-    if d.vocab and d.dynamic_masking:
-        masking = masking_spec(d.vocab, d.masked_lm_prob, d.whole_word_mask)
-        warn_prediction_cap(seq_len, max_predictions, d.masked_lm_prob, f"{first} (data.dynamic_masking)")
-    elif d.dynamic_masking:
-        raise ConfigError("data.dynamic_masking needs data.vocab (for the [CLS], [SEP] and [MASK] ids)")
-    if d.whole_word_mask and not d.dynamic_masking:
-        raise ConfigError("data.whole_word_mask on records needs data.dynamic_masking (records keep the "
-                          "masks they were made with: `data create --whole-word-mask` makes whole-word ones)")
-    if header_vocab is not None and header_vocab != vocab_size:  # (TFRecords declare none)
-        have = f"data.vocab {d.vocab} has {vocab_size} tokens" if d.vocab else f"model.vocab_size={vocab_size}"
-        raise ConfigError(f"{first}: written for a vocab of {header_vocab} tokens (its header's vocab_size), "
-                          f"but {have}: give data.vocab the vocab the records were made with")
-    if d.vocab and not d.dynamic_masking:  # the records' own masks: made with this vocab, or ids are shifted
-        with open_records(first, verify=False) as records:
-            check_vocab_fits(records, d.vocab)
+    shape = records_shape(files)
+    first, seq_len, max_predictions, _ = shape
+    check_records_shape(shape, model, data, train, given=given, mlperf_log=mlperf_log)
+    vocab_size = vocab_size_of(data.vocab) if data.vocab else model.vocab_size
+    masking = records_masking(files, shape, data, vocab_size)
     # Token ids ≥ the vocab size are refused, naming the file and record, by the readers.
-    eval_set = (PretrainingDataset(read_eval_records(d.eval_input, (first, seq_len, max_predictions), vocab_size),
-                                   always_mask) if d.eval_input else None)
+    eval_set = (PretrainingDataset(read_eval_records(data.eval_input, (first, seq_len, max_predictions), vocab_size),
+                                   always_mask) if data.eval_input else None)
 
     def make_stream(position: dict) -> RecordStream | Prefetcher:
         # Every rank reads the same number of batches per epoch: none waits for another.
-        stream = RecordStream(files, batch_size, seed, shuffle_buffer=d.shuffle_buffer, masking=masking,
-                              vocab_size=vocab_size, always_mask=always_mask, **position, **split)
-        return Prefetcher(stream, d.prefetch, pin=pin) if d.prefetch > 0 else stream
+        stream = RecordStream(files, train.micro_batch_size, train.seed, shuffle_buffer=data.shuffle_buffer,
+                              masking=masking, vocab_size=vocab_size, always_mask=always_mask, **position, **split)
+        return Prefetcher(stream, data.prefetch, pin=pin) if data.prefetch > 0 else stream
     return TrainingData(make_stream, eval_set, {"data.seq_len": seq_len, "data.max_predictions": max_predictions,
                                                 "model.vocab_size": vocab_size})
 
 
-def total_steps(cfg: Config, batches_per_epoch: int, accumulation: int) -> int:
-    if cfg.train.epochs > 0:
-        return max(1, cfg.train.epochs * batches_per_epoch // accumulation)
-    return cfg.train.steps
+def check_records_shape(shape: RecordsShape, model: ModelConfig, data: DataConfig, train: TrainConfig, *,
+                        given: Collection[str], mlperf_log: bool) -> None:
+    """Refuse records whose shapes (``records_shape``: the file that decides, its seq_len,
+    max_predictions, header vocab size) the run cannot train on as configured.
+
+    The records decide the shapes. A value the config sets (on the command line or in a config
+    file, even the default value: in ``given``) must agree with them, or it would be silently
+    replaced; a resumed run's saved config holds the records' values."""
+    from bertforge.data.record_reader import open_records
+
+    first, seq_len, max_predictions, _ = shape
+    with open_records(first, verify=False) as records:
+        packed = records.max_sequences_per_pack > 0
+    if packed and (mlperf_log or eval_every_samples(train) > 0):
+        # A step's real sequences vary with packed rows; samples are counted per step from the batch size.
+        raise ConfigError(f"{first}: packed records, but train.eval_every_samples and log.mlperf count samples "
+                          f"as global_batch_size per step: train on unpacked records, or use train.eval_every")
+    for key, value in (("seq_len", seq_len), ("max_predictions", max_predictions)):
+        configured = getattr(data, key)
+        if f"data.{key}" in given and configured != value:
+            raise ConfigError(f"data.{key}={configured}, but the records have {key} {value} ({first}): leave "
+                              f"data.{key} out to train on these records, or give records of {key} {configured}")
+    if seq_len > model.max_position_embeddings:
+        raise ConfigError(f"{first}: sequences of {seq_len} exceed "
+                          f"model.max_position_embeddings={model.max_position_embeddings}")
+
+
+def records_masking(files: list[Path], shape: RecordsShape, data: DataConfig, vocab_size: int) -> MaskingSpec | None:
+    """How the records' batches are masked: anew each epoch (``data.dynamic_masking``: the masking
+    spec) or as stored (None); first the records' vocab is checked against ``data.vocab``
+    (``vocab_size``: its size, or ``model.vocab_size`` without one)."""
+    from bertforge.data.record_reader import open_records
+
+    first, seq_len, max_predictions, header_vocab = shape
+    masking = None
+    if data.vocab:  # native headers name theirs
+        check_tokenizer(files + ([Path(data.eval_input)] if data.eval_input else []), data.vocab)
+    if data.vocab and data.dynamic_masking:
+        masking = masking_spec(data.vocab, data.masked_lm_prob, data.whole_word_mask)
+        warn_prediction_cap(seq_len, max_predictions, data.masked_lm_prob, f"{first} (data.dynamic_masking)")
+    elif data.dynamic_masking:
+        raise ConfigError("data.dynamic_masking needs data.vocab (for the [CLS], [SEP] and [MASK] ids)")
+    if data.whole_word_mask and not data.dynamic_masking:
+        raise ConfigError("data.whole_word_mask on records needs data.dynamic_masking (records keep the "
+                          "masks they were made with: `data create --whole-word-mask` makes whole-word ones)")
+    if header_vocab is not None and header_vocab != vocab_size:  # (TFRecords declare none)
+        have = (f"data.vocab {data.vocab} has {vocab_size} tokens" if data.vocab
+                else f"model.vocab_size={vocab_size}")
+        raise ConfigError(f"{first}: written for a vocab of {header_vocab} tokens (its header's vocab_size), "
+                          f"but {have}: give data.vocab the vocab the records were made with")
+    if data.vocab and not data.dynamic_masking:  # the records' own masks: made with this vocab, or ids are shifted
+        with open_records(first, verify=False) as records:
+            check_vocab_fits(records, data.vocab)
+    return masking
+
+
+def total_steps(train: TrainConfig, batches_per_epoch: int, accumulation: int) -> int:
+    if train.epochs > 0:
+        return max(1, train.epochs * batches_per_epoch // accumulation)
+    return train.steps
 
 
 def check_resume(checkpoint: Path, saved: dict[str, Any], world_size: int, streamed: bool) -> None:
@@ -355,13 +403,13 @@ def pretrain(cfg: Config, compile_only: bool = False) -> dict[str, Any]:
     """
     started = time.perf_counter()
     set_threads(cfg.execution.threads)
-    cfg = absolute_paths(cfg)
+    cfg = replaced(cfg, absolute_paths(cfg.data, cfg.log, cfg.checkpoint))
     dist = init_distributed(cfg.execution.device, cfg.execution.dist_timeout)
     try:
         check_execution(cfg.execution, dist.world_size)
         with contextlib.ExitStack() as held:  # rank 0 holds the run directory's lock until the run ends
             # One directory, named by rank 0.
-            resume_from, run_dir, created = from_main(dist, lambda: locate_run(cfg, held))
+            resume_from, run_dir, created = from_main(dist, lambda: locate_run(cfg.checkpoint.resume, cfg.log, held))
             progress = {"steps": 0}
             try:
                 summary = train(cfg, dist, run_dir, resume_from, started, progress, compile_only)
@@ -411,12 +459,14 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
           started: float, progress: dict[str, int] | None = None, compile_only: bool = False) -> dict[str, Any]:
     """The body of ``pretrain`` on one rank, given the run directory (and the checkpoint to
     resume, already verified): the config resolved and frozen, the data, the model and its
-    engine; then :class:`Pretraining`. ``progress["steps"]`` counts the steps this call completed."""
+    engine; then :class:`Pretraining`. ``progress["steps"]`` counts the steps this call completed.
+
+    The whole config: this is the job on one rank, which hands each part its sections."""
     progress = {"steps": 0} if progress is None else progress
     if cfg.checkpoint.init and resume_from is None:
         weights.find_model(cfg.checkpoint.init)  # one not found is named before the data loads
     # The MLPerf log's init phase starts here (rank 0 writes; without log.mlperf it logs nothing).
-    mlperf = open_log(cfg, dist, resumed=resume_from is not None)
+    mlperf = open_log(cfg.log, cfg.train, cfg.data, dist, resumed=resume_from is not None)
     data, cfg = resolved_data(cfg, dist, run_dir)
     data_fingerprint = from_main(dist, lambda: fingerprint_of(cfg.data))
     saved = ckpt.read_trainer_state(resume_from) if resume_from else None
@@ -428,16 +478,17 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
     if dist.is_main:
         with atomic_file(run_dir / "config.yaml") as tmp:
             tmp.write_text(cfg.to_yaml(), encoding="utf-8")
-    model = pretraining_model(cfg, from_weights=resume_from is None)
+    # checkpoint.init's weights on a fresh start; a resume loads the checkpoint's
+    model = pretraining_model(cfg.model, cfg.train, init=cfg.checkpoint.init if resume_from is None else "")
     data_rank, data_world = pipeline_parallel.data_split(cfg.execution, dist)
-    accumulation = accumulation_of(cfg, data_world)
+    accumulation = accumulation_of(cfg.train, cfg.execution, data_world)
     stream = data.make_stream(saved["data"] if saved else {})
     if resume_from is not None:
         assert saved is not None  # read above
         check_resume(resume_from, saved, data_world, streamed=not isinstance(stream, BatchStream))
-    steps = total_steps(cfg, stream.batches_per_epoch, accumulation)
+    steps = total_steps(cfg.train, stream.batches_per_epoch, accumulation)
     n_params = num_parameters(model)
-    engine = build_engine(cfg, dist, model, steps)
+    engine = build_engine(model, cfg.execution, cfg.train, dist, steps)
     step = ckpt.resume(resume_from, engine, verified=True)["step"] if resume_from is not None else 0
     with contextlib.ExitStack() as stack:
         stack.callback(stream.close)
@@ -458,55 +509,58 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
 def resolved_data(cfg: Config, dist: DistContext, run_dir: Path) -> tuple[TrainingData, Config]:
     """This rank's training data, and the config with what the data decided, frozen: what the
     run reads from here on (and saves). Rank 0 loads first: it may train the vocab into the run
-    directory, which the other ranks then read."""
+    directory, which the other ranks then read.
+
+    The whole config: what the data decides is written into it (a model section's vocab size)."""
     # The ranks that split the data: every rank, or with pipeline stages the pipelines (a
     # pipeline's stages read alike).
     data_rank, data_world = pipeline_parallel.data_split(cfg.execution, dist)
     load = functools.partial(load_data, run_dir=run_dir, rank=data_rank, world_size=data_world,
+                             given=cfg.given, mlperf_log=bool(cfg.log.mlperf),
                              pin=dist.device.type == "cuda",  # pinned batches copy to the GPU without waiting
                              always_mask=compiles(cfg.execution, dist.device))  # one graph for every batch
     loaded: list[TrainingData] = []
 
     def load_on_main() -> dict[str, Any]:
-        loaded.append(load(cfg))
+        loaded.append(load(cfg.model, cfg.data, cfg.train))
         return loaded[0].decided
 
     cfg = freeze(replaced(cfg, from_main(dist, load_on_main)))
-    return (loaded[0] if loaded else load(cfg)), cfg
+    return (loaded[0] if loaded else load(cfg.model, cfg.data, cfg.train)), cfg
 
 
-def pretraining_model(cfg: Config, from_weights: bool) -> nn.Module:
-    """The model ``cfg`` trains, on every rank from the same seed, with ``checkpoint.init``'s weights
-    when ``from_weights`` (a fresh start); parallelism is applied to it afterwards (build_engine)."""
-    torch.manual_seed(cfg.train.seed)
-    random.seed(cfg.train.seed)
-    model = build_pretraining_model(cfg.model, cfg.train.objective)
-    if cfg.checkpoint.init and from_weights:
-        weights.load_weights(model, cfg.checkpoint.init)
-    return model.train()
+def pretraining_model(model: ModelConfig, train: TrainConfig, init: str = "") -> nn.Module:
+    """The model to train, on every rank from the seed ``train.seed``, with the weights of ``init``
+    (``checkpoint.init`` of a fresh start; "" = none); parallelism is applied to it afterwards (build_engine)."""
+    torch.manual_seed(train.seed)
+    random.seed(train.seed)
+    built = build_pretraining_model(model, train.objective)
+    if init:
+        weights.load_weights(built, init)
+    return built.train()
 
 
-def accumulation_of(cfg: Config, data_world: int) -> int:
+def accumulation_of(train: TrainConfig, execution: ExecutionConfig, data_world: int) -> int:
     """Micro-batches per rank and step, for ``data_world`` ranks (or pipelines) that split the data."""
     try:
-        accumulation = accumulation_steps(cfg.train, world_size=data_world)
+        accumulation = accumulation_steps(train, world_size=data_world)
     except ConfigError as err:
-        what = "pipeline" if cfg.execution.pipeline_stages > 1 else "rank"
-        raise ConfigError(f"{err} (micro-batch {cfg.train.micro_batch_size} × {data_world} {what}(s))") from None
-    pipeline_parallel.check_micro_batches(cfg.execution, accumulation)
+        what = "pipeline" if execution.pipeline_stages > 1 else "rank"
+        raise ConfigError(f"{err} (micro-batch {train.micro_batch_size} × {data_world} {what}(s))") from None
+    pipeline_parallel.check_micro_batches(execution, accumulation)
     return accumulation
 
 
-def build_engine(cfg: Config, dist: DistContext, model: nn.Module, steps: int) -> Engine:
+def build_engine(model: nn.Module, execution: ExecutionConfig, train: TrainConfig, dist: DistContext,
+                 steps: int) -> Engine:
     """The model as this rank trains it (parallelism applied from outside), its optimizer and
     schedule: with pipeline stages this rank's stage (training/pipeline.py)."""
-    if cfg.execution.pipeline_stages > 1:
-        return pipeline_parallel.build_engine(model, cfg.execution, cfg.train, dist, steps)
-    model = prepare_model(model, cfg.execution, dist)
-    optimizer = build_optimizer(unwrap(model), cfg.train, compiled=compiles_optimizer(cfg.execution, dist.device))
-    return Engine(model, optimizer, build_scheduler(optimizer, cfg.train, steps), training_loss,
-                  cfg.execution.precision, cfg.train.grad_clip, dist, seed=cfg.train.seed,
-                  grad_sync=cfg.execution.grad_sync)
+    if execution.pipeline_stages > 1:
+        return pipeline_parallel.build_engine(model, execution, train, dist, steps)
+    model = prepare_model(model, execution, dist)
+    optimizer = build_optimizer(unwrap(model), train, compiled=compiles_optimizer(execution, dist.device))
+    return Engine(model, optimizer, build_scheduler(optimizer, train, steps), training_loss,
+                  execution.precision, train.grad_clip, dist, seed=train.seed, grad_sync=execution.grad_sync)
 
 
 class Pretraining:
@@ -517,6 +571,8 @@ class Pretraining:
     (``engine.report``, see training/engine.py). A checkpoint waits for its own step's (``engine.flush``),
     and with the divergence guard on it counts only once the step after it is seen to be normal:
     the loss that reveals a bad update comes one step after the update (``ckpt.confirm``).
+
+    The whole config: the loop reads five of its sections, and every checkpoint saves all of it.
     """
 
     def __init__(self, cfg: Config, dist: DistContext, run_dir: Path, engine: Engine, stream: Any,
@@ -525,11 +581,14 @@ class Pretraining:
         self.cfg, self.dist, self.run_dir, self.engine, self.stream = cfg, dist, run_dir, engine, stream
         self.eval_set, self.steps, self.step, self.accumulation = eval_set, steps, step, accumulation
         self.mlperf, self.data_fingerprint, self.started = mlperf, data_fingerprint, started
-        self.logger = stack.enter_context(MetricsLogger(run_dir, cfg, enabled=dist.is_main, start_step=step))
+        self.files = ckpt.RunFiles(cfg.to_yaml(), cfg.data.vocab)  # what every checkpoint holds of the run
+        self.logger = stack.enter_context(MetricsLogger(run_dir, cfg.log, enabled=dist.is_main, start_step=step,
+                                                        run_config=cfg.to_dict()))
         engine.preemption = self.preemption = stack.enter_context(Preemption())
         self.bar = stack.enter_context(ProgressBar(steps, step, enabled=cfg.log.progress, main=dist.is_main))
-        self.monitor = stack.enter_context(RunMonitor(cfg, run_dir, dist, self.logger, self.bar.print,
-                                                      start_step=step, total_steps=steps, started=started))
+        self.monitor = stack.enter_context(RunMonitor(cfg.execution, cfg.log, run_dir, dist, self.logger,
+                                                      self.bar.print, start_step=step, total_steps=steps,
+                                                      started=started))
         self.bar.print(f"run directory: {run_dir}")
         # Time to train: the timed region from here to the stop, summed over a resumed run's parts.
         self.run_started, self.trained_s = time.perf_counter(), trained_s
@@ -547,7 +606,8 @@ class Pretraining:
         """Train to the end, a target accuracy or a signal; the summary. ``save`` false (compile-only)
         writes no final checkpoint."""
         cfg, engine, batch, target = self.cfg, self.engine, self.cfg.train.global_batch_size, self.target
-        self.mlperf.run_start(cfg, self.accumulation, self.steps, len(self.eval_set) if self.eval_set else 0)
+        self.mlperf.run_start(cfg.train, cfg.data, self.accumulation, self.steps,
+                              len(self.eval_set) if self.eval_set else 0)
         first_eval = last_eval = self.evaluate() if self.step == 0 and cfg.train.eval_at_start else None
         final: Path | None = None  # the checkpoint a signal made the run write
         while self.step < self.steps and not self.reached(last_eval):  # (the target may be reached at 0)
@@ -559,7 +619,7 @@ class Pretraining:
             self.step += 1
             progress["steps"] += 1
             self.on_report(engine.report)  # the step before's numbers
-            if eval_due(cfg, self.step) and self.step < self.steps:  # (the last step's comes after the loop)
+            if eval_due(cfg.train, self.step) and self.step < self.steps:  # (the last step's comes after the loop)
                 last_eval = self.evaluate()
                 if self.reached(last_eval):
                     break
@@ -699,4 +759,5 @@ class Pretraining:
             self.settle_unconfirmed(spiked=self.guard.spiking)
         state = {"data": self.stream.state(), "data_fingerprint": self.data_fingerprint,
                  "train_s": self.trained_s + time.perf_counter() - self.run_started}
-        return ckpt.save(self.run_dir, self.step, self.engine, self.cfg, state, confirmed)
+        return ckpt.save(self.run_dir, self.step, self.engine, self.files, state, keep=self.cfg.checkpoint.keep,
+                         parallel=self.cfg.execution.parallel, confirmed=confirmed)

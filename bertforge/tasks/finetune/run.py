@@ -498,12 +498,13 @@ def train(cfg: Config, job: Job, dist: DistContext, out_dir: Path, resume_from: 
 
     losses: list[float] = []
     with contextlib.ExitStack() as stack:
-        logger = stack.enter_context(MetricsLogger(out_dir, cfg, enabled=dist.is_main, start_step=step))
+        logger = stack.enter_context(MetricsLogger(out_dir, cfg.log, enabled=dist.is_main, start_step=step,
+                                                   run_config=cfg.to_dict()))
         engine.preemption = preemption = stack.enter_context(Preemption())
         bar = stack.enter_context(ProgressBar(total, step, enabled=cfg.log.progress, main=dist.is_main,
                                               label=job.kind))
-        monitor = stack.enter_context(RunMonitor(cfg, out_dir, dist, logger, bar.print, start_step=step,
-                                                 total_steps=total, started=started))
+        monitor = stack.enter_context(RunMonitor(cfg.execution, cfg.log, out_dir, dist, logger, bar.print,
+                                                 start_step=step, total_steps=total, started=started))
 
         def run_eval() -> None:
             """Dev scores by rank 0 alone with the whole model; the others wait."""
@@ -541,7 +542,8 @@ def train(cfg: Config, job: Job, dist: DistContext, out_dir: Path, resume_from: 
 
         def save() -> Path:
             on_report(engine.flush())  # its own step's numbers first: a non-finite step stops the run
-            return ckpt.save(out_dir, step, engine, cfg, state())
+            return ckpt.save(out_dir, step, engine, ckpt.RunFiles(cfg.to_yaml(), cfg.data.vocab), state(),
+                             keep=cfg.checkpoint.keep, parallel=cfg.execution.parallel)
 
         while step < total:
             # the epoch this step reads (the stream moves on after it)
