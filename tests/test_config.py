@@ -29,7 +29,7 @@ from bertforge.config import (
 from bertforge.runs import config_from_args
 
 PRESETS = "(presets: tiny, mini, small, medium, base, large, modernbert-tiny, modernbert-base, modernbert-large)"
-SHIPPED = sorted(p.stem for p in CONFIG_DIR.glob("pretrain_*.yaml"))  # squad_*: tests/test_squad_train.py
+SHIPPED = sorted(p.stem for p in CONFIG_DIR.glob("pretrain_*.yaml"))  # squad_*: tests/tasks/test_squad_train.py
 
 
 def test_presets_are_the_standard_bert_shapes():
@@ -38,7 +38,7 @@ def test_presets_are_the_standard_bert_shapes():
     assert shapes == {
         "tiny": (2, 128, 2, 512), "mini": (4, 256, 4, 1024), "small": (4, 512, 8, 2048),
         "medium": (8, 512, 8, 2048), "base": (12, 768, 12, 3072), "large": (24, 1024, 16, 4096),
-        # ModernBERT's (the rest of their configs: tests/test_modernbert.py)
+        # ModernBERT's (the rest of their configs: tests/models/test_modernbert.py)
         "modernbert-tiny": (4, 128, 2, 192), "modernbert-base": (22, 768, 12, 1152),
         "modernbert-large": (28, 1024, 16, 2624),
     }

@@ -3,7 +3,7 @@
 This follows google-research/bert's ``create_pretraining_data.py``: the same
 sequence packing, next-sentence sampling, truncation and 80/10/10 masking, and
 the same order of draws from one ``random.Random``, so the same documents and
-seed give the very same instances (tests/test_data.py checks this against the
+seed give the very same instances (tests/data/test_data.py checks this against the
 reference). It works on token ids instead of strings, and takes the special
 ids, the random replacements and the word boundaries from a
 :class:`.vocab.Vocabulary` (for a ``vocab.txt``, the reference's). Whole-word

@@ -46,7 +46,7 @@ Reading follows that graph, so a variable is found by its object path whatever
 key it was stored under; writing builds the graph of the reference model's
 objects that hold variables (and ``save_counter``): TensorFlow restores it into
 the real model with ``assert_existing_objects_matched()`` and ``assert_consumed()``
-(``tests/test_tf2.py``), and ``tf.train.load_checkpoint`` lists its names.
+(``tests/formats/test_tf2.py``), and ``tf.train.load_checkpoint`` lists its names.
 
 Model Garden's BERT ``gelu`` is the tanh approximation: our ``gelu_new``, as for
 TF1. The reference TF2 models have no NSP head (and the encoder layout no

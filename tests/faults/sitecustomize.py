@@ -1,5 +1,5 @@
 """A machine failure, for tests: Python imports this ``sitecustomize`` at the start of every process
-whose PYTHONPATH names this folder (tests/test_preemption.py puts it there for torchrun's workers).
+whose PYTHONPATH names this folder (tests/training/test_preemption.py puts it there for torchrun's workers).
 
 With ``BERTFORGE_TEST_FAIL_AT=RANK:STEP`` the worker of that rank exits hard right after its
 optimizer step STEP (1-based), on a job's first attempt only (torchrun's

@@ -1,6 +1,6 @@
 """GLUE's metrics in numpy: the same numbers as scikit-learn and scipy, without either at run time.
 
-Each function is proven equal (to 1e-12) to its oracle in ``tests/test_glue_data.py``:
+Each function is proven equal (to 1e-12) to its oracle in ``tests/tasks/test_glue_data.py``:
 
 * :func:`accuracy` -- ``sklearn.metrics.accuracy_score``
 * :func:`matthews_corrcoef` -- ``sklearn.metrics.matthews_corrcoef`` (multiclass too); 0.0

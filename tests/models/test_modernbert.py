@@ -236,7 +236,7 @@ def test_flex_path_equals_the_math_path(packed, monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_fused_flex_kernel_equals_math_on_cuda():
     """CUDA's compiled FlexAttention against the math kernel on packed rows with windows, a bf16 step:
-    loss and gradients within bf16's rounding (BERT's kernels: tests/test_cuda.py)."""
+    loss and gradients within bf16's rounding (BERT's kernels: tests/training/test_cuda.py)."""
     cfg = dataclasses.replace(CFG, hidden_size=128, intermediate_size=192)  # heads of 64
     torch.manual_seed(0)
     math = ModernBertForMaskedLM(cfg).cuda()

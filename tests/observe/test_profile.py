@@ -125,7 +125,7 @@ def test_phases_have_their_own_peaks():
     """In a fresh process: in this one, memory that earlier tests freed may still be resident, and
     the 300 MiB would reuse it without the resident set growing (both phases then read the same)."""
     done = subprocess.run([sys.executable, "-c", PHASES], capture_output=True, text=True, timeout=120, check=False,
-                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     if "peak_rss_note" in result:

@@ -221,7 +221,7 @@ def test_lamb_tensors_at_different_steps():
 
 # ------------------------------------------ LAMB variants against their references
 
-FIXTURES = Path(__file__).parent / "fixtures" / "optim"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "optim"
 
 
 @pytest.fixture(scope="module")

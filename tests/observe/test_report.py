@@ -20,7 +20,7 @@ pytest.importorskip("matplotlib")
 
 from bertforge.observe.report import FIGURES, differences, legend_labels, load_runs, plot, summary  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PRETRAIN_FIGURES = ["loss.png", "mlm_loss.png", "mlm_accuracy.png", "nsp_accuracy.png", "lr.png", "grad_norm.png",
                     "throughput.png", "memory.png"]
 

@@ -259,7 +259,7 @@ def test_step_memory_matches_the_plan(pipeline_runs, name):
 
 # ------------------------------------------------------------ bertforge pretrain under torchrun
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _run_args(run_dir: Path, name: str, *extra: str) -> list[str]:

@@ -30,7 +30,7 @@ from bertforge.data.record_reader import read_records
 from bertforge.data.record_writer import write_records
 from bertforge.formats.hf import load_model
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def run_args(run_dir: Path, name: str, steps: int, *extra: str) -> list[str]:

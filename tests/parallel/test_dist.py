@@ -30,7 +30,7 @@ from bertforge.parallel.dist import check_execution
 from bertforge.runs import CheckpointError, find_checkpoint
 from bertforge.training.optim import Lamb
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 STEPS = 4
 
 

@@ -35,7 +35,7 @@ def test_both_modes_on_a_preset():
     done = subprocess.run([sys.executable, "-m", "bertforge", "bench", "squad", "--json", "--model", "tiny",
                            "--batch-size", "2", "--seq-len", "64", "--steps", "2", "--warmup", "1", "--threads", "1"],
                           capture_output=True, text=True, timeout=300, check=False,
-                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip())
     assert set(result) == COMMON_KEYS | INFER_KEYS | TRAIN_KEYS

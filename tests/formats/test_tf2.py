@@ -33,10 +33,10 @@ from bertforge.formats.hf import ConversionError, load_model, model_config_from_
 from bertforge.models.bert import BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification, BertModel
 from bertforge.runs import CheckpointError
 
-FIXTURES = Path(__file__).parent / "fixtures" / "tf2"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "tf2"
 SMALL = FIXTURES / "small"
 PREFIXES = {layout: SMALL / layout / "model.ckpt-1" for layout in tf2.LAYOUTS}
-TF1_PREFIX = Path(__file__).parent / "fixtures" / "tf1" / "small" / "model.ckpt-2"
+TF1_PREFIX = Path(__file__).parents[1] / "fixtures" / "tf1" / "small" / "model.ckpt-2"
 MAKE = FIXTURES / "make_fixtures.py"
 TOLERANCE = 1e-5  # relative to the largest value
 

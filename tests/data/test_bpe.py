@@ -26,7 +26,7 @@ import pytest
 from conftest import shared_data
 from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 from data_prep import wiki_sample_text  # noqa: E402
 from test_create import read_all, reference_records, statistics  # noqa: E402
 

@@ -25,7 +25,7 @@ from bertforge.data.text import read_documents, read_rows, row_documents
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 SAVED = FIXTURES / "saved_dataset"
 SAVED_TEXT = FIXTURES / "saved_dataset.txt"
 VOCAB = "vocab/bert-base-uncased-vocab.txt"

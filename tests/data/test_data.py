@@ -31,7 +31,7 @@ from bertforge.data.tokenizer import (
 from bertforge.data.vocab import load_vocab, vocab_size_of
 
 DATA = Path(os.environ.get("BERTFORGE_TEST_DATA",
-                           Path(__file__).parents[1] / ".." / "shared" / "data"))
+                           Path(__file__).parents[2] / ".." / "shared" / "data"))
 SAMPLE_TEXT = DATA / "text" / "sample_text.txt"
 BERT_VOCAB = DATA / "vocab" / "bert-base-uncased-vocab.txt"
 

@@ -32,7 +32,7 @@ from bertforge.formats.hf import export_hf, export_tf1, load_model, load_weights
 from bertforge.models.bert import BertForPreTraining, BertForQuestionAnswering
 from bertforge.runs import CheckpointError
 
-FIXTURES = Path(__file__).parent / "fixtures" / "tf1"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "tf1"
 SMALL = FIXTURES / "small"
 PREFIX = SMALL / "model.ckpt-2"
 MAKE = FIXTURES / "make_fixtures.py"

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from conftest import shared_data, tmpfs
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
 from data_prep import wiki_sample_text
 
 from bertforge.data import DataError
@@ -36,7 +36,7 @@ from bertforge.data.wordpiece import FastWordPiece
 
 VOCAB = "vocab/bert-base-uncased-vocab.txt"
 SAMPLE = "text/sample_text.txt"
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 DUMP = "wiki/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 CLS, SEP, MASK = 101, 102, 103  # in the uncased vocab
 

@@ -13,7 +13,7 @@ import torch
 from bertforge.bench.spec import BenchmarkError, load_spec, lookup
 from bertforge.cli import build_parser, main
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 SHIPPED = ROOT / "benchmarks.yml"
 
 
