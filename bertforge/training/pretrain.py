@@ -57,7 +57,9 @@ from bertforge.data.loader import (
     record_files,
 )
 from bertforge.fileio import atomic_file
-from bertforge.formats import hf as weights
+from bertforge.formats import weights
+from bertforge.formats.hf import HF_MODEL_ID, find_model, is_model, resolve_model
+from bertforge.formats.load import load_weights
 from bertforge.models.bert import compiled_pretraining_loss, eval_result, eval_sums, num_parameters, pretraining_loss
 from bertforge.models.families import build_pretraining_model
 from bertforge.observe.log import MetricsLogger, ProgressBar, Throughput
@@ -186,8 +188,8 @@ def absolute_paths(cfg: Config) -> Config:
              for section, key in (("data", "input"), ("data", "eval_input"), ("data", "vocab"), ("log", "mlperf"))}
     absolute = {key: os.path.abspath(os.path.expanduser(value)) for key, value in paths.items() if value}
     init = cfg.checkpoint.init
-    found = weights.resolve_model(init) if init else None
-    if found is not None and (weights.is_model(found) or not weights.HF_MODEL_ID.match(init)):
+    found = resolve_model(init) if init else None
+    if found is not None and (is_model(found) or not HF_MODEL_ID.match(init)):
         absolute["checkpoint.init"] = os.path.abspath(found)
     return replaced(cfg, absolute)
 
@@ -414,7 +416,7 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
     engine; then :class:`Pretraining`. ``progress["steps"]`` counts the steps this call completed."""
     progress = {"steps": 0} if progress is None else progress
     if cfg.checkpoint.init and resume_from is None:
-        weights.find_model(cfg.checkpoint.init)  # one not found is named before the data loads
+        find_model(cfg.checkpoint.init)  # one not found is named before the data loads
     # The MLPerf log's init phase starts here (rank 0 writes; without log.mlperf it logs nothing).
     mlperf = open_log(cfg, dist, resumed=resume_from is not None)
     data, cfg = resolved_data(cfg, dist, run_dir)
@@ -482,7 +484,7 @@ def pretraining_model(cfg: Config, from_weights: bool) -> nn.Module:
     random.seed(cfg.train.seed)
     model = build_pretraining_model(cfg.model, cfg.train.objective)
     if cfg.checkpoint.init and from_weights:
-        weights.load_weights(model, cfg.checkpoint.init)
+        load_weights(model, cfg.checkpoint.init)
     return model.train()
 
 
