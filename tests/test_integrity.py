@@ -23,7 +23,7 @@ from bertforge import runs
 from bertforge.cli import main
 from bertforge.config import ConfigError, load_config
 from bertforge.fileio import atomic_directory, remove_temporaries
-from bertforge.formats import weights
+from bertforge.formats import load, weights
 from bertforge.formats.load import load_model, load_weights
 from bertforge.observe.log import truncate_metrics
 from bertforge.training import checkpoint as ckpt
@@ -473,7 +473,7 @@ def test_fuzzed_checkpoints_load_whole_or_are_one_line_errors(run, tmp_path, cap
             return crc32c(path)
 
         monkeypatch.setattr(runs, "crc32c", crc32c_inside)
-        for module in (runs, weights, ckpt):  # each calls the verifier by its own name
+        for module in (runs, weights, load, ckpt):  # each calls the verifier by its own name
             monkeypatch.setattr(module, "verify", verify_once)
         # Every load overwrites the initial weights (a weight left as initialised is a failure either way):
         # skipping their random init halves the time of a case.
