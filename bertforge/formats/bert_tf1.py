@@ -241,7 +241,7 @@ def export_tf1(model: nn.Module, out_dir: Path | str, vocab_path: Path | str | N
     """Write ``model`` as a TF1 checkpoint directory google-research/bert reads:
     ``model.ckpt.index``, ``model.ckpt.data-00000-of-00001`` (the weights under TF1 names and
     ``global_step``), the ``checkpoint`` state file, ``bert_config.json`` and ``vocab.txt``
-    when given. Written atomically, like :func:`export_hf`."""
+    when given. Written atomically, like :func:`bertforge.formats.hf.export_hf`."""
     model, cfg = tf_exportable(model, out_dir, overwrite, "TF1")
     names = tf1_names(cfg.num_hidden_layers)
     prefix = "bert." if isinstance(model, BertModel) else ""

@@ -35,7 +35,7 @@ def read_weights(path: str | Path, bert_config: str | Path | None = None,
     our checkpoint (run, step or model directory), a Hugging Face BERT directory, or a
     TensorFlow 1 checkpoint (a prefix such as ``ckpt/model.ckpt-28252``, or a directory with a
     ``checkpoint`` file; ``bert_config`` defaults to the ``bert_config.json`` beside it); or a
-    Hugging Face model id (:func:`find_model`)."""
+    Hugging Face model id (:func:`bertforge.formats.hf.find_model`)."""
     path = find_model(path)
     prefix = tf1.find_prefix(path)
     if prefix is not None:  # every head it has comes along: the caller takes what its model needs
