@@ -111,7 +111,7 @@ def save_modernbert(ours_dir: Path, their_dir: Path) -> None:
 
     from bertforge.config import Config
     from bertforge.fileio import atomic_directory
-    from bertforge.formats.hf import SAFETENSORS, save_weights
+    from bertforge.formats.weights import SAFETENSORS, save_weights
     from bertforge.models.modernbert import ModernBertForMaskedLM
     from bertforge.runs import write_manifest
 

@@ -73,7 +73,7 @@ def worker(args: argparse.Namespace) -> None:
     tokenizer = load_tokenizer(work / "weights" / "vocab.txt")
     examples = dev_sample(args.dev, args.questions)
     if args.worker == "ours":
-        from bertforge.formats.hf import load_model
+        from bertforge.formats.load import load_model
         from bertforge.tasks.squad.train import SquadConfig, predict, predict_logits
 
         model = load_model(work / "weights", head="qa")
@@ -147,7 +147,8 @@ def prepare(args: argparse.Namespace, work: Path) -> str:
     """The weights, exported to ``work/weights`` with their vocab; returns what they are."""
     import torch
 
-    from bertforge.formats.hf import export_hf, load_model
+    from bertforge.formats.hf import export_hf
+    from bertforge.formats.load import load_model
     from bertforge.tasks.squad.train import find_vocab, finetune, load_squad_config
 
     if args.model:

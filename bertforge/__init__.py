@@ -32,13 +32,14 @@ from .config import (
 from .version import __version__ as __version__  # re-exported
 
 if TYPE_CHECKING:
-    from bertforge.formats.hf import export_hf, load_model
+    from bertforge.formats.hf import export_hf
+    from bertforge.formats.load import load_model
     from bertforge.models.bert import BertForMaskedLM, BertForPreTraining, BertForQuestionAnswering, BertModel
     from bertforge.training.pretrain import pretrain
 
 
 _LAZY = {  # name -> the module that defines it (each imports torch)
-    "load_model": "formats.hf", "export_hf": "formats.hf", "pretrain": "training.pretrain",
+    "load_model": "formats.load", "export_hf": "formats.hf", "pretrain": "training.pretrain",
     "BertForPreTraining": "models.bert", "BertForMaskedLM": "models.bert", "BertForQuestionAnswering": "models.bert",
     "BertModel": "models.bert",
 }

@@ -133,15 +133,9 @@ def cmd_bench_squad(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
-    from bertforge.formats.hf import (
-        check_export_target,
-        export_hf,
-        find_model,
-        hf_head,
-        hf_labels,
-        is_hf_directory,
-        load_model,
-    )
+    from bertforge.formats.hf import export_hf, find_model, hf_head, hf_labels, is_hf_directory
+    from bertforge.formats.load import load_model
+    from bertforge.formats.weights import check_export_target
 
     from .runs import find_checkpoint, vocab_in
 
@@ -168,7 +162,7 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
     model = load_model(checkpoint, head=head)
     vocab = vocab_in(checkpoint)
     if args.format == "tf1":
-        from bertforge.formats.hf import export_tf1
+        from bertforge.formats.bert_tf1 import export_tf1
         from bertforge.training.checkpoint import read_trainer_state
 
         step = read_trainer_state(checkpoint)["step"] if (checkpoint / "trainer.pt").is_file() else 0
@@ -202,7 +196,7 @@ def _import_prefix(args: argparse.Namespace) -> Path:
 
 
 def cmd_import_tf1(args: argparse.Namespace, extra: list[str]) -> int:
-    from bertforge.formats.hf import import_tf1
+    from bertforge.formats.bert_tf1 import import_tf1
 
     prefix = _import_prefix(args)
     out, skipped = import_tf1(prefix, args.out, args.bert_config, args.vocab, overwrite=args.overwrite)
@@ -462,7 +456,7 @@ def user_errors() -> tuple[type[Exception], ...]:
     # (through bertforge.fileio), after removing what it had written.
     errors: list[type[Exception]] = [ConfigError, DataError, SquadError, FinetuneError, FileNotFoundError, WriteError]
     # These modules import torch: only a command that loaded them can have raised their errors.
-    for module, name in (("bertforge.runs", "CheckpointError"), ("bertforge.formats.hf", "ConversionError"),
+    for module, name in (("bertforge.runs", "CheckpointError"), ("bertforge.formats.weights", "ConversionError"),
                          ("bertforge.training.engine", "NonFiniteError"),
                          ("bertforge.training.engine", "DivergenceError")):
         if module in sys.modules:

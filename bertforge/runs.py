@@ -26,7 +26,7 @@ newest checkpoint with a warning and takes the one before.
 
 This module needs no torch: the CLI resolves ``--resume`` with it before
 anything heavy is imported. Weights are read and written by
-:mod:`bertforge.formats.hf`, training state by :mod:`bertforge.training.checkpoint`.
+:mod:`bertforge.formats.weights`, training state by :mod:`bertforge.training.checkpoint`.
 """
 
 from __future__ import annotations

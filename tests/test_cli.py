@@ -185,7 +185,7 @@ def test_flag_choices_are_the_config_literals():
 
 
 def test_checkpoint_heads_are_the_config_literal():
-    from bertforge.formats.hf import HEADS
+    from bertforge.formats.weights import HEADS
 
     assert HEADS == ("pretraining", "qa", "classification", "token_classification", "encoder")
 
@@ -309,7 +309,8 @@ def test_export_reads_a_hugging_face_directory_or_a_model_id_in_the_cache(tmp_pa
     import torch
 
     from bertforge.config import ModelConfig
-    from bertforge.formats.hf import export_hf, load_model
+    from bertforge.formats.hf import export_hf
+    from bertforge.formats.load import load_model
     from bertforge.models.bert import BertForQuestionAnswering
 
     torch.manual_seed(0)

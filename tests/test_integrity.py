@@ -23,7 +23,8 @@ from bertforge import runs
 from bertforge.cli import main
 from bertforge.config import ConfigError, load_config, replaced
 from bertforge.fileio import atomic_directory, remove_temporaries
-from bertforge.formats import hf as weights
+from bertforge.formats import load, weights
+from bertforge.formats.load import load_model, load_weights
 from bertforge.observe.log import truncate_metrics
 from bertforge.training import checkpoint as ckpt
 
@@ -76,9 +77,9 @@ def test_a_flipped_bit_is_named_and_refused(run, tmp_path, capsys):
         assert main(argv) == 2
         assert capsys.readouterr().err == expected
     with pytest.raises(runs.CheckpointError, match="crc32c differs"):
-        weights.load_model(copy)
+        load_model(copy)
     with pytest.raises(runs.CheckpointError, match="crc32c differs"):
-        weights.load_weights(weights.load_model(run), copy)
+        load_weights(load_model(run), copy)
     assert not (tmp_path / "hf").exists()
 
 
@@ -103,8 +104,8 @@ def test_truncated_files_without_a_manifest_are_one_line_errors(run, tmp_path, c
     for step in (2, 4):
         (step_dir(copy, step) / "manifest.json").unlink()
     assert runs.verify(step_dir(copy, 4)) is False
-    assert all(torch.equal(a, b) for a, b in zip(weights.load_model(copy).state_dict().values(),
-                                                 weights.load_model(run).state_dict().values()))
+    assert all(torch.equal(a, b) for a, b in zip(load_model(copy).state_dict().values(),
+                                         load_model(run).state_dict().values()))
     safetensors = step_dir(copy, 4) / "model.safetensors"
     safetensors.write_bytes(safetensors.read_bytes()[:5000])
     assert main(["export", str(copy), str(tmp_path / "hf")]) == 2
@@ -134,7 +135,7 @@ def test_temporaries_of_interrupted_saves_are_removed_at_the_next_start(run, tmp
 
 
 def test_non_finite_weights_are_never_saved(run, tmp_path):
-    model = weights.load_model(run)
+    model = load_model(run)
     assert weights.first_nonfinite(model) is None
     with torch.no_grad():
         model.bert.encoder.layer[1].output.dense.weight[3, 7] = float("nan")
@@ -269,7 +270,7 @@ def test_kill_during_save_never_leaves_a_false_checkpoint(tmp_path):
     assert complete, result.stdout
     for step in complete:
         assert runs.verify(step) is True
-        weights.load_model(step)
+        load_model(step)
         assert ckpt.read_trainer_state(step)["step"] == int(step.name.removeprefix("step_"))
     newest = int(complete[-1].name.removeprefix("step_"))
     assert main(run_args(tmp_path, "run", newest + 1, "--data.seq_len", "16", "--data.max_predictions", "2",
@@ -443,7 +444,7 @@ def test_fuzzed_checkpoints_load_whole_or_are_one_line_errors(run, tmp_path, cap
 
     original = step_dir(run, 4)
     cfg = weights.read_config(original)
-    saved = weights.load_model(original).state_dict()
+    saved = load_model(original).state_dict()
     model = BertForPreTraining(cfg.model)
     optimizer = build_optimizer(model, cfg.train)
     engine = Engine(model, optimizer, build_scheduler(optimizer, cfg.train, cfg.train.steps), training_loss,
@@ -472,7 +473,7 @@ def test_fuzzed_checkpoints_load_whole_or_are_one_line_errors(run, tmp_path, cap
             return crc32c(path)
 
         monkeypatch.setattr(runs, "crc32c", crc32c_inside)
-        for module in (runs, weights, ckpt):  # each calls the verifier by its own name
+        for module in (runs, weights, load, ckpt):  # each calls the verifier by its own name
             monkeypatch.setattr(module, "verify", verify_once)
         # Every load overwrites the initial weights (a weight left as initialised is a failure either way):
         # skipping their random init halves the time of a case.
@@ -501,7 +502,7 @@ def test_fuzzed_checkpoints_load_whole_or_are_one_line_errors(run, tmp_path, cap
             may_differ = not keep_manifest and what.split()[2] == "flip"  # no checksum to tell
 
             check = functools.partial(_check_loads, failures, what, copy, may_differ)
-            check("load_model", lambda copy=copy: _same(weights.load_model(copy).state_dict(), saved))
+            check("load_model", lambda copy=copy: _same(load_model(copy).state_dict(), saved))
 
             def resume(copy: Path = copy) -> bool:
                 step = runs.find_checkpoint(copy)

@@ -66,7 +66,7 @@ def build_model(model: str | Path, cfg: Config) -> nn.Module:
         apply_model_preset(cfg, str(model))
         torch.manual_seed(cfg.train.seed)
         return model_class(cfg.model, "qa")(cfg.model)
-    from bertforge.formats.hf import load_model
+    from bertforge.formats.load import load_model
 
     if not Path(model).is_dir():
         raise ConfigError(f"--model {model}: neither a preset ({', '.join(MODEL_PRESETS)}) "

@@ -70,16 +70,8 @@ from bertforge.models.bert import BertForPreTraining, BertModel
 from bertforge.runs import CheckpointError
 
 from . import tf1
-from .hf import (
-    ConversionError,
-    assign_weights,
-    check_export_target,
-    find_bert_config,
-    model_config_from_bert_config,
-    tf_exportable,
-    write_model_dir,
-    write_tf_directory,
-)
+from .bert_tf1 import find_bert_config, model_config_from_bert_config, tf_exportable, write_tf_directory
+from .weights import ConversionError, assign_weights, check_export_target, write_model_dir
 
 logger = logging.getLogger(__name__)
 
@@ -513,7 +505,7 @@ def export_tf2(model: torch.nn.Module, out_dir: Path | str, vocab_path: Path | s
     of ``layout`` — default ``pretrainer`` for a model with a masked-LM head, else ``encoder`` —
     the object graph and ``save_counter``), the ``checkpoint`` state file, ``bert_config.json``
     and ``vocab.txt`` when given. Weights the reference has no place for (the NSP head) are left
-    out with a warning. Written atomically, like :func:`bertforge.formats.hf.export_tf1`."""
+    out with a warning. Written atomically, like :func:`bertforge.formats.bert_tf1.export_tf1`."""
     model, cfg = tf_exportable(model, out_dir, overwrite, "TF2")
     key_prefix = "bert." if isinstance(model, BertModel) else ""
     state = {key_prefix + k: v.detach().to("cpu", torch.float32) for k, v in model.state_dict().items()}

@@ -2,7 +2,7 @@
 
 The layout of a run directory and its step directories, the manifests that
 prove a step directory whole, and finding one are :mod:`bertforge.runs`; the
-weights inside one are read and written by :mod:`bertforge.formats.hf`. This
+weights inside one are read and written by :mod:`bertforge.formats.weights`. This
 module adds what a resume needs besides the weights: the optimizer state
 (``optimizer.pt``, or every rank's FSDP shards under ``sharded/``) and
 ``trainer.pt`` (step, schedule, RNG states, data position, loss scaler,
@@ -45,7 +45,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from bertforge.fileio import WriteError, atomic_directory, fsync
-from bertforge.formats.hf import (
+from bertforge.formats.weights import (
     check_shapes,
     checked_state,
     first_nonfinite,

@@ -53,7 +53,7 @@ def evaluate_checkpoints(checkpoints: Sequence[str | Path], eval_input: str | Pa
     """One result per checkpoint, in order: its path, then ``train.evaluate``'s numbers."""
     import torch
 
-    from bertforge.formats.hf import load_model
+    from bertforge.formats.load import load_model
     from bertforge.parallel.dist import resolve_device
 
     from .pretrain import evaluate

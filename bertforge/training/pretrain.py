@@ -70,7 +70,9 @@ from bertforge.data.loader import (
     record_files,
 )
 from bertforge.fileio import atomic_file
-from bertforge.formats import hf as weights
+from bertforge.formats import weights
+from bertforge.formats.hf import HF_MODEL_ID, find_model, is_model, resolve_model
+from bertforge.formats.load import load_weights
 from bertforge.models.bert import compiled_pretraining_loss, eval_result, eval_sums, num_parameters, pretraining_loss
 from bertforge.models.families import build_pretraining_model
 from bertforge.observe.log import MetricsLogger, ProgressBar, Throughput
@@ -199,8 +201,8 @@ def absolute_paths(data: DataConfig, log: LogConfig, checkpoint: CheckpointConfi
              "log.mlperf": log.mlperf}
     absolute = {key: os.path.abspath(os.path.expanduser(value)) for key, value in paths.items() if value}
     init = checkpoint.init
-    found = weights.resolve_model(init) if init else None
-    if found is not None and (weights.is_model(found) or not weights.HF_MODEL_ID.match(init)):
+    found = resolve_model(init) if init else None
+    if found is not None and (is_model(found) or not HF_MODEL_ID.match(init)):
         absolute["checkpoint.init"] = os.path.abspath(found)
     return absolute
 
@@ -464,7 +466,7 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
     The whole config: this is the job on one rank, which hands each part its sections."""
     progress = {"steps": 0} if progress is None else progress
     if cfg.checkpoint.init and resume_from is None:
-        weights.find_model(cfg.checkpoint.init)  # one not found is named before the data loads
+        find_model(cfg.checkpoint.init)  # one not found is named before the data loads
     # The MLPerf log's init phase starts here (rank 0 writes; without log.mlperf it logs nothing).
     mlperf = open_log(cfg.log, cfg.train, cfg.data, dist, resumed=resume_from is not None)
     data, cfg = resolved_data(cfg, dist, run_dir)
@@ -536,7 +538,7 @@ def pretraining_model(model: ModelConfig, train: TrainConfig, init: str = "") ->
     random.seed(train.seed)
     built = build_pretraining_model(model, train.objective)
     if init:
-        weights.load_weights(built, init)
+        load_weights(built, init)
     return built.train()
 
 

@@ -17,7 +17,6 @@ transformers = pytest.importorskip("transformers")
 
 from bertforge.config import ModelConfig  # noqa: E402
 from bertforge.formats.hf import (  # noqa: E402
-    ConversionError,
     NewlyInitializedWarning,
     export_hf,
     hf_config_from_model_config,
@@ -26,6 +25,7 @@ from bertforge.formats.hf import (  # noqa: E402
     load_hf_state_dict,
     model_config_from_hf,
 )
+from bertforge.formats.weights import ConversionError  # noqa: E402
 from bertforge.models.bert import BertForPreTraining, BertModel  # noqa: E402
 
 SMALL = dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,

@@ -27,7 +27,9 @@ transformers = pytest.importorskip("transformers")
 from test_modernbert import CFG, hf_config  # noqa: E402
 
 from bertforge.cli import main  # noqa: E402
-from bertforge.formats.hf import ConversionError, export_hf, load_model, load_weights, write_model_dir  # noqa: E402
+from bertforge.formats.hf import export_hf  # noqa: E402
+from bertforge.formats.load import load_model, load_weights  # noqa: E402
+from bertforge.formats.weights import ConversionError, write_model_dir  # noqa: E402
 from bertforge.models.families import build_pretraining_model  # noqa: E402
 
 HEADS = {  # our head: transformers' class, the output compared

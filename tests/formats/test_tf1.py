@@ -28,7 +28,9 @@ import torch
 
 from bertforge.cli import main
 from bertforge.formats import tf1
-from bertforge.formats.hf import export_hf, export_tf1, load_model, load_weights, read_tf1, read_weights, tf1_names
+from bertforge.formats.bert_tf1 import export_tf1, read_tf1, tf1_names
+from bertforge.formats.hf import export_hf
+from bertforge.formats.load import load_model, load_weights, read_weights
 from bertforge.models.bert import BertForPreTraining, BertForQuestionAnswering
 from bertforge.runs import CheckpointError
 
@@ -85,7 +87,7 @@ def test_logits_equal_tensorflows():
 def test_every_variable_is_a_weight_or_skipped(caplog):
     reader = tf1.BundleReader(PREFIX)
     assert reader.num_shards == 1 and len(reader.entries) == 139
-    with caplog.at_level(logging.INFO, logger="bertforge.formats.hf"):
+    with caplog.at_level(logging.INFO, logger="bertforge.formats.bert_tf1"):
         cfg, state, skipped = read_tf1(PREFIX)
     weights = [n for n in reader.entries if not n.endswith(("/adam_m", "/adam_v")) and n != "global_step"]
     assert len(state) == len(weights) == 46
@@ -101,7 +103,7 @@ def test_every_variable_is_a_weight_or_skipped(caplog):
 
 
 def test_the_name_map_covers_every_weight_of_our_models():
-    from bertforge.formats.hf import model_config_from_bert_config
+    from bertforge.formats.bert_tf1 import model_config_from_bert_config
 
     cfg = model_config_from_bert_config(SMALL / "bert_config.json")
     names = tf1_names(cfg.num_hidden_layers)
@@ -134,7 +136,7 @@ def test_init_loads_a_tf1_checkpoint_and_a_hugging_face_directory(tmp_path):
 
 def test_init_warns_when_the_activation_differs(caplog):
     cfg = dataclasses.replace(read_weights(PREFIX)[0], hidden_act="gelu")
-    with caplog.at_level(logging.WARNING, logger="bertforge.formats.hf"):
+    with caplog.at_level(logging.WARNING, logger="bertforge.formats.load"):
         load_weights(BertForPreTraining(cfg), PREFIX)
     assert "trained with model.hidden_act=gelu_new but this model uses gelu" in caplog.text
 
@@ -217,7 +219,7 @@ def test_import_and_export_commands(tmp_path, capsys):
 
 def test_exporting_erf_gelu_warns_that_tensorflow_computes_tanh_gelu(tmp_path, caplog):
     cfg = dataclasses.replace(load_model(PREFIX).config, hidden_act="gelu")
-    with caplog.at_level(logging.WARNING, logger="bertforge.formats.hf"):
+    with caplog.at_level(logging.WARNING, logger="bertforge.formats.bert_tf1"):
         export_tf1(BertForPreTraining(cfg), tmp_path / "out")
     assert "TensorFlow computes with the tanh approximation" in caplog.text
     assert json.loads((tmp_path / "out/bert_config.json").read_text())["hidden_act"] == "gelu"
@@ -261,7 +263,7 @@ def test_a_missing_weight_is_named_and_other_slots_are_skipped(tmp_path, caplog)
         tensors["output_weights"] = torch.zeros(3, 32)
 
     prefix = rewrite(PREFIX, tmp_path / "lamb", lamb)
-    with caplog.at_level(logging.INFO, logger="bertforge.formats.hf"):
+    with caplog.at_level(logging.INFO, logger="bertforge.formats.bert_tf1"):
         _, state, skipped = read_tf1(prefix)
     assert len(state) == 46 and len(skipped) == 2 * 46 + 3
     assert "optimizer slots LAMB, adam_v; global_step, loss_scale, output_weights" in caplog.text

@@ -29,7 +29,9 @@ import torch
 
 from bertforge.cli import main
 from bertforge.formats import tf1, tf2
-from bertforge.formats.hf import ConversionError, load_model, model_config_from_bert_config, read_tf1
+from bertforge.formats.bert_tf1 import model_config_from_bert_config, read_tf1
+from bertforge.formats.load import load_model
+from bertforge.formats.weights import ConversionError
 from bertforge.models.bert import BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification, BertModel
 from bertforge.runs import CheckpointError
 

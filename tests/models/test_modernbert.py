@@ -31,7 +31,7 @@ from bertforge.config import (  # noqa: E402
     config_from_dict,
     load_config,
 )
-from bertforge.formats.hf import load_weights  # noqa: E402
+from bertforge.formats.load import load_weights  # noqa: E402
 from bertforge.models.bert import (  # noqa: E402
     BertForPreTraining,
     layers_mask,

@@ -25,7 +25,7 @@ from gloo_worker import run_rank
 
 from bertforge.config import ConfigError, ExecutionConfig
 from bertforge.data.record_reader import open_records
-from bertforge.formats.hf import load_model
+from bertforge.formats.load import load_model
 from bertforge.parallel.dist import check_execution
 from bertforge.runs import CheckpointError, find_checkpoint
 from bertforge.training.optim import Lamb

@@ -21,7 +21,7 @@ import pytest
 import torch
 from test_preemption import REPO, checkpoints, env, finish, losses, run_args, torchrun, train_rows, worker_pids
 
-from bertforge.formats.hf import load_model
+from bertforge.formats.load import load_model
 
 pytestmark = pytest.mark.dist
 

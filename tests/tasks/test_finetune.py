@@ -29,7 +29,7 @@ from test_preemption import checkpoints, sigterm_after_first_rows
 from test_squad_dist import cut_copy
 
 from bertforge.cli import main
-from bertforge.formats.hf import load_model
+from bertforge.formats.load import load_model
 from bertforge.observe.log import rounded
 from bertforge.runs import verify
 from bertforge.tasks.finetune import FinetuneError, glue, ner

@@ -15,16 +15,10 @@ transformers = pytest.importorskip("transformers")
 from test_convert import SMALL, batch, randomize_  # noqa: E402
 
 from bertforge.config import ModelConfig  # noqa: E402
-from bertforge.formats.hf import (  # noqa: E402
-    ConversionError,
-    NewlyInitializedWarning,
-    export_hf,
-    export_tf1,
-    hf_labels,
-    load_hf,
-    load_model,
-    save_weights,
-)
+from bertforge.formats.bert_tf1 import export_tf1  # noqa: E402
+from bertforge.formats.hf import NewlyInitializedWarning, export_hf, hf_labels, load_hf  # noqa: E402
+from bertforge.formats.load import load_model  # noqa: E402
+from bertforge.formats.weights import ConversionError, save_weights  # noqa: E402
 from bertforge.models.bert import BertForPreTraining, BertForSequenceClassification, BertForTokenClassification  # noqa: E402
 from bertforge.runs import CheckpointError  # noqa: E402
 

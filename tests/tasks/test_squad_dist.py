@@ -21,7 +21,8 @@ from test_dist import run_here, torchrun
 from test_squad_v2 import to_v2
 
 from bertforge.config import ModelConfig
-from bertforge.formats.hf import export_hf, load_model
+from bertforge.formats.hf import export_hf
+from bertforge.formats.load import load_model
 from bertforge.models.bert import BertForPreTraining
 from bertforge.runs import find_checkpoint
 

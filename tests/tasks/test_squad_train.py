@@ -15,7 +15,8 @@ from conftest import shared_data
 from bertforge.cli import main
 from bertforge.config import ConfigError, ModelConfig
 from bertforge.data.tokenizer import load_tokenizer
-from bertforge.formats.hf import export_hf, load_model
+from bertforge.formats.hf import export_hf
+from bertforge.formats.load import load_model
 from bertforge.models.bert import BertForQuestionAnswering
 from bertforge.runs import CheckpointError, find_checkpoint
 from bertforge.tasks.finetune.run import save_finetuned, write_run_files

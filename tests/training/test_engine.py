@@ -10,7 +10,8 @@ from safetensors.torch import load_file, save_file
 
 from bertforge.config import ModelConfig, TrainConfig
 from bertforge.data import SyntheticDataset
-from bertforge.formats.hf import export_hf, load_model, load_weights
+from bertforge.formats.hf import export_hf
+from bertforge.formats.load import load_model, load_weights
 from bertforge.models.bert import BertForPreTraining, BertForQuestionAnswering
 from bertforge.runs import CheckpointError
 from bertforge.training.engine import BatchStream, Engine, NonFiniteError, epoch_order
@@ -136,7 +137,7 @@ def test_weights_of_another_shape_are_errors_naming_the_tensor(tmp_path):
         load_weights(BertForPreTraining(wider), tmp_path / "hf")
 
     # Our own directory: a tensor edited to another shape, or missing, is named on load.
-    from bertforge.formats.hf import save_weights
+    from bertforge.formats.weights import save_weights
 
     out = tmp_path / "ours"
     out.mkdir()

@@ -12,7 +12,7 @@ from tiny_corpus import write_corpus
 from bertforge.cli import main
 from bertforge.config import load_config
 from bertforge.data.record_reader import read_records
-from bertforge.formats.hf import load_model
+from bertforge.formats.load import load_model
 from bertforge.observe.log import rounded
 from bertforge.training.evaluate import read_eval_set
 from bertforge.training.pretrain import evaluate, pretrain

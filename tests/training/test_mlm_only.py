@@ -26,7 +26,8 @@ from bertforge.data.errors import warn_prediction_cap  # noqa: E402
 from bertforge.data.instances import create_arrays_mlm, pack_full_sentences  # noqa: E402
 from bertforge.data.record_reader import read_records  # noqa: E402
 from bertforge.data.vocab import Vocabulary  # noqa: E402
-from bertforge.formats.hf import export_hf, load_hf, load_model, load_weights  # noqa: E402
+from bertforge.formats.hf import export_hf, load_hf  # noqa: E402
+from bertforge.formats.load import load_model, load_weights  # noqa: E402
 from bertforge.models.bert import BertForMaskedLM, BertForPreTraining, pretraining_loss  # noqa: E402
 from bertforge.training.pretrain import pretrain  # noqa: E402
 

@@ -1206,7 +1206,7 @@ def test_sgd_with_momentum_resumes_exactly(tmp_path):
     from test_preemption import losses, run_args
 
     from bertforge.cli import main
-    from bertforge.formats.hf import load_model
+    from bertforge.formats.load import load_model
 
     sgd = ["--train.optimizer", "sgd", "--train.momentum", "0.9", "--train.lr", "0.05", "--checkpoint.every", "2"]
     assert main(run_args(tmp_path, "whole", 4, *sgd)) == 0

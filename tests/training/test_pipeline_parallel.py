@@ -294,7 +294,7 @@ def pretrain_runs(tmp_path_factory) -> Path:
 @pytest.mark.dist
 @pytest.mark.parametrize("name", ["pipeline", "pipelines"])
 def test_pretrain_with_stages_equals_one_process(pretrain_runs, name):
-    from bertforge.formats.hf import load_model
+    from bertforge.formats.load import load_model
 
     single, staged = _rows(pretrain_runs / "single"), _rows(pretrain_runs / name)
     assert [r["step"] for r in staged] == [1, 2, 3, 4]  # rank 0 (stage 0) logs the last stage's losses

@@ -28,7 +28,7 @@ from bertforge.cli import main
 from bertforge.config import ConfigError, load_config
 from bertforge.data.record_reader import read_records
 from bertforge.data.record_writer import write_records
-from bertforge.formats.hf import load_model
+from bertforge.formats.load import load_model
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from bertforge.config import load_config
-from bertforge.formats.hf import load_model
+from bertforge.formats.load import load_model
 from bertforge.runs import CheckpointError, find_checkpoint
 from bertforge.training.engine import BatchStream
 from bertforge.training.pretrain import pretrain

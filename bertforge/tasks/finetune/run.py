@@ -55,8 +55,9 @@ from bertforge.config import (
 from bertforge.data.checksum import fingerprint
 from bertforge.data.vocab import vocab_size_of
 from bertforge.fileio import LOCK, atomic_file, refuse_live_runs, remove
-from bertforge.formats import hf as weights
-from bertforge.formats import tf1
+from bertforge.formats import tf1, weights
+from bertforge.formats.hf import find_model, hf_config_from_model_config, hf_head_config, resolve_model
+from bertforge.formats.load import load_model
 from bertforge.observe.log import MetricsLogger, ProgressBar, Throughput
 from bertforge.observe.profile import RunMonitor
 from bertforge.parallel.dist import (
@@ -191,7 +192,7 @@ def find_vocab(model_path: str | Path, vocab: str | Path | None = None) -> Path:
         if not vocab.is_file():
             raise FinetuneError(f"vocab not found: {vocab}")
         return vocab
-    path = weights.find_model(model_path, FinetuneError)
+    path = find_model(model_path, FinetuneError)
     candidates = [path / "vocab.txt"]
     prefix = tf1.find_prefix(path)
     if prefix is not None:  # a TF1 checkpoint: its vocab sits beside it, or one directory up (MLPerf's layout)
@@ -210,10 +211,10 @@ def find_vocab(model_path: str | Path, vocab: str | Path | None = None) -> Path:
 def load_checked(path: str | Path, vocab: Path, head: str, num_labels: int | None = None) -> nn.Module:
     """The model at ``path`` with ``head`` (new when the source has none: a warning is expected and
     silenced), checked against the vocab; on the CPU."""
-    path = weights.find_model(path, FinetuneError)
+    path = find_model(path, FinetuneError)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a new head is expected when fine-tuning an encoder
-        model = weights.load_model(path, head=head, num_labels=num_labels)
+        model = load_model(path, head=head, num_labels=num_labels)
     config = typing.cast(ModelConfig, model.config)
     size = vocab_size_of(vocab)
     if size != config.vocab_size:
@@ -228,8 +229,8 @@ def save_finetuned(model: nn.Module, out_dir: Path, labels: list[str] | None = N
     and ``model.safetensors`` last, each atomically: a directory holds a whole model or none
     (``load_model`` then reads its newest checkpoint); a full disk is a WriteError naming the
     space it needs."""
-    hf = {**weights.hf_config_from_model_config(typing.cast(ModelConfig, model.config), [type(model).__name__]),
-          **weights.hf_head_config(model, labels), "dtype": "float32"}
+    hf = {**hf_config_from_model_config(typing.cast(ModelConfig, model.config), [type(model).__name__]),
+          **hf_head_config(model, labels), "dtype": "float32"}
     with atomic_file(out_dir / "config.json") as tmp:
         tmp.write_text(json.dumps(hf, indent=2) + "\n", encoding="utf-8")
     with atomic_file(out_dir / "model.safetensors", ckpt.nbytes(model.state_dict())) as tmp:
@@ -282,7 +283,7 @@ def check_overwrite(out_dir: str | Path, inputs: dict[str, str | Path | None]) -
     """``--overwrite``: every input (``{flag: path}``) must exist before ``out_dir`` is cleared, so
     that a mistyped path does not cost the old run."""
     for flag, value in inputs.items():
-        if value and not (weights.resolve_model(value) if flag == "--init" else Path(value)).exists() \
+        if value and not (resolve_model(value) if flag == "--init" else Path(value)).exists() \
                 and not (flag == "--init" and tf1.find_prefix(value)):
             raise FinetuneError(f"{flag} {value}: not found (nothing in {out_dir} was removed)")
 

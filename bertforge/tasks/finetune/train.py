@@ -38,7 +38,8 @@ from torch import nn
 from bertforge.config import Config, ConfigError, Head, ModelConfig, use_model, validate
 from bertforge.data.tokenizer import load_tokenizer
 from bertforge.fileio import atomic_file
-from bertforge.formats import hf as weights
+from bertforge.formats import weights
+from bertforge.formats.hf import hf_labels, resolve_model
 from bertforge.models.families import model_class
 from bertforge.parallel.dist import DistContext
 
@@ -86,7 +87,7 @@ class TaskConfig:
         return "f1" if self.kind == "ner" else glue.get_task(self.task).main_metric
 
     @property
-    def head(self) -> Head:  # what weights.load_model builds for it
+    def head(self) -> Head:  # what load_model builds for it
         return "token_classification" if self.kind == "ner" else "classification"
 
 
@@ -344,7 +345,7 @@ def _finetune(cfg: Config, task_cfg: TaskConfig, dist: DistContext, out_dir: Pat
         if not init:
             raise ConfigError("fine-tuning needs --init (or --resume RUN)")
         vocab_path = find_vocab(init, vocab)
-        cfg.checkpoint.init = str(weights.resolve_model(init).resolve())
+        cfg.checkpoint.init = str(resolve_model(init).resolve())
     else:
         vocab_path = find_vocab(out_dir, vocab)
     task_cfg.data = str(Path(task_cfg.data).resolve())
@@ -401,14 +402,14 @@ def predict(model_path: str | Path, data: str | Path | None = None, task_name: s
     file (GLUE) or a CoNLL file (NER) into ``out_dir`` (default: the model's
     directory). Returns the scores and the files written.
     """
-    model_path = weights.resolve_model(model_path)  # a directory, or a Hugging Face id in the cache
+    model_path = resolve_model(model_path)  # a directory, or a Hugging Face id in the cache
     task_cfg = saved_task(model_path)
     if task_name:
         task_cfg.task = task_name
     if data:
         task_cfg.data = str(data)
     if not task_cfg.labels:
-        task_cfg.labels = weights.hf_labels(model_path) or []
+        task_cfg.labels = hf_labels(model_path) or []
     if not task_cfg.task:
         raise ConfigError(f"{model_path} has no finetune.yaml: name the task with --task")
     check_task(task_cfg, task_cfg.kind)

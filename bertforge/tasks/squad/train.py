@@ -71,7 +71,8 @@ from torch import nn
 
 from bertforge.config import Config, ConfigError, ModelConfig, use_model, validate
 from bertforge.data.tokenizer import load_tokenizer
-from bertforge.formats import hf as weights
+from bertforge.formats import weights
+from bertforge.formats.hf import resolve_model
 from bertforge.models.families import model_class
 from bertforge.parallel.dist import DistContext, from_main
 from bertforge.tasks.finetune.run import (
@@ -304,7 +305,7 @@ def _finetune(cfg: Config, squad: SquadConfig, dist: DistContext, out_dir: Path,
             raise ConfigError("squad train needs --init (or --resume RUN)")
         vocab_path = find_vocab(init, vocab)
         model = load_qa_model(init, vocab_path)
-        cfg.checkpoint.init = str(weights.resolve_model(init).resolve())
+        cfg.checkpoint.init = str(resolve_model(init).resolve())
     else:  # the weights come from the checkpoint
         vocab_path = find_vocab(out_dir, vocab)
         saved = weights.read_config(resume_from).model
