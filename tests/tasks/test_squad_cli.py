@@ -125,16 +125,16 @@ def test_a_non_empty_out_dir_is_refused_and_names_overwrite(tmp_path):
     cfg = load_config()
     run = tmp_path / "run"
     run.mkdir()
-    assert prepare_out_dir(cfg, run) == run  # empty: used as it is
+    assert prepare_out_dir(cfg.log, run) == run  # empty: used as it is
     (run / "model.safetensors").write_bytes(b"weights")
     with pytest.raises(ConfigError) as err:
-        prepare_out_dir(cfg, run)
+        prepare_out_dir(cfg.log, run)
     assert str(err.value) == (f"{run} already exists and is not empty: pass --resume {run} to continue its run, "
                               "--overwrite to replace it, or choose another --out")
     assert files(run) == {"model.safetensors": b"weights"}
     (tmp_path / "file").write_text("x")
     with pytest.raises(ConfigError, match="exists and is not a directory"):
-        prepare_out_dir(cfg, tmp_path / "file", overwrite=True)
+        prepare_out_dir(cfg.log, tmp_path / "file", overwrite=True)
 
 
 def test_overwrite_removes_the_old_run_only_inside_the_directory_named(tmp_path, monkeypatch):
@@ -148,7 +148,7 @@ def test_overwrite_removes_the_old_run_only_inside_the_directory_named(tmp_path,
     (run / "link").symlink_to(elsewhere)  # a link is removed, not what it points to
     monkeypatch.chdir(tmp_path)
     with contextlib.ExitStack() as held:  # removed under the run's lock, which stays
-        assert new_run_dir(prepare_out_dir(cfg, run, True, [tmp_path / "train.json", None]), held, True) == run
+        assert new_run_dir(prepare_out_dir(cfg.log, run, True, [tmp_path / "train.json", None]), held, True) == run
         assert [p.name for p in run.iterdir()] == [".lock"]
     assert files(elsewhere) == {"keep.txt": b"mine"}
 
@@ -156,12 +156,12 @@ def test_overwrite_removes_the_old_run_only_inside_the_directory_named(tmp_path,
     (run / "init").mkdir()
     (run / "init" / "model.safetensors").write_bytes(b"w")
     with pytest.raises(ConfigError) as err:
-        prepare_out_dir(cfg, run, overwrite=True, inputs=[run / "init"])
+        prepare_out_dir(cfg.log, run, overwrite=True, inputs=[run / "init"])
     assert str(err.value) == (f"--overwrite would delete {run / 'init'}, which is in {run}: "
                               "choose another --out")
     monkeypatch.chdir(run / "init")
     with pytest.raises(ConfigError, match="--overwrite would delete"):
-        prepare_out_dir(cfg, run, overwrite=True)
+        prepare_out_dir(cfg.log, run, overwrite=True)
     assert files(run) == {".lock": (run / ".lock").read_bytes(), "init/model.safetensors": b"w"}
 
 

@@ -124,7 +124,7 @@ def test_load_model_reads_a_finetuned_directory_in_our_format(tmp_path):
                             intermediate_size=32)
     torch.manual_seed(0)
     model = BertForQuestionAnswering(cfg.model)
-    write_run_files(tmp_path / "tuned", cfg, squad, "squad", model_dir / "vocab.txt")
+    write_run_files(tmp_path / "tuned", cfg.to_yaml(), squad, "squad", model_dir / "vocab.txt")
     out = save_finetuned(model, tmp_path / "tuned")
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "config.yaml", "model.safetensors",
                                                      "squad.yaml", "vocab.txt"]

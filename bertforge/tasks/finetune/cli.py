@@ -70,7 +70,7 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
         inputs = {"--init": args.init, "--data": task.data, "--vocab": args.vocab}
         check_overwrite(args.out, inputs)
         if sweep and int(os.environ.get("RANK", "0")) == 0:  # not a run's directory: its runs are in it
-            clear_out_dir(prepare_out_dir(cfg, args.out, overwrite=True, inputs=list(inputs.values())))
+            clear_out_dir(prepare_out_dir(cfg.log, args.out, overwrite=True, inputs=list(inputs.values())))
     if not sweep:
         if args.seeds:
             cfg.train.seed = args.seeds[0]

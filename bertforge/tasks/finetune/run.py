@@ -15,6 +15,24 @@ The task's own settings are a section of the YAML config (``squad:``,
 ``finetune:``), a dataclass read by :func:`load_config` and saved beside
 ``config.yaml`` in the run directory (``squad.yaml``, ``finetune.yaml``); that
 file also marks the directory as a fine-tuning run of that kind.
+
+The loop (:func:`train`, :class:`Finetuning`) is a short composition of the
+pieces pre-training's loop (``training/pretrain.py``, :class:`Pretraining`)
+is made of too: the engine's step, its ``report`` of the step before read
+without waiting and its ``flush`` before a checkpoint or an evaluation,
+``stop_requested`` after a signal (:class:`~bertforge.training.engine.Preemption`
+and its message), :class:`~bertforge.training.engine.BatchStream`'s data
+position, ``checkpoint.save`` and ``resume``, the metrics logger, progress bar,
+run monitor and throughput of ``observe/``. The loop over them is not one
+function that both call: pre-training's adds what fine-tuning has no use for
+and what a shared loop would have to carry as options on every step,
+checkpoints that count only once the next step's loss is seen (the divergence
+guard), MLPerf's markers and its evaluation cadence in samples, a target
+accuracy that ends the run, pipeline stages with their own evaluation,
+micro-batches copied ahead to the GPU and throughput in real sequences of
+packed rows; a change there would also change the numbers of pre-training's
+tests and benchmarks. What fine-tuning adds, evaluating and predicting on rank
+0 with the whole (gathered) model, pre-training has no use for.
 """
 
 from __future__ import annotations
@@ -41,7 +59,10 @@ from bertforge import runs
 from bertforge.config import (
     Config,
     ConfigError,
+    ExecutionConfig,
+    LogConfig,
     ModelConfig,
+    TrainConfig,
     _coerce,
     accumulation_steps,
     apply_dict,
@@ -173,11 +194,12 @@ def saved_data_settings(model_path: str | Path) -> tuple[bool, int | None]:
     return lowercase, seq_len if isinstance(seq_len, int) else None
 
 
-def write_run_files(out_dir: Path, cfg: Config, section: Any, prefix: str, vocab: Path) -> None:
-    """The settings of a fine-tuning run, written when it starts: config.yaml, {prefix}.yaml, vocab.txt."""
+def write_run_files(out_dir: Path, config_yaml: str, section: Any, prefix: str, vocab: Path) -> None:
+    """The settings of a fine-tuning run, written when it starts: config.yaml (``config_yaml``, the
+    run config's ``to_yaml()``), {prefix}.yaml, vocab.txt."""
     out_dir.mkdir(parents=True, exist_ok=True)
     with atomic_file(out_dir / "config.yaml") as tmp:
-        tmp.write_text(cfg.to_yaml(), encoding="utf-8")
+        tmp.write_text(config_yaml, encoding="utf-8")
     with atomic_file(out_dir / f"{prefix}.yaml") as tmp:
         tmp.write_text(yaml.safe_dump(dataclasses.asdict(section), sort_keys=False), encoding="utf-8")
     if Path(vocab).resolve() != (out_dir / "vocab.txt").resolve():
@@ -241,10 +263,10 @@ def save_finetuned(model: nn.Module, out_dir: Path, labels: list[str] | None = N
 # ------------------------------------------------------------------ run directories
 
 
-def prepare_out_dir(cfg: Config, out_dir: str | Path | None, overwrite: bool = False,
+def prepare_out_dir(log: LogConfig, out_dir: str | Path | None, overwrite: bool = False,
                     inputs: Sequence[str | Path | None] = (), kind: str = "finetune") -> Path:
     """The directory of a new run: a new (or empty) one, never someone's files; checked before
-    anything is touched.
+    anything is touched; without ``out_dir``, ``log.run_dir/log.name`` (a timestamp without a name).
 
     A non-empty one is refused unless ``overwrite`` (``--out DIR --overwrite``: the user named
     the directory), and then still when it holds one of ``inputs`` (the ``--init`` weights, the
@@ -252,7 +274,7 @@ def prepare_out_dir(cfg: Config, out_dir: str | Path | None, overwrite: bool = F
     run's lock (:func:`new_run_dir`).
     """
     path = Path(out_dir) if out_dir else (
-        Path(cfg.log.run_dir) / (cfg.log.name or datetime.now().strftime(f"{kind}-%Y%m%d-%H%M%S")))
+        Path(log.run_dir) / (log.name or datetime.now().strftime(f"{kind}-%Y%m%d-%H%M%S")))
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{path} exists and is not a directory: choose another --out")
     if not path.exists() or all(p.name == LOCK for p in path.iterdir()):  # a lock left by a killed run
@@ -288,12 +310,12 @@ def check_overwrite(out_dir: str | Path, inputs: dict[str, str | Path | None]) -
             raise FinetuneError(f"{flag} {value}: not found (nothing in {out_dir} was removed)")
 
 
-def locate_run(cfg: Config, out_dir: str | Path | None, held: contextlib.ExitStack, marker: str,
+def locate_run(resume: str, log: LogConfig, out_dir: str | Path | None, held: contextlib.ExitStack, marker: str,
                kind: str = "finetune", overwrite: bool = False,
                inputs: Sequence[str | Path | None] = ()) -> tuple[Path | None, Path]:
     """(the checkpoint to resume, verified, or None; the run directory), on rank 0.
 
-    ``checkpoint.resume: auto`` resumes the newest sound checkpoint of ``--out``
+    ``resume`` is ``checkpoint.resume``: ``auto`` resumes the newest sound checkpoint of ``--out``
     when it is a fine-tuning run directory of this kind (it has ``marker``, its
     settings file), skipping damaged ones with a warning, and starts fresh
     there otherwise. The run directory's lock is taken into ``held`` first
@@ -301,21 +323,20 @@ def locate_run(cfg: Config, out_dir: str | Path | None, held: contextlib.ExitSta
     interrupted saves are removed, or with ``overwrite`` (a new run) the old
     run's files (:func:`prepare_out_dir` checks ``inputs`` first).
     """
-    resume = cfg.checkpoint.resume
     if resume == runs.AUTO:
-        run_dir = Path(out_dir) if out_dir else runs.auto_run_dir(cfg.log.run_dir, cfg.log.name, "--out")
+        run_dir = Path(out_dir) if out_dir else runs.auto_run_dir(log.run_dir, log.name, "--out")
         if (run_dir / marker).is_file():  # ours: never take a pre-training run's checkpoints
             held.enter_context(runs.RunLock(run_dir))
             # None: it started before and failed before its first checkpoint; start again there.
             return runs.checkpoint_to_resume(resume, run_dir), run_dir
-        return None, new_run_dir(prepare_out_dir(cfg, run_dir, kind=kind), held)
+        return None, new_run_dir(prepare_out_dir(log, run_dir, kind=kind), held)
     if resume:
         run_dir = runs.find_checkpoint(resume).parent.parent
         held.enter_context(runs.RunLock(run_dir))
         resume_from = runs.checkpoint_to_resume(resume)
         assert resume_from is not None  # a named checkpoint, or an error
         return resume_from, run_dir
-    return None, new_run_dir(prepare_out_dir(cfg, out_dir, overwrite, inputs, kind), held, overwrite)
+    return None, new_run_dir(prepare_out_dir(log, out_dir, overwrite, inputs, kind), held, overwrite)
 
 
 def new_run_dir(run_dir: Path, held: contextlib.ExitStack, overwrite: bool = False) -> Path:
@@ -337,23 +358,24 @@ def _remove_if_unused(run_dir: Path) -> None:
         runs.remove_run_dir(run_dir)
 
 
-def launch(cfg: Config, out_dir: str | Path | None, marker: str, kind: str,
-           body: Callable[[DistContext, Path, Path | None, float], dict[str, Any]], overwrite: bool = False,
-           inputs: Sequence[str | Path | None] = ()) -> dict[str, Any]:
+def launch(execution: ExecutionConfig, log: LogConfig, resume: str, out_dir: str | Path | None, marker: str,
+           kind: str, body: Callable[[DistContext, Path, Path | None, float], dict[str, Any]],
+           overwrite: bool = False, inputs: Sequence[str | Path | None] = ()) -> dict[str, Any]:
     """Run ``body(dist, run_dir, resume_from, started)`` on every rank, alone or under torchrun.
 
-    Rank 0 finds the run directory (:func:`locate_run`; with ``overwrite`` a new run replaces
-    the one in ``out_dir``, which must not hold ``inputs``) and holds its lock until the run
-    ends; a failing rank writes its traceback into the run directory when there are several.
+    Rank 0 finds the run directory (:func:`locate_run`, from ``resume``: ``checkpoint.resume``, and
+    ``log``; with ``overwrite`` a new run replaces the one in ``out_dir``, which must not hold
+    ``inputs``) and holds its lock until the run ends; a failing rank writes its traceback into
+    the run directory when there are several. ``execution`` starts the processes.
     """
     started = time.perf_counter()
-    set_threads(cfg.execution.threads)
-    dist = init_distributed(cfg.execution.device, cfg.execution.dist_timeout)
+    set_threads(execution.threads)
+    dist = init_distributed(execution.device, execution.dist_timeout)
     try:
-        check_execution(cfg.execution, dist.world_size)
+        check_execution(execution, dist.world_size)
         with contextlib.ExitStack() as held:  # rank 0 holds the run directory's lock until the run ends
-            resume_from, run_dir = from_main(dist, lambda: locate_run(cfg, out_dir, held, marker, kind, overwrite,
-                                                                        inputs))
+            resume_from, run_dir = from_main(dist, lambda: locate_run(resume, log, out_dir, held, marker, kind,
+                                                                        overwrite, inputs))
             try:
                 summary = body(dist, run_dir, resume_from, started)
                 barrier(dist)
@@ -462,16 +484,12 @@ def train(cfg: Config, job: Job, dist: DistContext, out_dir: Path, resume_from: 
     Returns a summary: out_dir, checkpoint, steps, losses (one per optimizer
     step of this process), rank, world_size, preempted, minutes, and what
     ``job.finish`` returned (scores, prediction files). ``cfg`` is the resolved config, read
-    frozen from here on.
+    frozen from here on; it enters here whole because the checkpoints, the metrics logger and
+    the run monitor record it whole, and the parts below take its sections.
     """
     cfg = freeze(cfg)
     t = cfg.train
-    accumulation = accumulation_steps(t, world_size=dist.world_size)
-    steps_per_epoch = len(job.rows) // t.global_batch_size
-    if steps_per_epoch == 0:
-        raise ConfigError(f"{', '.join(map(str, job.data_files))} gives {len(job.rows)} training rows, fewer "
-                          f"than train.global_batch_size={t.global_batch_size}")
-    total = t.epochs * steps_per_epoch if t.epochs > 0 else t.steps
+    accumulation, total = step_counts(t, len(job.rows), job.data_files, dist.world_size)
     saved = ckpt.read_trainer_state(resume_from) if resume_from else None
     data_fingerprint = fingerprint(job.data_files)
     if resume_from is not None:
@@ -481,23 +499,19 @@ def train(cfg: Config, job: Job, dist: DistContext, out_dir: Path, resume_from: 
         from_main(dist, lambda: runs.check_resume(resume_from, saved_cfg, cfg, saved_data, data_fingerprint, what))
     stream = BatchStream(job.rows, t.micro_batch_size, t.seed, **(saved["data"] if saved else {}),
                          rank=dist.rank, world_size=dist.world_size)
-    wrapped = prepare_model(job.model.train(), cfg.execution, dist)
-    optimizer = build_optimizer(unwrap(wrapped), t)
-    engine = Engine(wrapped, optimizer, build_scheduler(optimizer, t, total), job.loss_fn,
-                    cfg.execution.precision, t.grad_clip, dist, seed=t.seed, grad_sync=cfg.execution.grad_sync)
+    engine = finetuning_engine(job, t, cfg.execution, dist, total)
     step = ckpt.resume(resume_from, engine, verified=True)["step"] if resume_from is not None else 0
-
-    def state() -> dict[str, Any]:  # what a checkpoint adds to the engine's: the data position and fingerprint
-        return {"data": stream.state(), "data_fingerprint": data_fingerprint}
-
     if dist.is_main and resume_from is None:
         job.write_settings(out_dir)
-    ranks = f" × {dist.world_size} ranks ({cfg.execution.parallel})" if dist.world_size > 1 else ""
     log(f"fine-tuning {source or resume_from} on {job.description} for {total} steps of "
-        f"{t.global_batch_size} = {t.micro_batch_size} × {accumulation}{ranks} on {dist.device}; "
-        f"run directory {out_dir}")
+        f"{t.global_batch_size} = {t.micro_batch_size} × {accumulation}{ranks_of(dist, cfg.execution)} "
+        f"on {dist.device}; run directory {out_dir}")
 
-    losses: list[float] = []
+    def checkpoint(at: int) -> Path:  # the engine's state, the data position and the data's fingerprint
+        return ckpt.save(out_dir, at, engine, ckpt.RunFiles(cfg.to_yaml(), cfg.data.vocab),
+                         {"data": stream.state(), "data_fingerprint": data_fingerprint},
+                         keep=cfg.checkpoint.keep, parallel=cfg.execution.parallel)
+
     with contextlib.ExitStack() as stack:
         logger = stack.enter_context(MetricsLogger(out_dir, cfg.log, enabled=dist.is_main, start_step=step,
                                                    run_config=cfg.to_dict()))
@@ -506,77 +520,155 @@ def train(cfg: Config, job: Job, dist: DistContext, out_dir: Path, resume_from: 
                                               label=job.kind))
         monitor = stack.enter_context(RunMonitor(cfg.execution, cfg.log, out_dir, dist, logger, bar.print,
                                                  start_step=step, total_steps=total, started=started))
-
-        def run_eval() -> None:
-            """Dev scores by rank 0 alone with the whole model; the others wait."""
-            evaluate = job.evaluate
-            if evaluate is None:
-                return
-            whole = full_model(engine.model, job, dist)
-            with monitor.phase("eval"):
-                result = from_main(dist, lambda: evaluate(whole) if whole is not None else {})
-            logger.log({"step": step, "split": "eval", **result})
-            bar.print(f"step {step}: {job.describe(result)}")
-
-        throughput = Throughput()
-        preempted: Path | None = None  # the checkpoint written when a signal stopped the run
-        # The lr and epoch of the steps whose numbers have not arrived (they come a step later).
-        started_at: dict[int, tuple[float, int]] = {}
-
-        def on_report(report: StepReport | None) -> None:
-            """A finished step's numbers, read without waiting (see training/engine.py): logged when due."""
-            if report is None:
-                return
-            done, values = report.step, report.values
-            lr, epoch = started_at.pop(done)
-            losses.append(values["loss"])
-            throughput.add(t.global_batch_size)
-            if done % cfg.log.every == 0 or done == total or done == 1:
-                seq_per_s = throughput.rate()
-                logger.log({"step": done, **values, "lr": lr, "seq_per_s": seq_per_s, "epoch": epoch,
-                            **monitor.row()})
-                bar.update(done, f"loss {values['loss']:.4f} lr {lr:.3g} {seq_per_s:.1f} seq/s")
-                if bar.progress is None:  # no bar: a line per logged step
-                    log(f"step {done}/{total} epoch {epoch + 1} loss {values['loss']:.4f} lr {lr:.3g}")
-            else:
-                bar.update(done)
-
-        def save() -> Path:
-            on_report(engine.flush())  # its own step's numbers first: a non-finite step stops the run
-            return ckpt.save(out_dir, step, engine, ckpt.RunFiles(cfg.to_yaml(), cfg.data.vocab), state(),
-                             keep=cfg.checkpoint.keep, parallel=cfg.execution.parallel)
-
-        while step < total:
-            # the epoch this step reads (the stream moves on after it)
-            started_at[step + 1] = engine.lr, stream.epoch
-            with monitor.step(step):  # memory, step times and the --profile window
-                engine.step((stream.next() for _ in range(accumulation)), accumulation, step)
-            step += 1
-            on_report(engine.report)
-            if t.eval_every and step % t.eval_every == 0 and step < total:
-                on_report(engine.flush())
-                run_eval()
-            if engine.stop_requested and step < total:  # every rank stops after this same step
-                preempted = save()
-                bar.print(preemption.message(step, preempted, out_dir))
-                break
-            if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < total:
-                save()
-        final_checkpoint = preempted or save()
-        summary: dict[str, Any] = {"out_dir": str(out_dir), "checkpoint": str(final_checkpoint), "steps": step,
-                                   "losses": losses,
-                                   "rank": dist.rank, "world_size": dist.world_size,
-                                   "preempted": preempted is not None, **job.counts}
-        if preempted is None:  # the model and predictions wait for the run to finish
-            whole = full_model(engine.model, job, dist)
-            if whole is not None and dist.is_main:
-                job.save(whole, out_dir)
-            finish = job.finish
-            if finish is not None:
-                with monitor.phase("eval"):
-                    result = from_main(dist, lambda: finish(whole, out_dir) if whole is not None else {})
-                if result.get("scores"):
-                    logger.log({"step": step, "split": "eval", **result["scores"]})
-                summary.update(result)
+        view = RunView(logger, bar, monitor, preemption, log)
+        loop = Finetuning(job, dist, engine, stream, view, StepLog(view, cfg.log.every, total, t.global_batch_size),
+                          accumulation, total, checkpoint)
+        preempted = loop.run(step, t.eval_every, cfg.checkpoint.every, out_dir)
+        summary = loop.finish(out_dir, preempted)
     summary["minutes"] = (time.perf_counter() - started) / 60
     return summary
+
+
+def step_counts(t: TrainConfig, rows: int, data_files: Sequence[Path], world_size: int) -> tuple[int, int]:
+    """(micro-batches per rank and step, optimizer steps in all): ``train.epochs`` epochs of whole
+    global batches, or ``train.steps``."""
+    accumulation = accumulation_steps(t, world_size=world_size)
+    steps_per_epoch = rows // t.global_batch_size
+    if steps_per_epoch == 0:
+        raise ConfigError(f"{', '.join(map(str, data_files))} gives {rows} training rows, fewer "
+                          f"than train.global_batch_size={t.global_batch_size}")
+    return accumulation, t.epochs * steps_per_epoch if t.epochs > 0 else t.steps
+
+
+def finetuning_engine(job: Job, t: TrainConfig, execution: ExecutionConfig, dist: DistContext,
+                      total: int) -> Engine:
+    """The job's model as this rank trains it (DDP or FSDP applied), its optimizer and schedule."""
+    wrapped = prepare_model(job.model.train(), execution, dist)
+    optimizer = build_optimizer(unwrap(wrapped), t)
+    return Engine(wrapped, optimizer, build_scheduler(optimizer, t, total), job.loss_fn,
+                  execution.precision, t.grad_clip, dist, seed=t.seed, grad_sync=execution.grad_sync)
+
+
+def ranks_of(dist: DistContext, execution: ExecutionConfig) -> str:
+    """`` × W ranks (ddp)`` for the first console line; nothing for one process."""
+    return f" × {dist.world_size} ranks ({execution.parallel})" if dist.world_size > 1 else ""
+
+
+def due(every: int, step: int, total: int) -> bool:
+    """Whether a periodic action (every ``every`` steps, 0: never) falls after ``step``: never
+    after the last step, whose own comes after the loop."""
+    return bool(every) and step % every == 0 and step < total
+
+
+@dataclass
+class RunView:
+    """What a run shows and records as it goes: its metrics file, progress bar and run monitor,
+    the signal that stops it, and the console line of rank 0."""
+
+    logger: MetricsLogger
+    bar: ProgressBar
+    monitor: RunMonitor
+    preemption: Preemption
+    log: Callable[[str], None]
+
+
+class StepLog:
+    """A finished step's numbers, read without waiting (see training/engine.py), logged when due:
+    every ``every`` steps, the first and the last."""
+
+    def __init__(self, view: RunView, every: int, total: int, global_batch_size: int):
+        self.view, self.every, self.total, self.global_batch_size = view, every, total, global_batch_size
+        self.losses: list[float] = []  # of every step of this process
+        self.throughput = Throughput()
+        # The lr and epoch of the steps whose numbers have not arrived (they come a step later).
+        self.started_at: dict[int, tuple[float, int]] = {}
+
+    def begin(self, step: int, lr: float, epoch: int) -> None:
+        """Step ``step + 1`` starts, at this lr in this epoch (the epoch it reads: the stream moves on after it)."""
+        self.started_at[step + 1] = lr, epoch
+
+    def __call__(self, report: StepReport | None) -> None:
+        if report is None:
+            return
+        done, values, view = report.step, report.values, self.view
+        lr, epoch = self.started_at.pop(done)
+        self.losses.append(values["loss"])
+        self.throughput.add(self.global_batch_size)
+        if not (done % self.every == 0 or done == self.total or done == 1):
+            view.bar.update(done)
+            return
+        seq_per_s = self.throughput.rate()
+        view.logger.log({"step": done, **values, "lr": lr, "seq_per_s": seq_per_s, "epoch": epoch,
+                         **view.monitor.row()})
+        view.bar.update(done, f"loss {values['loss']:.4f} lr {lr:.3g} {seq_per_s:.1f} seq/s")
+        if view.bar.progress is None:  # no bar: a line per logged step
+            view.log(f"step {done}/{self.total} epoch {epoch + 1} loss {values['loss']:.4f} lr {lr:.3g}")
+
+
+class Finetuning:
+    """One rank's fine-tuning once its engine, data and view are set up: the steps, evaluations,
+    checkpoints (``checkpoint(step)`` writes one) and the end."""
+
+    def __init__(self, job: Job, dist: DistContext, engine: Engine, stream: BatchStream, view: RunView,
+                 step_log: StepLog, accumulation: int, total: int, checkpoint: Callable[[int], Path]):
+        self.job, self.dist, self.engine, self.stream, self.view = job, dist, engine, stream, view
+        self.step_log, self.accumulation, self.total, self.checkpoint = step_log, accumulation, total, checkpoint
+        self.step = 0
+
+    def run(self, step: int, eval_every: int, checkpoint_every: int, out_dir: Path) -> Path | None:
+        """Train from ``step`` to the end or a signal; the checkpoint written for the signal, else None."""
+        engine, stream, self.step = self.engine, self.stream, step
+        while self.step < self.total:
+            self.step_log.begin(self.step, engine.lr, stream.epoch)
+            with self.view.monitor.step(self.step):  # memory, step times and the --profile window
+                engine.step((stream.next() for _ in range(self.accumulation)), self.accumulation, self.step)
+            self.step += 1
+            self.step_log(engine.report)
+            if due(eval_every, self.step, self.total):
+                self.step_log(engine.flush())
+                self.evaluate()
+            if engine.stop_requested and self.step < self.total:  # every rank stops after this same step
+                preempted = self.save()
+                self.view.bar.print(self.view.preemption.message(self.step, preempted, out_dir))
+                return preempted
+            if due(checkpoint_every, self.step, self.total):
+                self.save()
+        return None
+
+    def save(self) -> Path:
+        self.step_log(self.engine.flush())  # its own step's numbers first: a non-finite step stops the run
+        return self.checkpoint(self.step)
+
+    def evaluate(self) -> None:
+        """Dev scores by rank 0 alone with the whole model; the others wait."""
+        evaluate, view = self.job.evaluate, self.view
+        if evaluate is None:
+            return
+        whole = full_model(self.engine.model, self.job, self.dist)
+        with view.monitor.phase("eval"):
+            result = from_main(self.dist, lambda: evaluate(whole) if whole is not None else {})
+        view.logger.log({"step": self.step, "split": "eval", **result})
+        view.bar.print(f"step {self.step}: {self.job.describe(result)}")
+
+    def finish(self, out_dir: Path, preempted: Path | None) -> dict[str, Any]:
+        """The final checkpoint (unless a signal wrote one), then unless preempted the model's files
+        and the job's predictions; the summary."""
+        job, dist = self.job, self.dist
+        final_checkpoint = preempted or self.save()
+        summary: dict[str, Any] = {"out_dir": str(out_dir), "checkpoint": str(final_checkpoint), "steps": self.step,
+                                   "losses": self.step_log.losses,
+                                   "rank": dist.rank, "world_size": dist.world_size,
+                                   "preempted": preempted is not None, **job.counts}
+        if preempted is not None:  # the model and predictions wait for the run to finish
+            return summary
+        whole = full_model(self.engine.model, job, dist)
+        if whole is not None and dist.is_main:
+            job.save(whole, out_dir)
+        finish = job.finish
+        if finish is not None:
+            with self.view.monitor.phase("eval"):
+                result = from_main(dist, lambda: finish(whole, out_dir) if whole is not None else {})
+            if result.get("scores"):
+                self.view.logger.log({"step": self.step, "split": "eval", **result["scores"]})
+            summary.update(result)
+        return summary

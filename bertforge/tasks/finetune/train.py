@@ -328,60 +328,84 @@ def finetune(cfg: Config, task_cfg: TaskConfig, init: str | Path | None, out_dir
     predict its test splits. With ``cfg.checkpoint.resume`` the run goes on from that checkpoint
     exactly; with ``overwrite`` a new run replaces the one in ``out_dir`` (not a live one). Under
     torchrun every rank calls this. Returns the summary of :func:`bertforge.tasks.finetune.run.train`
-    with the dev scores."""
+    with the dev scores.
+
+    The job's entry: the whole config is settled here (the model's config, the vocab, the
+    weights it started from); the parts take its sections."""
     def body(dist: DistContext, run_dir: Path, resume_from: Path | None, started: float) -> dict[str, Any]:
-        return _finetune(cfg, task_cfg, dist, run_dir, resume_from, init, vocab,
-                         log if dist.is_main else (lambda _: None), started)
+        torch.manual_seed(cfg.train.seed)  # every rank initialises the same head
+        vocab_path = run_vocab(init, vocab, run_dir, resume_from)
+        if resume_from is None:
+            cfg.checkpoint.init = str(resolve_model(cast(str, init)).resolve())  # (checked)
+        task_cfg.data = str(Path(task_cfg.data).resolve())
+        task = Task.of(task_cfg, load_tokenizer(vocab_path, cfg.data.lowercase), cfg.data.seq_len)
+        features, files, description = training_split(task)
+        num_labels = len(task_cfg.labels)
+        model = run_classifier(init, task, vocab_path, resume_from)
+        use_model(cfg, cast(ModelConfig, model.config))
+        cfg.data.vocab = str(Path(vocab_path).resolve())
+        validate(cfg)
+        scoring = TaskScoring(task, dist.device, cfg.execution.precision)
+        job = Job(kind=task_cfg.task, model=model, rows=FeatureRows(features), loss_fn=classifier_loss,
+                  data_files=files, description=description,
+                  rebuild=lambda: model_class(cfg.model, task_cfg.head)(cfg.model, num_labels),
+                  write_settings=lambda d: write_run_files(d, cfg.to_yaml(), task_cfg, SECTION, Path(vocab_path)),
+                  save=lambda whole, d: save_finetuned(whole, d, task_cfg.labels),
+                  evaluate=scoring.scores if task.dev_splits() else None, finish=scoring.finish)
+        return train_job(cfg, job, dist, run_dir, resume_from, init, log if dist.is_main else (lambda _: None),
+                         started)
 
-    return launch(cfg, out_dir, f"{SECTION}.yaml", task_cfg.task.lower(), body, overwrite,
-                  (init, task_cfg.data, vocab))
+    return launch(cfg.execution, cfg.log, cfg.checkpoint.resume, out_dir, f"{SECTION}.yaml", task_cfg.task.lower(),
+                  body, overwrite, (init, task_cfg.data, vocab))
 
 
-def _finetune(cfg: Config, task_cfg: TaskConfig, dist: DistContext, out_dir: Path, resume_from: Path | None,
-              init: str | Path | None, vocab: str | Path | None, log: Callable[[str], None],
-              started: float) -> dict[str, Any]:
-    torch.manual_seed(cfg.train.seed)  # every rank initialises the same head
+def run_vocab(init: str | Path | None, vocab: str | Path | None, run_dir: Path, resume_from: Path | None) -> Path:
+    """The vocab of a run: ``vocab``, else the one beside ``init`` (a new run, which needs it), else the run's."""
     if resume_from is None:
         if not init:
             raise ConfigError("fine-tuning needs --init (or --resume RUN)")
-        vocab_path = find_vocab(init, vocab)
-        cfg.checkpoint.init = str(resolve_model(init).resolve())
-    else:
-        vocab_path = find_vocab(out_dir, vocab)
-    task_cfg.data = str(Path(task_cfg.data).resolve())
-    tokenizer = load_tokenizer(vocab_path, cfg.data.lowercase)
-    task = Task.of(task_cfg, tokenizer, cfg.data.seq_len)
+        return find_vocab(init, vocab)
+    return find_vocab(run_dir, vocab)
+
+
+def training_split(task: Task) -> tuple[Any, list[Path], str]:
+    """The task's training data (:meth:`Task.training_data`), then a warning for each dev split
+    the data lacks (after the training file, whose absence is an error)."""
     features, files, description = task.training_data()  # sets the labels of a new run
-    for split in task.dev_names:  # (after the training file, whose absence is an error)
+    for split in task.dev_names:
         if split not in task.dev_splits():
             logger.warning("%s: this run has no %s scores", task.missing(split), split)
-    num_labels = len(task_cfg.labels)
-    if resume_from is None:
-        model = load_classifier(init, task, vocab_path)  # type: ignore[arg-type]  # checked above
-    else:
-        saved = weights.read_config(resume_from).model
-        model = model_class(saved, task_cfg.head)(saved, num_labels)
-    use_model(cfg, cast(ModelConfig, model.config))
-    cfg.data.vocab = str(Path(vocab_path).resolve())
-    validate(cfg)
-    device, precision = dist.device, cfg.execution.precision
+    return features, files, description
 
-    def finish(whole: nn.Module, run_dir: Path) -> dict[str, Any]:
-        scores = split_scores(task, whole, device, precision)
+
+def run_classifier(init: str | Path | None, task: Task, vocab: Path, resume_from: Path | None) -> nn.Module:
+    """The classifier a run trains, on the CPU: ``init``'s weights for a new run, else the checkpoint's
+    shape, whose weights the resume loads."""
+    if resume_from is None:
+        return load_classifier(cast(str, init), task, vocab)  # (run_vocab checked init)
+    saved = weights.read_config(resume_from).model
+    return model_class(saved, task.config.head)(saved, len(task.config.labels))
+
+
+@dataclass
+class TaskScoring:
+    """Rank 0's dev scores during training, and at the end scores.json and the test predictions."""
+
+    task: Task
+    device: torch.device
+    precision: str
+
+    def scores(self, whole: nn.Module) -> dict[str, float]:
+        return split_scores(self.task, whole, self.device, self.precision)
+
+    def finish(self, whole: nn.Module, run_dir: Path) -> dict[str, Any]:
+        scores = self.scores(whole)
         with atomic_file(run_dir / "scores.json") as tmp:
             tmp.write_text(json.dumps(scores, indent=2) + "\n", encoding="utf-8")
-        files = [str(task.write_test(whole, split, run_dir, device, precision)) for split in task.test_splits()]
+        files = [str(self.task.write_test(whole, split, run_dir, self.device, self.precision))
+                 for split in self.task.test_splits()]
         return {**scores, "scores": scores, "prediction_files": files,
-                "main_score": scores.get(task_cfg.main_metric)}
-
-    job = Job(kind=task_cfg.task, model=model, rows=FeatureRows(features), loss_fn=classifier_loss,
-              data_files=files, description=description,
-              rebuild=lambda: model_class(cfg.model, task_cfg.head)(cfg.model, num_labels),
-              write_settings=lambda run_dir: write_run_files(run_dir, cfg, task_cfg, SECTION, Path(vocab_path)),
-              save=lambda whole, run_dir: save_finetuned(whole, run_dir, task_cfg.labels),
-              evaluate=(lambda whole: split_scores(task, whole, device, precision)) if task.dev_splits() else None,
-              finish=finish)
-    return train_job(cfg, job, dist, out_dir, resume_from, init, log, started)
+                "main_score": scores.get(self.task.config.main_metric)}
 
 
 # ------------------------------------------------------------------ prediction

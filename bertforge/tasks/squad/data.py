@@ -422,36 +422,39 @@ def convert_examples_to_features(examples: Sequence[SquadExample], tokenizer: To
                          f"max_query_length={max_query_length} and [CLS] [SEP] [SEP]")
     cls_id, sep_id = _token_id(tokenizer, "[CLS]"), _token_id(tokenizer, "[SEP]")
     lowercase = _lowercases(tokenizer)
+    doc_keys, docs = _encode_contexts(examples, tokenizer, lowercase)
+    questions, answers = _encode_questions(examples, tokenizer, lowercase, is_training)
+    plans: list[_Plan] = []
+    truncated = 0
+    for index, example in enumerate(examples):
+        query = questions[index]
+        if len(query) > max_query_length:
+            query = query[:max_query_length]
+            truncated += 1
+        plans.append(_plan(example, docs[doc_keys[id(example.doc_tokens)]], query,
+                           answers[index] if is_training else None, max_seq_length, doc_stride))
+    arrays = _feature_arrays(sum(len(plan.spans) for plan in plans), max_seq_length, is_training)
+    _fill_features(arrays, plans, cls_id, sep_id)
+    return SquadFeatures(**arrays, vocab=_id_to_token(tokenizer), truncated_questions=truncated)
 
-    def prepare(text: str) -> str:
-        return reference_clean(text, lowercase)
 
-    def encode(texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
+def _encode_contexts(examples: Sequence[SquadExample], tokenizer: Tokenizer, lowercase: bool
+                     ) -> tuple[dict[int, int], list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+    """({id of an example's doc_tokens: its context's index}, (WordPiece ids, tok_to_orig,
+    orig_to_tok) of each distinct context).
 
-    # Tokenize each distinct context once, as one string (its words joined by
-    # spaces, which split WordPieces just as tokenizing word by word does);
-    # each WordPiece's character offset tells which word it came from.
-    # Questions and answers are tokenized as whole strings, as in the reference.
+    Each distinct context is tokenized once, as one string (its words joined by
+    spaces, which split WordPieces just as tokenizing word by word does); each
+    WordPiece's character offset tells which word it came from.
+    """
     doc_keys: dict[int, int] = {}
     contexts: list[list[str]] = []
     for example in examples:
         if id(example.doc_tokens) not in doc_keys:
             doc_keys[id(example.doc_tokens)] = len(contexts)
-            contexts.append([prepare(word) for word in example.doc_tokens])
+            contexts.append([reference_clean(word, lowercase) for word in example.doc_tokens])
     doc_encodings = tokenizer.encode_batch([" ".join(words) for words in contexts],
                                            add_special_tokens=False)
-    questions = encode([prepare(x.question) for x in examples])
-    answers: list[list[int]] = []
-    if is_training:
-        missing = [x.qas_id for x in examples if x.answer_text is None or x.start_word is None
-                   or x.end_word is None]
-        if missing:
-            raise SquadError(f"question {missing[0]}: training needs an answer "
-                             "(read the file with is_training=True)")
-        answers = encode([prepare(cast(str, x.answer_text)) for x in examples])  # none is missing: checked above
-        # (an impossible example's "" encodes to nothing; it is not used)
-
     docs = []
     for encoding, words in zip(doc_encodings, contexts, strict=True):
         word_starts = np.cumsum([0] + [len(word) + 1 for word in words[:-1]])
@@ -462,36 +465,56 @@ def convert_examples_to_features(examples: Sequence[SquadExample], tokenizer: To
         counts = np.bincount(tok_to_orig, minlength=len(words))
         orig_to_tok = np.concatenate([[0], np.cumsum(counts)])
         docs.append((np.array(encoding.ids, dtype=np.int32), tok_to_orig, orig_to_tok))
+    return doc_keys, docs
 
-    plans: list[_Plan] = []
-    truncated = 0
-    for index, example in enumerate(examples):
-        doc_ids, tok_to_orig, orig_to_tok = docs[doc_keys[id(example.doc_tokens)]]
-        query = questions[index]
-        if len(query) > max_query_length:
-            query = query[:max_query_length]
-            truncated += 1
-        answer = None
-        if is_training and not example.is_impossible:  # an impossible one points at [CLS] everywhere
-            assert example.start_word is not None and example.end_word is not None  # checked above
-            start = int(orig_to_tok[example.start_word])
-            end = int(orig_to_tok[example.end_word + 1]) - 1
-            answer = _improve_span(doc_ids.tolist(), start, end, answers[index])
-        spans = _doc_spans(len(doc_ids), max_seq_length - len(query) - 3, doc_stride)
-        plans.append(_Plan(query, doc_ids, tok_to_orig, spans, answer))
 
-    n = sum(len(plan.spans) for plan in plans)
+def _encode_questions(examples: Sequence[SquadExample], tokenizer: Tokenizer, lowercase: bool,
+                      is_training: bool) -> tuple[list[list[int]], list[list[int]]]:
+    """(question WordPieces, answer WordPieces: training only) of every example, each tokenized as
+    a whole string, as in the reference."""
+    def encode(texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
+
+    questions = encode([reference_clean(x.question, lowercase) for x in examples])
+    if not is_training:
+        return questions, []
+    missing = [x.qas_id for x in examples if x.answer_text is None or x.start_word is None
+               or x.end_word is None]
+    if missing:
+        raise SquadError(f"question {missing[0]}: training needs an answer "
+                         "(read the file with is_training=True)")
+    # (none is missing: checked above; an impossible example's "" encodes to nothing and is not used)
+    return questions, encode([reference_clean(cast(str, x.answer_text), lowercase) for x in examples])
+
+
+def _plan(example: SquadExample, doc: tuple[np.ndarray, np.ndarray, np.ndarray], query: list[int],
+          answer_ids: list[int] | None, max_seq_length: int, doc_stride: int) -> _Plan:
+    """One example's windows over its context and, training (``answer_ids``), its answer's WordPieces."""
+    doc_ids, tok_to_orig, orig_to_tok = doc
+    answer = None
+    if answer_ids is not None and not example.is_impossible:  # an impossible one points at [CLS] everywhere
+        assert example.start_word is not None and example.end_word is not None  # checked by _encode_questions
+        start = int(orig_to_tok[example.start_word])
+        end = int(orig_to_tok[example.end_word + 1]) - 1
+        answer = _improve_span(doc_ids.tolist(), start, end, answer_ids)
+    spans = _doc_spans(len(doc_ids), max_seq_length - len(query) - 3, doc_stride)
+    return _Plan(query, doc_ids, tok_to_orig, spans, answer)
+
+
+def _feature_arrays(n: int, max_seq_length: int, is_training: bool) -> dict[str, Any]:
+    """The zeroed arrays of ``n`` features, by SquadFeatures' field names (positions: training only)."""
     shape = (n, max_seq_length)
-    input_ids = np.zeros(shape, np.int32)
-    input_mask = np.zeros(shape, np.int32)
-    segment_ids = np.zeros(shape, np.int32)
-    token_to_orig = np.full(shape, -1, np.int32)
-    is_max_context = np.zeros(shape, bool)
-    example_index = np.zeros(n, np.int64)
-    doc_span_index = np.zeros(n, np.int32)
-    start_positions = np.zeros(n, np.int64) if is_training else None
-    end_positions = np.zeros(n, np.int64) if is_training else None
+    return {"input_ids": np.zeros(shape, np.int32), "input_mask": np.zeros(shape, np.int32),
+            "segment_ids": np.zeros(shape, np.int32), "token_to_orig": np.full(shape, -1, np.int32),
+            "token_is_max_context": np.zeros(shape, bool), "example_index": np.zeros(n, np.int64),
+            "doc_span_index": np.zeros(n, np.int32),
+            "start_positions": np.zeros(n, np.int64) if is_training else None,
+            "end_positions": np.zeros(n, np.int64) if is_training else None}
 
+
+def _fill_features(arrays: dict[str, Any], plans: list[_Plan], cls_id: int, sep_id: int) -> None:
+    """Write every window of every plan, in order, as one row: [CLS] question [SEP] window [SEP]."""
+    input_ids, start_positions, end_positions = arrays["input_ids"], arrays["start_positions"], arrays["end_positions"]
     row = 0
     for index, plan in enumerate(plans):
         best_span = _max_context_span(plan.spans, len(plan.doc_ids)) if plan.spans else None
@@ -504,18 +527,14 @@ def convert_examples_to_features(examples: Sequence[SquadExample], tokenizer: To
             input_ids[row, offset - 1] = sep_id
             input_ids[row, window] = plan.doc_ids[start:start + length]
             input_ids[row, offset + length] = sep_id
-            input_mask[row, :offset + length + 1] = 1
-            segment_ids[row, offset:offset + length + 1] = 1
-            token_to_orig[row, window] = plan.tok_to_orig[start:start + length]
-            is_max_context[row, window] = best_span[start:start + length] == k
-            example_index[row] = index
-            doc_span_index[row] = k
+            arrays["input_mask"][row, :offset + length + 1] = 1
+            arrays["segment_ids"][row, offset:offset + length + 1] = 1
+            arrays["token_to_orig"][row, window] = plan.tok_to_orig[start:start + length]
+            arrays["token_is_max_context"][row, window] = best_span[start:start + length] == k
+            arrays["example_index"][row] = index
+            arrays["doc_span_index"][row] = k
             if plan.answer is not None and start <= plan.answer[0] and plan.answer[1] < start + length:
                 assert start_positions is not None and end_positions is not None  # an answer means training
                 start_positions[row] = plan.answer[0] - start + offset
                 end_positions[row] = plan.answer[1] - start + offset
             row += 1
-
-    return SquadFeatures(input_ids, input_mask, segment_ids, token_to_orig, is_max_context,
-                         example_index, doc_span_index, start_positions, end_positions,
-                         _id_to_token(tokenizer), truncated)

@@ -32,9 +32,9 @@ import json
 import math
 import re
 import string
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from tokenizers import normalizers, pre_tokenizers
@@ -173,12 +173,46 @@ def postprocess(examples: Sequence[SquadExample], features: SquadFeatures, start
     if len(features) and int(features.example_index[-1]) >= len(examples):
         raise SquadError(f"the features refer to example {int(features.example_index[-1])}; "
                          f"only {len(examples)} examples were given")
-    start_logits = _check_logits("start_logits", start_logits, shape)
-    end_logits = _check_logits("end_logits", end_logits, shape)
+    logits = (_check_logits("start_logits", start_logits, shape), _check_logits("end_logits", end_logits, shape))
+    spans = _top_spans(features, logits, n_best_size, max_answer_length)
+    bounds = np.searchsorted(features.example_index, np.arange(len(examples) + 1))
+    predictions: dict[str, str] = {}
+    all_nbest: dict[str, list[dict[str, Any]]] = {}
+    null_odds: dict[str, float] = {}
+    for index, example in enumerate(examples):
+        rows = range(int(bounds[index]), int(bounds[index + 1]))
+        null = _null_answer(logits, rows) if version_2_with_negative else None
+        candidates = _ranked_candidates(logits, spans, rows, null)
+        nbest = _nbest(example, features, candidates, n_best_size, do_lower_case, null)
+        probabilities = _softmax([s + e for _, s, e in nbest])
+        all_nbest[example.qas_id] = [
+            {"text": text, "probability": p, "start_logit": s, "end_logit": e}
+            for (text, s, e), p in zip(nbest, probabilities, strict=True)]
+        if null is not None:
+            text, start_logit, end_logit = next(entry for entry in nbest if entry[0])
+            # In the reference's order of operations, so that the floats are the same.
+            score_diff = null.score - start_logit - end_logit
+            null_odds[example.qas_id] = score_diff
+            predictions[example.qas_id] = "" if score_diff > null_score_diff_threshold else text
+        else:
+            predictions[example.qas_id] = nbest[0][0]
+    return SquadPredictions(predictions, all_nbest, null_odds if version_2_with_negative else None)
 
-    # Each window's best start and end positions, highest logit first, lower
-    # position first among equals (the reference's stable sort).
-    k = min(n_best_size, shape[1])
+
+class _Spans(NamedTuple):
+    """Each window's best start and end positions, (N, k) and its valid (start, end) pairs, (N, k, k)."""
+
+    top_start: np.ndarray
+    top_end: np.ndarray
+    valid: np.ndarray
+
+
+def _top_spans(features: SquadFeatures, logits: tuple[np.ndarray, np.ndarray], n_best_size: int,
+               max_answer_length: int) -> _Spans:
+    """Each window's ``n_best_size`` best starts and ends, highest logit first, lower position first
+    among equals (the reference's stable sort), and which pairs of them make a valid span."""
+    start_logits, end_logits = logits
+    k = min(n_best_size, start_logits.shape[1])
     top_start = np.argsort(-start_logits, axis=1, kind="stable")[:, :k]
     top_end = np.argsort(-end_logits, axis=1, kind="stable")[:, :k]
     feature_rows = np.arange(len(features))[:, None]
@@ -188,80 +222,92 @@ def postprocess(examples: Sequence[SquadExample], features: SquadFeatures, start
     length = top_end[:, None, :] - top_start[:, :, None] + 1
     valid = (start_ok[:, :, None] & end_ok[:, None, :] & (length >= 1)
              & (length <= max_answer_length))                       # (N, k starts, k ends)
+    return _Spans(top_start, top_end, valid)
 
-    vocab = features.vocab
-    bounds = np.searchsorted(features.example_index, np.arange(len(examples) + 1))
-    predictions: dict[str, str] = {}
-    all_nbest: dict[str, list[dict[str, Any]]] = {}
-    null_odds: dict[str, float] = {}
-    for index, example in enumerate(examples):
-        first, last = int(bounds[index]), int(bounds[index + 1])
-        null_row = -1  # the window with the lowest null score (-1: none below _NO_NULL_SCORE)
-        score_null: float = _NO_NULL_SCORE
-        null_start: float = 0
-        null_end: float = 0
-        if version_2_with_negative and last > first:
-            null_scores = start_logits[first:last, 0] + end_logits[first:last, 0]
-            lowest = int(np.argmin(null_scores))  # the first among equals, as the reference's strict <
-            if null_scores[lowest] < _NO_NULL_SCORE:
-                null_row = first + lowest
-                score_null = float(null_scores[lowest])
-                null_start, null_end = float(start_logits[null_row, 0]), float(end_logits[null_row, 0])
-        # np.nonzero walks (window, start rank, end rank) in the reference's order;
-        # a stable sort by score keeps that order among equal scores.
-        window, start_rank, end_rank = np.nonzero(valid[first:last])
-        rows = first + window
-        starts = top_start[rows, start_rank]
-        ends = top_end[rows, end_rank]
-        start_scores = start_logits[rows, starts]
-        end_scores = end_logits[rows, ends]
-        if version_2_with_negative:  # the null span (0, 0) joins last, so it ranks after equal scores
-            rows = np.append(rows, null_row)
-            starts, ends = np.append(starts, 0), np.append(ends, 0)
-            start_scores = np.append(start_scores, null_start)
-            end_scores = np.append(end_scores, null_end)
-        order = np.argsort(-(start_scores + end_scores), kind="stable")
-        candidates = zip(rows[order].tolist(), starts[order].tolist(), ends[order].tolist(),
-                         start_scores[order].tolist(), end_scores[order].tolist(), strict=True)
-        nbest: list[tuple[str, float, float]] = []
-        seen: set[str] = set()
-        for row, start, end, start_logit, end_logit in candidates:
-            if len(nbest) >= n_best_size:
-                break
-            if start == 0:  # the null answer: only context tokens (never [CLS]) start a span
-                seen.add("")
-                nbest.append(("", null_start, null_end))
-                continue
-            # WordPieces rejoined: "##" continuations glued back to their word.
-            pieces = " ".join([vocab[i] for i in features.input_ids[row, start:end + 1].tolist()])
-            tok_text = " ".join(pieces.replace(" ##", "").replace("##", "").split())
-            first_word = features.token_to_orig[row, start]
-            last_word = features.token_to_orig[row, end]
-            orig_text = " ".join(example.doc_tokens[first_word:last_word + 1])
-            text = get_final_text(tok_text, orig_text, do_lower_case)
-            if text not in seen:
-                seen.add(text)
-                nbest.append((text, start_logit, end_logit))
-        if version_2_with_negative:
-            if "" not in seen:  # the null answer is always among the n-best
-                nbest.append(("", null_start, null_end))
-            if len(nbest) == 1:  # no valid span: where the reference fails, transformers' placeholder
-                nbest.insert(0, ("empty", 0.0, 0.0))
-        if not nbest:  # no valid span at all: the reference's placeholder
-            nbest.append(("empty", 0.0, 0.0))
-        probabilities = _softmax([s + e for _, s, e in nbest])
-        all_nbest[example.qas_id] = [
-            {"text": text, "probability": p, "start_logit": s, "end_logit": e}
-            for (text, s, e), p in zip(nbest, probabilities, strict=True)]
-        if version_2_with_negative:
-            text, start_logit, end_logit = next(entry for entry in nbest if entry[0])
-            # In the reference's order of operations, so that the floats are the same.
-            score_diff = score_null - start_logit - end_logit
-            null_odds[example.qas_id] = score_diff
-            predictions[example.qas_id] = "" if score_diff > null_score_diff_threshold else text
-        else:
-            predictions[example.qas_id] = nbest[0][0]
-    return SquadPredictions(predictions, all_nbest, null_odds if version_2_with_negative else None)
+
+class _Null(NamedTuple):
+    """SQuAD v2.0's null answer of one example: the window with the lowest null score (-1: none
+    below _NO_NULL_SCORE), that score and its [CLS] start and end logits."""
+
+    row: int
+    score: float
+    start_logit: float
+    end_logit: float
+
+
+def _null_answer(logits: tuple[np.ndarray, np.ndarray], rows: range) -> _Null:
+    start_logits, end_logits = logits
+    if len(rows):
+        null_scores = start_logits[rows.start:rows.stop, 0] + end_logits[rows.start:rows.stop, 0]
+        lowest = int(np.argmin(null_scores))  # the first among equals, as the reference's strict <
+        if null_scores[lowest] < _NO_NULL_SCORE:
+            row = rows.start + lowest
+            return _Null(row, float(null_scores[lowest]), float(start_logits[row, 0]), float(end_logits[row, 0]))
+    return _Null(-1, _NO_NULL_SCORE, 0, 0)
+
+
+def _ranked_candidates(logits: tuple[np.ndarray, np.ndarray], spans: _Spans, rows: range,
+                       null: _Null | None) -> Iterator[tuple[int, int, int, float, float]]:
+    """(row, start, end, start logit, end logit) of one example's valid spans (and its null span,
+    given one), best score first."""
+    start_logits, end_logits = logits
+    # np.nonzero walks (window, start rank, end rank) in the reference's order;
+    # a stable sort by score keeps that order among equal scores.
+    window, start_rank, end_rank = np.nonzero(spans.valid[rows.start:rows.stop])
+    feature_rows = rows.start + window
+    starts = spans.top_start[feature_rows, start_rank]
+    ends = spans.top_end[feature_rows, end_rank]
+    start_scores = start_logits[feature_rows, starts]
+    end_scores = end_logits[feature_rows, ends]
+    if null is not None:  # the null span (0, 0) joins last, so it ranks after equal scores
+        feature_rows = np.append(feature_rows, null.row)
+        starts, ends = np.append(starts, 0), np.append(ends, 0)
+        start_scores = np.append(start_scores, null.start_logit)
+        end_scores = np.append(end_scores, null.end_logit)
+    order = np.argsort(-(start_scores + end_scores), kind="stable")
+    return zip(feature_rows[order].tolist(), starts[order].tolist(), ends[order].tolist(),
+               start_scores[order].tolist(), end_scores[order].tolist(), strict=True)
+
+
+def _nbest(example: SquadExample, features: SquadFeatures,
+           candidates: Iterable[tuple[int, int, int, float, float]], n_best_size: int, do_lower_case: bool,
+           null: _Null | None) -> list[tuple[str, float, float]]:
+    """(text, start logit, end logit) of the first ``n_best_size`` distinct texts of ``candidates``,
+    with SQuAD v2.0's null answer and the placeholders where no span is valid."""
+    nbest: list[tuple[str, float, float]] = []
+    seen: set[str] = set()
+    for row, start, end, start_logit, end_logit in candidates:
+        if len(nbest) >= n_best_size:
+            break
+        if start == 0:  # the null answer: only context tokens (never [CLS]) start a span
+            assert null is not None  # only v2.0 has a (0, 0) candidate
+            seen.add("")
+            nbest.append(("", null.start_logit, null.end_logit))
+            continue
+        text = _span_text(example, features, row, start, end, do_lower_case)
+        if text not in seen:
+            seen.add(text)
+            nbest.append((text, start_logit, end_logit))
+    if null is not None:
+        if "" not in seen:  # the null answer is always among the n-best
+            nbest.append(("", null.start_logit, null.end_logit))
+        if len(nbest) == 1:  # no valid span: where the reference fails, transformers' placeholder
+            nbest.insert(0, ("empty", 0.0, 0.0))
+    if not nbest:  # no valid span at all: the reference's placeholder
+        nbest.append(("empty", 0.0, 0.0))
+    return nbest
+
+
+def _span_text(example: SquadExample, features: SquadFeatures, row: int, start: int, end: int,
+               do_lower_case: bool) -> str:
+    """The original text of WordPieces ``start..end`` of feature ``row``."""
+    # WordPieces rejoined: "##" continuations glued back to their word.
+    pieces = " ".join([features.vocab[i] for i in features.input_ids[row, start:end + 1].tolist()])
+    tok_text = " ".join(pieces.replace(" ##", "").replace("##", "").split())
+    first_word = features.token_to_orig[row, start]
+    last_word = features.token_to_orig[row, end]
+    orig_text = " ".join(example.doc_tokens[first_word:last_word + 1])
+    return get_final_text(tok_text, orig_text, do_lower_case)
 
 
 def write_predictions(predictions: dict[str, str], prediction_file: str | Path,

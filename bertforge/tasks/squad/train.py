@@ -69,7 +69,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bertforge.config import Config, ConfigError, ModelConfig, use_model, validate
+from bertforge.config import Config, ConfigError, DataConfig, ModelConfig, use_model, validate
 from bertforge.data.tokenizer import load_tokenizer
 from bertforge.formats import weights
 from bertforge.formats.hf import resolve_model
@@ -249,9 +249,9 @@ def score_predictions(dev_set: Any, result: SquadPredictions, squad: SquadConfig
 # ------------------------------------------------------------------ fine-tuning
 
 
-def training_features(cfg: Config, squad: SquadConfig, train_file: str | Path, tokenizer: Any
+def training_features(squad: SquadConfig, seq_len: int, train_file: str | Path, tokenizer: Any
                       ) -> tuple[SquadFeatures, int, int]:
-    """(features, questions used, answers skipped) of the training file."""
+    """(features, questions used, answers skipped) of the training file, in windows of ``seq_len``."""
     examples, skipped = read_examples(train_file, is_training=True,
                                       version_2_with_negative=squad.version_2_with_negative)
     if skipped:
@@ -264,7 +264,7 @@ def training_features(cfg: Config, squad: SquadConfig, train_file: str | Path, t
         examples = examples[:squad.max_questions]
     if not examples:
         raise SquadError(f"{train_file}: no training questions")
-    features = convert_examples_to_features(examples, tokenizer, cfg.data.seq_len, squad.doc_stride,
+    features = convert_examples_to_features(examples, tokenizer, seq_len, squad.doc_stride,
                                             squad.max_query_length, is_training=True)
     return features, len(examples), len(skipped)
 
@@ -283,75 +283,100 @@ def finetune(cfg: Config, squad: SquadConfig, init: str | Path | None, train_fil
     Returns a summary: out_dir, questions, features, steps, losses (one per
     optimizer step of this process), minutes, and when predicting the
     predictions path and exact_match / f1.
+
+    The job's entry: the whole config is settled here (the model's config, the vocab, the
+    weights and files it started from); the parts take its sections.
     """
     def body(dist: DistContext, run_dir: Path, resume_from: Path | None, started: float) -> dict[str, Any]:
-        return _finetune(cfg, squad, dist, run_dir, resume_from, init, train_file, predict_file, vocab,
-                         log if dist.is_main else (lambda _: None), started)
+        train_path = train_file or squad.train_file
+        predict_path = predict_file or squad.predict_file or None
+        if not train_path:
+            raise ConfigError("squad train needs --train-file")
+        torch.manual_seed(cfg.train.seed)  # every rank initialises the same QA head
+        model, vocab_path = run_qa_model(init, vocab, run_dir, resume_from)
+        if resume_from is None:
+            cfg.checkpoint.init = str(resolve_model(typing.cast(str, init)).resolve())  # (checked)
+        use_model(cfg, typing.cast(ModelConfig, model.config))
+        cfg.data.vocab = str(Path(vocab_path).resolve())
+        squad.train_file = str(Path(train_path).resolve())
+        squad.predict_file = str(Path(predict_path).resolve()) if predict_path else ""
+        validate(cfg)
+        tokenizer = load_tokenizer(vocab_path, cfg.data.lowercase)
+        features, questions, skipped = training_features(squad, cfg.data.seq_len, train_path, tokenizer)
+        if resume_from is not None:
+            from_main(dist, lambda: check_squad_resume(run_dir, squad, cfg.checkpoint.resume_with_changes))
+        dev = DevScoring.of(predict_path, squad, tokenizer, cfg.data, dist.device, cfg.execution.precision)
+        job = Job(kind="squad", model=model, rows=FeatureRows(features, ("start_positions", "end_positions")),
+                  loss_fn=qa_forward_loss, data_files=[Path(train_path)],
+                  description=f"{questions} questions ({len(features)} features, {skipped} answers skipped)",
+                  rebuild=lambda: model_class(cfg.model, "qa")(cfg.model),
+                  write_settings=lambda d: write_run_files(d, cfg.to_yaml(), squad, "squad", Path(vocab_path)),
+                  save=lambda whole, d: save_finetuned(whole, d),
+                  evaluate=dev.scores if dev is not None else None,
+                  finish=dev.finish if dev is not None else None, describe=format_scores,
+                  counts={"questions": questions, "features": len(features), "skipped": skipped})
+        return train_job(cfg, job, dist, run_dir, resume_from, init, log if dist.is_main else (lambda _: None),
+                         started)
 
-    return launch(cfg, out_dir, "squad.yaml", "squad", body, overwrite, (init, train_file, predict_file, vocab))
+    return launch(cfg.execution, cfg.log, cfg.checkpoint.resume, out_dir, "squad.yaml", "squad", body, overwrite,
+                  (init, train_file, predict_file, vocab))
 
 
-def _finetune(cfg: Config, squad: SquadConfig, dist: DistContext, out_dir: Path, resume_from: Path | None,
-              init: str | Path | None, train_file: str | Path | None, predict_file: str | Path | None,
-              vocab: str | Path | None, log: Callable[[str], None], started: float) -> dict[str, Any]:
-    """The body of ``finetune`` on one rank, given the run directory."""
-    train_file = train_file or squad.train_file
-    predict_file = predict_file or squad.predict_file or None
-    if not train_file:
-        raise ConfigError("squad train needs --train-file")
-    torch.manual_seed(cfg.train.seed)  # every rank initialises the same QA head
+def run_qa_model(init: str | Path | None, vocab: str | Path | None, run_dir: Path, resume_from: Path | None
+             ) -> tuple[nn.Module, Path]:
+    """(the QA model, on the CPU, the vocab's path): ``init``'s weights for a new run (its vocab
+    beside them unless ``vocab``), else the checkpoint's shape, whose weights the resume loads."""
     if resume_from is None:
         if not init:
             raise ConfigError("squad train needs --init (or --resume RUN)")
         vocab_path = find_vocab(init, vocab)
-        model = load_qa_model(init, vocab_path)
-        cfg.checkpoint.init = str(resolve_model(init).resolve())
-    else:  # the weights come from the checkpoint
-        vocab_path = find_vocab(out_dir, vocab)
-        saved = weights.read_config(resume_from).model
-        model = model_class(saved, "qa")(saved)
-    use_model(cfg, typing.cast(ModelConfig, model.config))
-    cfg.data.vocab = str(Path(vocab_path).resolve())
-    squad.train_file = str(Path(train_file).resolve())
-    squad.predict_file = str(Path(predict_file).resolve()) if predict_file else ""
-    validate(cfg)
-    tokenizer = load_tokenizer(vocab_path, cfg.data.lowercase)
-    features, questions, skipped = training_features(cfg, squad, train_file, tokenizer)
+        return load_qa_model(init, vocab_path), vocab_path
+    vocab_path = find_vocab(run_dir, vocab)
+    saved = weights.read_config(resume_from).model
+    return model_class(saved, "qa")(saved), vocab_path
 
-    if resume_from is not None:
-        from_main(dist, lambda: check_squad_resume(out_dir, squad, cfg.checkpoint.resume_with_changes))
-    examples = dev_set = None
-    if predict_file:
+
+@dataclass
+class DevScoring:
+    """Rank 0's predictions of the dev set, scored, during training and at its end."""
+
+    dev_set: Any
+    examples: list[SquadExample]
+    tokenizer: Any
+    squad: SquadConfig
+    data: DataConfig  # seq_len and lowercase
+    device: torch.device
+    precision: str
+
+    @classmethod
+    def of(cls, predict_file: str | Path | None, squad: SquadConfig, tokenizer: Any, data: DataConfig,
+           device: torch.device, precision: str) -> DevScoring | None:
+        """The dev set of ``predict_file``, read now; None without one."""
+        if not predict_file:
+            return None
         from .data import load_json, parse_examples
 
         dev_set = load_json(predict_file)
         examples, _ = parse_examples(dev_set, source=str(predict_file),
                                      version_2_with_negative=squad.version_2_with_negative)
+        return cls(dev_set, examples, tokenizer, squad, data, device, precision)
 
-    def score(whole: nn.Module) -> tuple[dict[str, float], SquadPredictions]:
-        """Rank 0's predictions of the dev set and their scores (v1.1 EM / F1, or v2.0's)."""
-        assert examples is not None and dev_set is not None  # predicting
-        result = predict(whole, examples, tokenizer, cfg.data.seq_len, squad, cfg.data.lowercase, dist.device,
-                         cfg.execution.precision)
-        return score_predictions(dev_set, result, squad), result
+    def score(self, whole: nn.Module) -> tuple[dict[str, float], SquadPredictions]:
+        """The predictions of the dev set and their scores (v1.1 EM / F1, or v2.0's)."""
+        result = predict(whole, self.examples, self.tokenizer, self.data.seq_len, self.squad, self.data.lowercase,
+                         self.device, self.precision)
+        return score_predictions(self.dev_set, result, self.squad), result
 
-    def finish(whole: nn.Module, run_dir: Path) -> dict[str, Any]:
-        scores, result = score(whole)
+    def scores(self, whole: nn.Module) -> dict[str, float]:
+        return self.score(whole)[0]
+
+    def finish(self, whole: nn.Module, run_dir: Path) -> dict[str, Any]:
+        """The final predictions written into the run directory, and their scores."""
+        scores, result = self.score(whole)
         write_predictions(result.predictions, run_dir / "predictions.json", result.nbest,
                           run_dir / "nbest_predictions.json", result.null_odds,
                           run_dir / "null_odds.json" if result.null_odds is not None else None)
         return {"predictions": str(run_dir / "predictions.json"), "scores": scores, **scores}
-
-    job = Job(kind="squad", model=model, rows=FeatureRows(features, ("start_positions", "end_positions")),
-              loss_fn=qa_forward_loss, data_files=[Path(train_file)],
-              description=f"{questions} questions ({len(features)} features, {skipped} answers skipped)",
-              rebuild=lambda: model_class(cfg.model, "qa")(cfg.model),
-              write_settings=lambda run_dir: write_run_files(run_dir, cfg, squad, "squad", Path(vocab_path)),
-              save=lambda whole, run_dir: save_finetuned(whole, run_dir),
-              evaluate=(lambda whole: score(whole)[0]) if examples is not None else None,
-              finish=finish if examples is not None else None, describe=format_scores,
-              counts={"questions": questions, "features": len(features), "skipped": skipped})
-    return train_job(cfg, job, dist, out_dir, resume_from, init, log, started)
 
 
 def check_squad_resume(run_dir: Path, squad: SquadConfig, with_changes: bool) -> None:
