@@ -67,7 +67,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from bertforge.config import PRETRAIN_CONFIG, Config, ConfigError, ModelConfig, TrainConfig
+from bertforge.config import CONFIG_HELP, OVERRIDES_HELP, PRETRAIN_CONFIG, Config, ConfigError, ModelConfig, TrainConfig
 from bertforge.runs import config_from_args
 
 FP32 = 4
@@ -746,15 +746,15 @@ def format_plan(plan: MemoryPlan, device_memory: int | None = None) -> str:
 
 # ------------------------------------------------------------ the command
 
-def add_plan_command(sub: Any, config_help: str, epilog: str) -> None:
+def add_plan_command(sub: Any) -> None:
     """``bertforge plan``: registered by cli.py next to the other commands."""
     p = sub.add_parser(
         "plan", help="memory per rank of a pre-training config, and whether it fits",
-        epilog=epilog + " Exit status: 0, or 1 when --device-memory is given and the plan does "
+        epilog=OVERRIDES_HELP + " Exit status: 0, or 1 when --device-memory is given and the plan does "
                         "not fit; 2 for a mistake in the arguments.",
         description="Predict per-rank memory (parameters, gradients, optimizer state, "
                     "activations) of pre-training a config, from the config alone.")
-    p.add_argument("--config", help=config_help + f" (default: {PRETRAIN_CONFIG}, what `bertforge pretrain` runs)")
+    p.add_argument("--config", help=CONFIG_HELP + f" (default: {PRETRAIN_CONFIG}, what `bertforge pretrain` runs)")
     p.add_argument("--world-size", type=int, default=1, help="ranks (processes), default 1")
     p.add_argument("--device-memory", help="memory of one device: 80GB, 80GiB, 81920MB or bytes")
     p.add_argument("--device", choices=("cuda", "cpu"),
