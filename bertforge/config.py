@@ -516,6 +516,13 @@ def load_yaml(path: Path) -> dict[str, Any]:
     return data or {}
 
 
+# The command line's words for configs, shared by every config-driven command's parser.
+OVERRIDES_HELP = ("Any config field can be set with a dotted flag, e.g. --train.lr 1e-4 "
+                  "--data.input corpus.txt --execution.precision bf16 (see `bertforge config`).")
+CONFIG_HELP = (f"a config shipped in bertforge/configs (e.g. pretrain_base_128), a YAML path, "
+               f"or a model preset ({', '.join(MODEL_PRESETS)})")
+
+
 def parse_overrides(args: list[str]) -> list[tuple[str, str]]:
     """``["--train.lr", "1e-4", "--data.synthetic"]`` → pairs. A flag with no value is true."""
     pairs: list[tuple[str, str]] = []

@@ -44,7 +44,15 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import google_crc32c
 
-from .config import Config, ConfigError, load_config, parse_overrides
+from .config import (
+    CONFIG_HELP,
+    OVERRIDES_HELP,
+    PRETRAIN_CONFIG,
+    Config,
+    ConfigError,
+    load_config,
+    parse_overrides,
+)
 from .fileio import LOCK, holder, remove, remove_temporaries, write_failure
 
 if TYPE_CHECKING:
@@ -437,7 +445,7 @@ def config_from_args(args: argparse.Namespace, extra: list[str], default: str | 
     resumed, else ``default``), then the dotted overrides in ``extra``, then the command's own
     flags (``--steps``, ``--resume``, …; one that the command does not define is skipped).
 
-    Used by the ``bertforge`` commands (cli.py, parallel/plan.py)."""
+    Used by the ``bertforge`` commands (training/cli.py, bench/cli.py, parallel/plan.py, `config` below)."""
     overrides: list[tuple[str, Any]] = parse_overrides(extra)  # flags add non-string values
     for flag, key in (("steps", "train.steps"), ("epochs", "train.epochs"),
                       ("resume", "checkpoint.resume"), ("init", "checkpoint.init"),
@@ -468,3 +476,16 @@ def config_from_args(args: argparse.Namespace, extra: list[str], default: str | 
     if cfg.checkpoint.resume == AUTO:  # unnamed, refused here: before torch loads, on every rank torchrun starts
         auto_run_dir(cfg.log.run_dir, cfg.log.name)
     return cfg
+
+
+def cmd_config(args: argparse.Namespace, extra: list[str]) -> int:
+    cfg = config_from_args(args, extra, default=PRETRAIN_CONFIG)
+    print(cfg.to_yaml(), end="")
+    return 0
+
+
+def add_config_command(sub: Any) -> None:
+    """``bertforge config``, beside :func:`config_from_args`, which resolves it: registered by cli.py."""
+    p = sub.add_parser("config", help="print a resolved config as YAML", epilog=OVERRIDES_HELP)
+    p.add_argument("--config", help=CONFIG_HELP + f" (default: {PRETRAIN_CONFIG}, what `bertforge pretrain` runs)")
+    p.set_defaults(func=cmd_config, takes_overrides=True)

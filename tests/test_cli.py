@@ -154,7 +154,7 @@ def test_an_empty_message_names_the_error(capsys, monkeypatch):
     def fail(args, extra):
         raise DataError()
 
-    monkeypatch.setattr(sys.modules["bertforge.cli"], "cmd_config", fail)
+    monkeypatch.setattr(sys.modules["bertforge.runs"], "cmd_config", fail)
     assert main(["config"]) == 2
     assert capsys.readouterr().err == "error: DataError\n"
 

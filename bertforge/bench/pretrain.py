@@ -28,7 +28,16 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from bertforge.config import Config, ConfigError, freeze, replaced
+from bertforge.config import (
+    Config,
+    ConfigError,
+    DataConfig,
+    ExecutionConfig,
+    ModelConfig,
+    TrainConfig,
+    freeze,
+    replaced,
+)
 from bertforge.data import SyntheticDataset
 from bertforge.data.loader import RecordStream, record_files, records_shape
 from bertforge.host import current_rss_mb, device_name, peak_rss_mb, reset_peak_rss
@@ -112,30 +121,31 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def read_micro_batches(cfg: Config, pattern: str, batch_size: int, seq_len: int | None, count: int,
-                       always_mask: bool = False) -> tuple[list[dict[str, torch.Tensor]], int, int]:
+def read_micro_batches(m: ModelConfig, d: DataConfig, seed: int, pattern: str, batch_size: int, seq_len: int | None,
+                       count: int, always_mask: bool = False, predictions_given: bool = False
+                       ) -> tuple[list[dict[str, torch.Tensor]], int, int]:
     """``count`` micro-batches of the records at ``pattern`` (a directory, glob or file, as
     ``data.input``), in training's order, their sequence length and predictions. ``always_mask``:
     as training's, for a compiled model (one graph for batches with and without padding).
 
     The records decide the sequence length and the predictions; a ``seq_len`` or an explicit
-    ``data.max_predictions`` that differs is refused.
+    ``d.max_predictions`` (``predictions_given``) that differs is refused.
     """
     files = record_files(pattern)
     first, records_len, records_predictions, _ = records_shape(files)
     if seq_len is not None and seq_len != records_len:
         raise ConfigError(f"--seq-len {seq_len}, but the records at {pattern} have {records_len}: "
                           "leave --seq-len out")
-    if "data.max_predictions" in cfg.given and cfg.data.max_predictions != records_predictions:
-        raise ConfigError(f"data.max_predictions={cfg.data.max_predictions} (given, or the config's), but the "
+    if predictions_given and d.max_predictions != records_predictions:
+        raise ConfigError(f"data.max_predictions={d.max_predictions} (given, or the config's), but the "
                           f"records at {pattern} have {records_predictions}: pass --max-predictions "
                           f"{records_predictions}")
-    if records_len > cfg.model.max_position_embeddings:
+    if records_len > m.max_position_embeddings:
         raise ConfigError(f"{first}: sequences of {records_len} exceed "
-                          f"model.max_position_embeddings={cfg.model.max_position_embeddings}")
+                          f"model.max_position_embeddings={m.max_position_embeddings}")
     # Token ids the model's vocab does not have are refused, naming the file and record.
-    stream = RecordStream(files, batch_size, cfg.train.seed, shuffle_buffer=cfg.data.shuffle_buffer,
-                          vocab_size=cfg.model.vocab_size, always_mask=always_mask)
+    stream = RecordStream(files, batch_size, seed, shuffle_buffer=d.shuffle_buffer,
+                          vocab_size=m.vocab_size, always_mask=always_mask)
     try:
         return [stream.next() for _ in range(count)], records_len, records_predictions
     finally:
@@ -151,11 +161,58 @@ def real_counts(batch: dict[str, torch.Tensor]) -> tuple[int, int]:
     return batch["input_ids"].shape[0], tokens
 
 
-def row_flops(cfg: Config, batch: dict[str, torch.Tensor]) -> int:
+def row_flops(m: ModelConfig, objective: str, batch: dict[str, torch.Tensor]) -> int:
     """Training FLOPs of one row of the batch as executed: its length, prediction and [CLS] slots."""
     seq_len, predictions = batch["input_ids"].shape[1], batch["masked_lm_positions"].shape[1]
     cls_slots = batch["cls_positions"].shape[1] if "cls_positions" in batch else 1
-    return pretraining_flops(cfg.model, seq_len, predictions, cls_slots if cfg.train.objective == "mlm_nsp" else 0)
+    return pretraining_flops(m, seq_len, predictions, cls_slots if objective == "mlm_nsp" else 0)
+
+
+def _check_arguments(batch_size: int, steps: int, warmup: int, accumulation: int, peak: float | None) -> None:
+    for name, value, least in (("--batch-size", batch_size, 1), ("--steps", steps, 1),
+                               ("--warmup", warmup, 0), ("--accumulation", accumulation, 1)):
+        if value < least:
+            raise ConfigError(f"{name} must be at least {least}, got {value}")
+    if peak is not None and not peak > 0:
+        raise ConfigError(f"--peak-tflops must be positive, got {peak}")
+
+
+def _synthetic_micro_batches(m: ModelConfig, d: DataConfig, batch_size: int, seq_len: int | None
+                             ) -> tuple[list[dict[str, torch.Tensor]], int, int]:
+    """One synthetic micro-batch (every step's the same), its sequence length and predictions."""
+    seq_len, max_predictions = 128 if seq_len is None else seq_len, d.max_predictions
+    if not 0 < max_predictions < seq_len:
+        raise ConfigError(f"data.max_predictions={max_predictions} must be below the sequence length {seq_len} "
+                          f"(--seq-len): give --data.max_predictions for rows of {seq_len}")
+    synthetic = SyntheticDataset(size=batch_size, vocab_size=m.vocab_size, seq_len=seq_len,
+                                 max_predictions=max_predictions, seed=d.seed)
+    return [synthetic.batch(list(range(batch_size)))], seq_len, max_predictions
+
+
+def _time_steps(m: ModelConfig, tr: TrainConfig, ex: ExecutionConfig, device: torch.device,
+                micro_batches: list[dict[str, torch.Tensor]], order: list[list[int]], warmup: int,
+                accumulation: int) -> tuple[int, float, float]:
+    """(the model's parameters, the last step's loss, seconds of the steps after ``warmup``): each step
+    runs the micro-batches ``order`` names."""
+    torch.manual_seed(tr.seed)
+    dist = DistContext(device=device)
+    try:
+        # The execution settings (recompute, fsdp, offload, compile) as pretrain applies them.
+        model = prepare_model(build_pretraining_model(m, tr.objective).train(), ex, dist)
+        optimizer = build_optimizer(unwrap(model), tr, compiled=compiles_optimizer(ex, device))
+        engine = Engine(model, optimizer, build_scheduler(optimizer, tr, len(order)), training_loss,
+                        ex.precision, tr.grad_clip, dist, grad_sync=ex.grad_sync)
+        for indices in order[:warmup]:
+            engine.step([micro_batches[i] for i in indices], accumulation)
+        synchronize(device)
+        start = time.perf_counter()
+        for indices in order[warmup:]:
+            out = engine.step([micro_batches[i] for i in indices], accumulation)
+        loss = out["loss"].item()  # also waits for the device
+        elapsed = time.perf_counter() - start
+    finally:
+        destroy_distributed()
+    return num_parameters(unwrap(model)), loss, elapsed
 
 
 def bench_pretrain(cfg: Config, batch_size: int, seq_len: int | None, steps: int, warmup: int = 3,
@@ -167,26 +224,15 @@ def bench_pretrain(cfg: Config, batch_size: int, seq_len: int | None, steps: int
     when it is given, as must an explicit ``data.max_predictions``). ``peak``
     (TFLOP/s) replaces the device's peak; MFU is None without either.
     """
-    for name, value, least in (("--batch-size", batch_size, 1), ("--steps", steps, 1),
-                               ("--warmup", warmup, 0), ("--accumulation", accumulation, 1)):
-        if value < least:
-            raise ConfigError(f"{name} must be at least {least}, got {value}")
-    if peak is not None and not peak > 0:
-        raise ConfigError(f"--peak-tflops must be positive, got {peak}")
+    _check_arguments(batch_size, steps, warmup, accumulation, peak)
     set_threads(cfg.execution.threads)
     device = resolve_device(cfg.execution.device)
     if data:
         micro_batches, seq_len, max_predictions = read_micro_batches(
-            cfg, data, batch_size, seq_len, (warmup + steps) * accumulation,
-            always_mask=compiles(cfg.execution, device))
+            cfg.model, cfg.data, cfg.train.seed, data, batch_size, seq_len, (warmup + steps) * accumulation,
+            always_mask=compiles(cfg.execution, device), predictions_given="data.max_predictions" in cfg.given)
     else:
-        seq_len, max_predictions = 128 if seq_len is None else seq_len, cfg.data.max_predictions
-        if not 0 < max_predictions < seq_len:
-            raise ConfigError(f"data.max_predictions={max_predictions} must be below the sequence length {seq_len} "
-                              f"(--seq-len): give --data.max_predictions for rows of {seq_len}")
-        synthetic = SyntheticDataset(size=batch_size, vocab_size=cfg.model.vocab_size, seq_len=seq_len,
-                                     max_predictions=max_predictions, seed=cfg.data.seed)
-        micro_batches = [synthetic.batch(list(range(batch_size)))]  # every micro-batch the same
+        micro_batches, seq_len, max_predictions = _synthetic_micro_batches(cfg.model, cfg.data, batch_size, seq_len)
     # What is measured, as the run's config: the batch shape, a constant lr (it costs the same).
     cfg = freeze(replaced(cfg, {
         "train.micro_batch_size": batch_size, "train.global_batch_size": batch_size * accumulation,
@@ -194,53 +240,32 @@ def bench_pretrain(cfg: Config, batch_size: int, seq_len: int | None, steps: int
         "train.schedule": "constant", "train.warmup_steps": 0}))
     # On the host, before the clock starts: counting during the steps would wait for the device.
     counts = [real_counts(b) for b in micro_batches]
-    flops = [row_flops(cfg, b) * b["input_ids"].shape[0] for b in micro_batches]
+    flops = [row_flops(cfg.model, cfg.train.objective, b) * b["input_ids"].shape[0] for b in micro_batches]
     micro_batches = [to_device(b, device) for b in micro_batches]
     # Each step's micro-batches, as indices into micro_batches (warm-up steps first).
     order = [[(step * accumulation + i) % len(micro_batches) for i in range(accumulation)]
              for step in range(warmup + steps)]
-
     memory = PeakMemory(device)
-    torch.manual_seed(cfg.train.seed)
-    dist = DistContext(device=device)
-    try:
-        # The execution settings (recompute, fsdp, offload, compile) as pretrain applies them.
-        model = prepare_model(build_pretraining_model(cfg.model, cfg.train.objective).train(), cfg.execution, dist)
-        optimizer = build_optimizer(unwrap(model), cfg.train, compiled=compiles_optimizer(cfg.execution, device))
-        engine = Engine(model, optimizer, build_scheduler(optimizer, cfg.train, steps + warmup), training_loss,
-                        cfg.execution.precision, cfg.train.grad_clip, dist, grad_sync=cfg.execution.grad_sync)
-        for indices in order[:warmup]:
-            engine.step([micro_batches[i] for i in indices], accumulation)
-        synchronize(device)
-        start = time.perf_counter()
-        for indices in order[warmup:]:
-            out = engine.step([micro_batches[i] for i in indices], accumulation)
-        loss = out["loss"].item()  # also waits for the device
-        elapsed = time.perf_counter() - start
-    finally:
-        destroy_distributed()
+    n_params, loss, elapsed = _time_steps(cfg.model, cfg.train, cfg.execution, device, micro_batches, order,
+                                          warmup, accumulation)
     timed = [i for indices in order[warmup:] for i in indices]
-    rows = steps * accumulation * batch_size
     sequences = sum(counts[i][0] for i in timed)
     model_flops = sum(flops[i] for i in timed)
     name = device_name(device)
     if peak is None and device.type == "cuda":
         peak = peak_tflops(name, cfg.execution.precision)
     achieved = model_flops / elapsed / 1e12
-    seq_per_s, rows_per_s = sequences / elapsed, rows / elapsed
+    seq_per_s, rows_per_s = sequences / elapsed, steps * accumulation * batch_size / elapsed
+    ex = cfg.execution
     return {
-        "model": "bertforge",
-        "layers": cfg.model.num_hidden_layers, "hidden": cfg.model.hidden_size,
-        "params_m": round(num_parameters(unwrap(model)) / 1e6, 2),
-        "device": str(device), "device_name": name, "precision": cfg.execution.precision,
-        "parallel": cfg.execution.parallel, "recompute": cfg.execution.recompute,
-        "offload": cfg.execution.offload, "compile": compiles(cfg.execution, device),
-        "threads": torch.get_num_threads(),
+        "model": "bertforge", "layers": cfg.model.num_hidden_layers, "hidden": cfg.model.hidden_size,
+        "params_m": round(n_params / 1e6, 2), "device": str(device), "device_name": name,
+        "precision": ex.precision, "parallel": ex.parallel, "recompute": ex.recompute, "offload": ex.offload,
+        "compile": compiles(ex, device), "threads": torch.get_num_threads(),
         "batch_size": batch_size, "seq_len": seq_len, "max_predictions": cfg.data.max_predictions,
         "accumulation": accumulation, "global_batch": batch_size * accumulation,
         "data": data or "synthetic", "packed": "sequence_ids" in micro_batches[0],
-        "optimizer": cfg.train.optimizer, "steps": steps,
-        "step_ms": round(1000 * elapsed / steps, 2),
+        "optimizer": cfg.train.optimizer, "steps": steps, "step_ms": round(1000 * elapsed / steps, 2),
         # Significant digits: large models on a CPU run < 0.01/s.
         "seq_per_s": float(f"{seq_per_s:.4g}"),  # real sequences
         "rows_per_s": float(f"{rows_per_s:.4g}"),
@@ -248,8 +273,7 @@ def bench_pretrain(cfg: Config, batch_size: int, seq_len: int | None, steps: int
         "real_tokens_per_s": round(sum(counts[i][1] for i in timed) / elapsed, 1),
         "sequences": sequences,  # real sequences in the timed steps
         "flops_per_seq": round(model_flops / sequences),  # per row when unpacked
-        "model_tflops": float(f"{achieved:.4g}"),
-        "peak_tflops": peak,
+        "model_tflops": float(f"{achieved:.4g}"), "peak_tflops": peak,
         "mfu": float(f"{achieved / peak:.4g}") if peak else None,
         "peak_mem_mb": round(memory.peak_mb(), 1),
         "final_loss": round(loss, 4),

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from bertforge.config import MODEL_PRESETS, Config, ConfigError, apply_model_preset
+from bertforge.config import MODEL_PRESETS, Config, ConfigError, ModelConfig, apply_model_preset
 from bertforge.models.bert import num_parameters
 from bertforge.models.families import model_class
 from bertforge.parallel.dist import DistContext, resolve_device
@@ -59,24 +59,21 @@ def synthetic_batch(batch_size: int, seq_len: int, vocab_size: int, query_len: i
             "start_positions": start, "end_positions": end}
 
 
-def build_model(model: str | Path, cfg: Config) -> nn.Module:
-    """A preset with random weights (cfg.model takes its shape) or a model directory with a QA head,
-    of either family."""
+def build_model(model: str | Path, m: ModelConfig, seed: int) -> nn.Module:
+    """A preset with random weights, of the shape ``m`` has (the caller has applied the preset to it),
+    or a model directory with a QA head, of either family (its own config is the model's ``config``)."""
     if str(model) in MODEL_PRESETS:
-        apply_model_preset(cfg, str(model))
-        torch.manual_seed(cfg.train.seed)
-        return model_class(cfg.model, "qa")(cfg.model)
+        torch.manual_seed(seed)
+        return model_class(m, "qa")(m)
     from bertforge.formats.load import load_model
 
     if not Path(model).is_dir():
         raise ConfigError(f"--model {model}: neither a preset ({', '.join(MODEL_PRESETS)}) "
                           "nor a model directory")
-    torch.manual_seed(cfg.train.seed)  # a QA head the directory lacks is initialised from the seed
+    torch.manual_seed(seed)  # a QA head the directory lacks is initialised from the seed
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a new QA head is expected for an encoder
-        qa = load_model(model, head="qa")
-    cfg.model = qa.config  # type: ignore[assignment]  # (mypy reads it as a submodule)
-    return qa
+        return load_model(model, head="qa")
 
 
 def _timed(run: Callable[[], Any], steps: int, warmup: int, device: torch.device) -> tuple[float, Any]:
@@ -116,7 +113,12 @@ def bench_squad(cfg: Config, squad: SquadConfig, model: str | Path = "tiny", bat
     device = resolve_device(cfg.execution.device)
     precision = cfg.execution.precision
     memory = PeakMemory(device)
-    qa = build_model(model, cfg)
+    preset = str(model) in MODEL_PRESETS
+    if preset:
+        apply_model_preset(cfg, str(model))  # cfg.model takes the preset's shape
+    qa = build_model(model, cfg.model, cfg.train.seed)
+    if not preset:
+        cfg.model = qa.config  # type: ignore[assignment]  # (mypy reads it as a submodule)
     if seq_len > cfg.model.max_position_embeddings:
         raise ConfigError(f"--seq-len {seq_len} exceeds the model's "
                           f"max_position_embeddings={cfg.model.max_position_embeddings}")

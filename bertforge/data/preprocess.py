@@ -184,8 +184,27 @@ def preprocess(inputs: str | Path | Iterable[str | Path], out_dir: str | Path, *
     _check_out_dir(out_dir)
     split_sentences("Fail now, not after reading the corpus, if the splitter is missing.", language)
 
-    # Pass 1: the length of every document with text.
     stats = PreprocessStats()
+    lengths = _document_lengths(inputs, stats)
+    n_eval = _eval_count(eval_articles, len(lengths))
+    if len(lengths) - n_eval < shards:
+        raise DataError(f"{len(lengths)} documents, {n_eval} of them held out, cannot fill "
+                        f"{shards} training shards")
+    held_out = set(random.Random(seed).sample(range(len(lengths)), n_eval))
+
+    stats.shard_characters = [0] * shards
+    with atomic_directory(out_dir) as tmp:
+        written, index = _write_split(tmp, inputs, lengths, held_out, shards, language, stats)
+        if index != len(lengths):
+            raise DataError(f"{', '.join(map(str, inputs))}: the input changed while it was read")
+        for path in written:
+            fsync(path)  # atomic_directory flushes only its top level
+    stats.seconds = time.perf_counter() - start
+    return stats
+
+
+def _document_lengths(inputs: list[str | Path], stats: PreprocessStats) -> array:
+    """Pass 1: the length of every document with text (the documents without are counted in ``stats``)."""
     lengths = array("q")
     for paragraphs in read_documents(inputs):
         if paragraphs:
@@ -195,54 +214,47 @@ def preprocess(inputs: str | Path | Iterable[str | Path], out_dir: str | Path, *
     stats.documents = len(lengths)
     if not lengths:
         raise DataError(f"{', '.join(map(str, inputs))}: the corpus is empty (no document with text)")
-    n_eval = _eval_count(eval_articles, len(lengths))
-    if len(lengths) - n_eval < shards:
-        raise DataError(f"{len(lengths)} documents, {n_eval} of them held out, cannot fill "
-                        f"{shards} training shards")
-    held_out = set(random.Random(seed).sample(range(len(lengths)), n_eval))
-    train_total = sum(lengths) - sum(lengths[i] for i in held_out)
+    return lengths
 
-    # Pass 2: split and write. A document goes to the shard where its middle
-    # character falls when the training text is cut into equal parts.
-    stats.shard_characters = [0] * shards
-    with atomic_directory(out_dir) as tmp:
-        (tmp / TRAIN_DIR).mkdir()
-        train = _Shards([tmp / TRAIN_DIR / f"train_{i:05d}.txt" for i in range(shards)])
-        eval_path = tmp / EVAL_DIR / EVAL_FILE
-        written = train.paths.copy()
-        with contextlib.ExitStack() as stack:
-            stack.callback(train.close)
-            if held_out:
-                eval_path.parent.mkdir()
-                eval_file = stack.enter_context(open(eval_path, "w", encoding="utf-8"))
-                written.append(eval_path)
-            index, done = 0, 0
-            for paragraphs in read_documents(inputs):
-                if not paragraphs:
-                    continue
-                sentences = [s for p in paragraphs for s in split_sentences(p, language)]
-                chars = sum(map(len, sentences))
-                text = "\n".join(sentences) + "\n\n"
-                stats.sentences += len(sentences)
-                stats.characters += chars
-                stats.single_sentence_documents += len(sentences) == 1
-                if index in held_out:
-                    eval_file.write(text)
-                    stats.eval_documents += 1
-                    stats.eval_characters += chars
-                else:
-                    shard = min(shards - 1, (done + lengths[index] // 2) * shards // train_total)
-                    train.write(shard, text)
-                    done += lengths[index]
-                    stats.train_documents += 1
-                    stats.shard_characters[shard] += chars
-                index += 1
-        if index != len(lengths):
-            raise DataError(f"{', '.join(map(str, inputs))}: the input changed while it was read")
-        for path in written:
-            fsync(path)  # atomic_directory flushes only its top level
-    stats.seconds = time.perf_counter() - start
-    return stats
+
+def _write_split(tmp: Path, inputs: list[str | Path], lengths: array, held_out: set[int], shards: int,
+                 language: str, stats: PreprocessStats) -> tuple[list[Path], int]:
+    """Pass 2: split and write into ``tmp``; (the files written, the documents with text read).
+    A document goes to the shard where its middle character falls when the training text is cut
+    into equal parts."""
+    train_total = sum(lengths) - sum(lengths[i] for i in held_out)
+    (tmp / TRAIN_DIR).mkdir()
+    train = _Shards([tmp / TRAIN_DIR / f"train_{i:05d}.txt" for i in range(shards)])
+    eval_path = tmp / EVAL_DIR / EVAL_FILE
+    written = train.paths.copy()
+    with contextlib.ExitStack() as stack:
+        stack.callback(train.close)
+        if held_out:
+            eval_path.parent.mkdir()
+            eval_file = stack.enter_context(open(eval_path, "w", encoding="utf-8"))
+            written.append(eval_path)
+        index, done = 0, 0
+        for paragraphs in read_documents(inputs):
+            if not paragraphs:
+                continue
+            sentences = [s for p in paragraphs for s in split_sentences(p, language)]
+            chars = sum(map(len, sentences))
+            text = "\n".join(sentences) + "\n\n"
+            stats.sentences += len(sentences)
+            stats.characters += chars
+            stats.single_sentence_documents += len(sentences) == 1
+            if index in held_out:
+                eval_file.write(text)
+                stats.eval_documents += 1
+                stats.eval_characters += chars
+            else:
+                shard = min(shards - 1, (done + lengths[index] // 2) * shards // train_total)
+                train.write(shard, text)
+                done += lengths[index]
+                stats.train_documents += 1
+                stats.shard_characters[shard] += chars
+            index += 1
+    return written, index
 
 
 # ---------------------------------------------------------------- vocab

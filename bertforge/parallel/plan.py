@@ -67,7 +67,17 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from bertforge.config import PRETRAIN_CONFIG, Config, ConfigError, ModelConfig, TrainConfig
+from bertforge.config import (
+    CONFIG_HELP,
+    OVERRIDES_HELP,
+    PRETRAIN_CONFIG,
+    Config,
+    ConfigError,
+    DataConfig,
+    ExecutionConfig,
+    ModelConfig,
+    TrainConfig,
+)
 from bertforge.runs import config_from_args
 
 FP32 = 4
@@ -355,16 +365,19 @@ class MemoryPlan:
         return asdict(self)
 
 
-def _device_type(cfg: Config) -> str:
-    """Plans are for the GPU unless the config names the CPU."""
-    return "cpu" if cfg.execution.device == "cpu" else "cuda"
+def _resolve_device(ex: ExecutionConfig, device: str | None) -> str:
+    """``device``, checked; plans are for the GPU unless the config names the CPU."""
+    device = device or ("cpu" if ex.device == "cpu" else "cuda")
+    if device not in ("cuda", "cpu"):
+        raise ConfigError(f"device must be cuda or cpu, got {device!r}")
+    return device
 
 
-def _shapes(cfg: Config, device: str, weight_casts: bool = True) -> _Shapes:
-    ex, m, tr = cfg.execution, cfg.model, cfg.train
+def _shapes(m: ModelConfig, data: DataConfig, tr: TrainConfig, ex: ExecutionConfig, device: str,
+            weight_casts: bool = True) -> _Shapes:
     mixed = ex.precision in ("bf16", "fp16")
-    T, window = cfg.data.seq_len, m.local_attention // 2
-    return _Shapes(B=tr.micro_batch_size, T=T, P=cfg.data.max_predictions,
+    T, window = data.seq_len, m.local_attention // 2
+    return _Shapes(B=tr.micro_batch_size, T=T, P=data.max_predictions,
                    H=m.hidden_size, I=m.intermediate_size, V=m.vocab_size, heads=m.num_attention_heads,
                    e=2 if mixed else FP32, r=2 if ex.precision == "bf16" else FP32, mixed=mixed,
                    cuda=device == "cuda", weight_casts=weight_casts, modernbert=m.family == "modernbert",
@@ -381,38 +394,73 @@ def plan_memory(cfg: Config, world_size: int = 1, device: str | None = None) -> 
     """
     if world_size < 1:
         raise ConfigError(f"world size must be at least 1, got {world_size}")
-    if cfg.execution.pipeline_stages > 1:
-        return _plan_pipeline(cfg, world_size, device)
     ex, m, tr = cfg.execution, cfg.model, cfg.train
-    parallel = ex.parallel
-    note = ""
+    if ex.pipeline_stages > 1:
+        return _plan_pipeline(m, cfg.data, tr, ex, world_size, device)
+    parallel, note = ex.parallel, ""
     if parallel == "none" and world_size > 1:
         # Several ranks need a parallel mode; replication is what "none" becomes.
         parallel = "ddp"
         note = f"execution.parallel=none with {world_size} ranks: planned as ddp"
-    device = device or _device_type(cfg)
-    if device not in ("cuda", "cpu"):
-        raise ConfigError(f"device must be cuda or cpu, got {device!r}")
+    device = _resolve_device(ex, device)
     if ex.offload and parallel != "fsdp":
         raise ConfigError("execution.offload needs execution.parallel=fsdp (FSDP2's CPU offload)")
     if ex.offload and ex.fsdp_grad_sync == "step":
         raise ConfigError("execution.fsdp_grad_sync=step cannot be used with execution.offload=true "
                           "(unsharded gradients on the device for the whole step); use auto or micro_batch")
-    fsdp = parallel == "fsdp"
     # FSDP2's MixedPrecisionPolicy under bf16: it gathers bf16 copies of the fp32 shards.
-    gathered_bytes = 2 if fsdp and ex.precision == "bf16" else FP32
-    s = _shapes(cfg, device, weight_casts=gathered_bytes == FP32)
-    L = m.num_hidden_layers
+    gathered_bytes = 2 if parallel == "fsdp" and ex.precision == "bf16" else FP32
+    s = _shapes(m, cfg.data, tr, ex, device, weight_casts=gathered_bytes == FP32)
     accumulation = max(1, tr.global_batch_size // (tr.micro_batch_size * world_size))
+    dp = _data_parallel_memory(m, tr, ex, parallel, world_size, accumulation, gathered_bytes)
+    moments, saved = _backward_moments(s, m, ex.recompute, dp)
+    config = {"world_size": world_size, "parallel": parallel, "note": note, "recompute": ex.recompute,
+              "offload": ex.offload, "precision": ex.precision, "device": device,
+              "micro_batch_size": s.B, "seq_len": s.T, "max_predictions": s.P, "accumulation": accumulation,
+              "optimizer": tr.optimizer, "layers": m.num_hidden_layers, "hidden_size": s.H,
+              "fsdp_grad_sync": dp.grad_sync,
+              "reshard_after_forward": ex.reshard_after_forward if dp.fsdp else None,
+              "gathered_dtype": ("bf16" if gathered_bytes == 2 else "fp32") if dp.fsdp else ""}
+    return _data_parallel_plan(config, dp, moments, saved, ex.offload, RUNTIME_OVERHEAD[device])
 
+
+@dataclass
+class _DataParallelMemory:
+    """What one rank holds besides activations under no parallelism, DDP or FSDP2, in bytes (but
+    ``n_params`` and ``shard``, the ranks that parameters, gradients and optimizer state are divided over)."""
+
+    n_params: int
+    shard: int
+    fsdp: bool
+    params: int  # fp32 parameters; the gradients take as much
+    optimizer_state: int
+    optimizer_workspace: int
+    ddp_buckets: int
+    gathered: int
+    grads_in_flight: int
+    accumulated: int
+    grad_sync: str
+    tied_grad: int  # the word embeddings' gradient
+
+    def grads_live(self, n_grad_params: int) -> int:
+        """Gradients on this rank while activations are live, once ``n_grad_params`` have one."""
+        if self.ddp_buckets:
+            # All are in the buckets already but the tied word embedding's: autograd holds its
+            # gradient from the decoder's backward to the embedding's, then DDP copies it in.
+            return self.tied_grad if n_grad_params else 0
+        if self.accumulated:  # all of them held already
+            return self.accumulated + self.grads_in_flight
+        return math.ceil(n_grad_params / self.shard) * FP32 + self.grads_in_flight
+
+
+def _data_parallel_memory(m: ModelConfig, tr: TrainConfig, ex: ExecutionConfig, parallel: str, world_size: int,
+                          accumulation: int, gathered_bytes: int) -> _DataParallelMemory:
+    fsdp = parallel == "fsdp"
     n_params = count_parameters(m)
     per_layer = layer_parameters(m) * gathered_bytes
     root = (embedding_parameters(m) + head_parameters(m)) * gathered_bytes  # embeddings and heads: FSDP's root unit
     shard = world_size if fsdp else 1
     params = math.ceil(n_params / shard) * FP32
-    grads = params
-    states = _optimizer_states(tr)
-    optimizer_state = states * params
     # Optimizer temporaries, per bucket (the decay group is by far the largest): one
     # list of tensors, the update that training/optim.py builds in place, or torch AdamW's sqrt(v).
     optimizer_workspace = math.ceil(decayed_parameters(m) / shard) * FP32
@@ -423,57 +471,60 @@ def plan_memory(cfg: Config, world_size: int = 1, device: str | None = None) -> 
     # gathered one at a time with the next one prefetched, or all kept from their
     # forward to their backward (reshard_after_forward false); in the backward the
     # unsharded gradients of a layer (and of the root) wait for the reduce-scatter.
-    gathered_layers = min(2, L) if ex.reshard_after_forward else L
+    gathered_layers = min(2, m.num_hidden_layers) if ex.reshard_after_forward else m.num_hidden_layers
     gathered = root + gathered_layers * per_layer if fsdp else 0
     grads_in_flight = root + per_layer if fsdp else 0
     # fsdp_grad_sync step: micro-batches accumulate unsharded fp32 (reduce dtype) gradients of
     # the whole model, reduce-scattered after the last one.
     grad_sync = ex.grad_sync if fsdp else ""
     accumulated = n_params * FP32 if grad_sync == "step" and accumulation > 1 else 0
+    return _DataParallelMemory(
+        n_params=n_params, shard=shard, fsdp=fsdp, params=params,
+        optimizer_state=_optimizer_states(tr) * params, optimizer_workspace=optimizer_workspace,
+        ddp_buckets=ddp_buckets, gathered=gathered, grads_in_flight=grads_in_flight, accumulated=accumulated,
+        grad_sync=grad_sync, tied_grad=m.vocab_size * m.hidden_size * FP32)
 
-    # -------- activations and gradients through the backward pass
-    act, full_layer, stored_layer = _layer_memory(s, ex.recompute)
+
+def _backward_moments(s: _Shapes, m: ModelConfig, recompute: str, dp: _DataParallelMemory
+                      ) -> tuple[list[tuple[int, int, int]], dict[str, int]]:
+    """(activations, gradients, transient) at the peaks of the backward pass, and the saved
+    activations' details (all of them, one layer's as stored and in full)."""
+    act, full_layer, stored_layer = _layer_memory(s, recompute)
     ffn_transient, attention_transient = _backward_transients(s)
     if s.modernbert:
-        embeddings, head = _modernbert_embedding_activations(s, ex.recompute), _modernbert_head_activations(s)
+        embeddings, head = _modernbert_embedding_activations(s, recompute), _modernbert_head_activations(s)
     else:
         embeddings, head = _embedding_activations(s), _head_activations(s)
     # The heads' gradients, with the tied decoder's: the word embeddings' gradient.
     head_grad = head_parameters(m) + m.vocab_size * m.hidden_size
-
-    def grads_live(n_grad_params: int) -> int:  # on this rank while activations are live
-        if ddp_buckets:
-            # All are in the buckets already but the tied word embedding's: autograd holds its
-            # gradient from the decoder's backward to the embedding's, then DDP copies it in.
-            return m.vocab_size * m.hidden_size * FP32 if n_grad_params else 0
-        if accumulated:  # all of them held already
-            return accumulated + grads_in_flight
-        return math.ceil(n_grad_params / shard) * FP32 + grads_in_flight
-
-    moments = []  # (activations, gradients, transient) at the peaks of the backward
+    L = s.L
+    moments = []
     stored_all = embeddings + head + L * stored_layer
     # Start of the backward: everything saved and the loss's two M × V gradients;
     # then the log-softmax output is freed and the tied decoder weight's gradient made.
-    moments.append((stored_all, grads_live(0), 2 * s.M * s.V * FP32))
-    moments.append((stored_all, grads_live(head_grad), 0))
+    moments.append((stored_all, dp.grads_live(0), 2 * s.M * s.V * FP32))
+    moments.append((stored_all, dp.grads_live(head_grad), 0))
     for i in reversed(range(L)):  # layer i's backward, recomputed if needed
         below = embeddings + i * stored_layer
-        done = grads_live(head_grad + (L - 1 - i) * layer_parameters(m))
+        done = dp.grads_live(head_grad + (L - 1 - i) * layer_parameters(m))
         # recompute=attention: the feed-forward block's backward runs before the attention is recomputed
-        ffn_alive = stored_layer if ex.recompute == "attention" else full_layer
+        ffn_alive = stored_layer if recompute == "attention" else full_layer
         moments.append((below + ffn_alive, done, ffn_transient))
         moments.append((below + full_layer - act["ffn"], done, attention_transient))
     # End: the embedding's dense gradient and the sum with the decoder's, for the tied weight.
-    moments.append((embeddings, grads_live(n_params), 2 * m.vocab_size * m.hidden_size * FP32))
+    moments.append((embeddings, dp.grads_live(dp.n_params), 2 * m.vocab_size * m.hidden_size * FP32))
+    return moments, {"saved_activations": stored_all, "layer_saved": stored_layer, "layer_full": full_layer}
+
+
+def _data_parallel_plan(config: dict[str, Any], dp: _DataParallelMemory, moments: list[tuple[int, int, int]],
+                        saved: dict[str, int], offload: bool, overhead: int) -> MemoryPlan:
+    """The plan's totals: the peaks of the forward/backward and of the optimizer step, on the device and host."""
     activations = max(a + t for a, _, t in moments)
     backward_peak = max(a + g + t for a, g, t in moments)
-
-    offload = ex.offload
-    resident = params + optimizer_state  # through the whole step
-    device_fb = (0 if offload else resident + ddp_buckets) + gathered + (
-        max(a + t + grads_in_flight for a, _, t in moments) if offload else backward_peak)
-    optimizer_peak = resident + grads + optimizer_workspace  # DDP's gradients are its buckets
-    overhead = RUNTIME_OVERHEAD[device]
+    resident = dp.params + dp.optimizer_state  # through the whole step
+    device_fb = (0 if offload else resident + dp.ddp_buckets) + dp.gathered + (
+        max(a + t + dp.grads_in_flight for a, _, t in moments) if offload else backward_peak)
+    optimizer_peak = resident + dp.params + dp.optimizer_workspace  # DDP's gradients are its buckets
     if offload:
         device_total = device_fb + overhead
         # The sharded state, its gradients (copied out after each reduce-scatter)
@@ -484,29 +535,24 @@ def plan_memory(cfg: Config, world_size: int = 1, device: str | None = None) -> 
         host_total = 0
     # Device and host together, peak over the step: what one memory holds when the
     # device is the CPU (the two totals above peak at different times under offload).
-    combined_peak = max(resident + ddp_buckets + gathered + backward_peak, optimizer_peak) + overhead
+    combined_peak = max(resident + dp.ddp_buckets + dp.gathered + backward_peak, optimizer_peak) + overhead
     where = "host" if offload else "device"
     return MemoryPlan(
-        config={"world_size": world_size, "parallel": parallel, "note": note, "recompute": ex.recompute,
-                "offload": offload, "precision": ex.precision, "device": device,
-                "micro_batch_size": s.B, "seq_len": s.T, "max_predictions": s.P, "accumulation": accumulation,
-                "optimizer": tr.optimizer, "layers": L, "hidden_size": s.H,
-                "fsdp_grad_sync": grad_sync, "reshard_after_forward": ex.reshard_after_forward if fsdp else None,
-                "gathered_dtype": ("bf16" if gathered_bytes == 2 else "fp32") if fsdp else ""},
-        num_parameters=n_params,
-        parameters=params, gradients=grads, optimizer_state=optimizer_state,
+        config=config,
+        num_parameters=dp.n_params,
+        parameters=dp.params, gradients=dp.params, optimizer_state=dp.optimizer_state,
         activations=activations,
-        workspace=optimizer_workspace + gathered,
+        workspace=dp.optimizer_workspace + dp.gathered,
         overhead=overhead, device_total=device_total, host_total=host_total,
         combined_peak=combined_peak,
         location={"parameters": where, "gradients": where, "optimizer_state": where,
                   "activations": "device", "workspace": "device" if not offload else "device+host"},
         phases={"forward_backward": device_fb, "optimizer_step": optimizer_peak},
-        details={"optimizer_workspace": optimizer_workspace, "ddp_buckets": ddp_buckets,
-                 "fsdp_gathered_parameters": gathered, "fsdp_unsharded_gradients": grads_in_flight,
-                 "fsdp_accumulated_gradients": accumulated,
-                 "saved_activations": stored_all,
-                 "layer_saved": stored_layer, "layer_full": full_layer},
+        details={"optimizer_workspace": dp.optimizer_workspace, "ddp_buckets": dp.ddp_buckets,
+                 "fsdp_gathered_parameters": dp.gathered, "fsdp_unsharded_gradients": dp.grads_in_flight,
+                 "fsdp_accumulated_gradients": dp.accumulated,
+                 "saved_activations": saved["saved_activations"],
+                 "layer_saved": saved["layer_saved"], "layer_full": saved["layer_full"]},
     )
 
 
@@ -553,7 +599,33 @@ def in_flight(schedule: str, stage: int, stages: int, micro_batches: int, backwa
     return left if schedule == "gpipe" else min(stages - stage, left)
 
 
-def _plan_pipeline(cfg: Config, world_size: int, device: str | None) -> MemoryPlan:
+@dataclass
+class _PipelineStep:
+    """What each stage's plan needs of one pipeline step: one micro-batch's shapes and saved bytes,
+    the schedule and its sizes."""
+
+    s: _Shapes
+    m: ModelConfig
+    schedule: str
+    stages: int
+    micro_batches: int
+    act: dict[str, int]
+    full_layer: int
+    stored_layer: int
+    ffn_transient: int
+    attention_transient: int
+    embeddings: int
+    head: int
+    stream: int  # one micro-batch's hidden states between two stages
+    rng: int  # the generator state sent with them
+    tied: int  # the word embeddings' parameters (the decoder's tied copy on the last stage)
+    states: int  # fp32 optimizer states per parameter
+    averaged: bool  # several pipelines average their gradients
+    overhead: int
+
+
+def _plan_pipeline(m: ModelConfig, data: DataConfig, tr: TrainConfig, ex: ExecutionConfig, world_size: int,
+                   device: str | None) -> MemoryPlan:
     """``plan_memory`` for ``execution.pipeline_stages`` > 1: every stage planned, the largest returned.
 
     A stage holds its share of the parameters (:func:`stage_parameters`), their gradients and
@@ -566,11 +638,8 @@ def _plan_pipeline(cfg: Config, world_size: int, device: str | None) -> MemoryPl
     buffer) until the next step. Several pipelines average each stage's gradients after the
     backward through flat buckets of ``PIPELINE_BUCKET_BYTES`` (pipeline_parallel.BUCKET_BYTES).
     """
-    ex, m, tr = cfg.execution, cfg.model, cfg.train
     stages, schedule = ex.pipeline_stages, ex.pipeline_schedule
-    device = device or _device_type(cfg)
-    if device not in ("cuda", "cpu"):
-        raise ConfigError(f"device must be cuda or cpu, got {device!r}")
+    device = _resolve_device(ex, device)
     if world_size % stages:
         raise ConfigError(f"world size {world_size} is not a multiple of execution.pipeline_stages={stages}")
     if ex.parallel == "fsdp" or ex.offload:
@@ -579,96 +648,121 @@ def _plan_pipeline(cfg: Config, world_size: int, device: str | None) -> MemoryPl
     note = ""
     if ex.parallel == "none" and replicas > 1:
         note = f"execution.parallel=none with {replicas} pipelines: planned as ddp"
-    averaged = replicas > 1
     micro_batches = max(1, tr.global_batch_size // (tr.micro_batch_size * replicas))
     if schedule == "1f1b" and micro_batches < stages:
         raise ConfigError(f"execution.pipeline_schedule=1f1b needs at least execution.pipeline_stages={stages} "
                           f"micro-batches per step and pipeline, got {micro_batches}")
-    s = _shapes(cfg, device)
-    act, full_layer, stored_layer = _layer_memory(s, ex.recompute)
-    ffn_transient, attention_transient = _backward_transients(s)
-    embeddings, head = _embedding_activations(s), _head_activations(s)
-    stream = s.N * s.H * s.r  # one micro-batch's hidden states between two stages
-    rng = RNG_STATE_BYTES[device]
-    tied = m.vocab_size * m.hidden_size
-    states = _optimizer_states(tr)
-    overhead = RUNTIME_OVERHEAD[device]
+    step = _pipeline_step(m, data, tr, ex, device, micro_batches, averaged=replicas > 1)
     layer_counts = stage_layer_counts(m.num_hidden_layers, stages)
     decayed = stage_decayed_parameters(m, stages)
-    plans = []
-    for stage, (n_params, layers) in enumerate(zip(stage_parameters(m, stages), layer_counts)):
-        first, last = stage == 0, stage == stages - 1
-        params = n_params * FP32
-        resident = params + states * params
-        workspace = decayed[stage] * FP32
-        # The schedule's receive buffers, one per micro-batch of the step, made with the stage.
-        buffers = (0 if first else micro_batches * (stream + rng)) + (0 if last else micro_batches * stream)
-        input_grad = 0 if first else stream  # each backward leaves one (the receive buffer's .grad)
-        # The outputs the schedule keeps from the forward to the backward: the hidden and RNG states
-        # sent on; on the last stage the logits (which one process frees once the loss is computed).
-        kept = s.M * s.V * s.e + s.B * 2 * s.e if last else stream + rng
-        received = 0 if first else stream  # layer 0's input is a receive buffer (counted in buffers)
-        per_micro_batch = ((embeddings if first else 0) + layers * stored_layer + (head if last else 0)
-                           + kept - received)
-        head_grads = head_parameters(m) + tied if last else 0
-
-        # One micro-batch's backward through the stage: (activations, gradient parameters, transient,
-        # transient once gradients exist: a new gradient of the tied weight before it is added to them).
-        moments: list[tuple[int, int, int, int]] = []
-        if last:  # the loss's two M × V gradients; then the decoder's gradient of the tied weight
-            moments += [(per_micro_batch, 0, 2 * s.M * s.V * FP32, 0), (per_micro_batch, head_grads, 0, tied * FP32)]
-        else:  # the output's gradient waits in a receive buffer
-            moments.append((per_micro_batch, 0, 0, 0))
-        for i in reversed(range(layers)):
-            below = (embeddings if first else 0) + i * stored_layer + kept - received
-            done = head_grads + (layers - 1 - i) * layer_parameters(m)
-            moments.append((below + full_layer, done, ffn_transient, 0))
-            moments.append((below + full_layer - act["ffn"], done, attention_transient, 0))
-        if first:  # the embedding's dense gradient of the word embeddings
-            moments.append((embeddings + kept, n_params, 0, tied * FP32))
-        peak_activations, peak = 0, 0
-        for backward in range(micro_batches):  # each backward of the step, with what is in flight then
-            others = (in_flight(schedule, stage, stages, micro_batches, backward) - 1) * per_micro_batch
-            others += backward * input_grad
-            for a, g, t, t_added in moments:
-                # The first backward makes every gradient; the later ones add theirs to them.
-                live = (n_params if backward else g) * FP32
-                t += t_added if backward else 0
-                peak_activations = max(peak_activations, others + a + t)
-                peak = max(peak, others + a + t + live)
-        forward_backward = resident + buffers + peak
-        after_backward = resident + params + buffers + micro_batches * input_grad  # with every gradient
-        averaging = after_backward + min(PIPELINE_BUCKET_BYTES, params) if averaged else 0
-        optimizer_step = after_backward + workspace
-        plans.append({
-            "stage": stage, "layers": layers, "parameters": n_params,
-            "in_flight": in_flight(schedule, stage, stages, micro_batches, 0),
-            "saved_per_micro_batch": per_micro_batch + received, "activations": peak_activations,
-            "buffers": buffers, "forward_backward": forward_backward, "gradient_averaging": averaging,
-            "optimizer_step": optimizer_step,
-            "device_total": max(forward_backward, averaging, optimizer_step) + overhead,
-            "params_bytes": params, "states_bytes": states * params, "workspace": workspace})
+    plans = [_plan_stage(step, stage, n_params, layers, decayed[stage])
+             for stage, (n_params, layers) in enumerate(zip(stage_parameters(m, stages), layer_counts))]
     worst = max(plans, key=lambda p: p["device_total"])
+    s = step.s
+    config = {"world_size": world_size, "parallel": "ddp" if step.averaged else ex.parallel, "note": note,
+              "recompute": ex.recompute, "offload": False, "precision": ex.precision, "device": device,
+              "micro_batch_size": s.B, "seq_len": s.T, "max_predictions": s.P, "accumulation": micro_batches,
+              "optimizer": tr.optimizer, "layers": m.num_hidden_layers, "hidden_size": s.H,
+              "fsdp_grad_sync": "", "reshard_after_forward": None, "gathered_dtype": "",
+              "pipeline_stages": stages, "pipeline_schedule": schedule, "pipelines": replicas,
+              "pipeline_stage": worst["stage"]}
+    return _pipeline_plan(config, step, plans, worst)
+
+
+def _pipeline_step(m: ModelConfig, data: DataConfig, tr: TrainConfig, ex: ExecutionConfig, device: str,
+                   micro_batches: int, averaged: bool) -> _PipelineStep:
+    s = _shapes(m, data, tr, ex, device)
+    act, full_layer, stored_layer = _layer_memory(s, ex.recompute)
+    ffn_transient, attention_transient = _backward_transients(s)
+    return _PipelineStep(
+        s=s, m=m, schedule=ex.pipeline_schedule, stages=ex.pipeline_stages, micro_batches=micro_batches,
+        act=act, full_layer=full_layer, stored_layer=stored_layer,
+        ffn_transient=ffn_transient, attention_transient=attention_transient,
+        embeddings=_embedding_activations(s), head=_head_activations(s),
+        stream=s.N * s.H * s.r, rng=RNG_STATE_BYTES[device], tied=m.vocab_size * m.hidden_size,
+        states=_optimizer_states(tr), averaged=averaged, overhead=RUNTIME_OVERHEAD[device])
+
+
+def _plan_stage(p: _PipelineStep, stage: int, n_params: int, layers: int, decayed: int) -> dict[str, int]:
+    """One stage's memory through the step (its peaks, what it saves per micro-batch, its buffers)."""
+    s, micro_batches = p.s, p.micro_batches
+    first, last = stage == 0, stage == p.stages - 1
+    params = n_params * FP32
+    resident = params + p.states * params
+    workspace = decayed * FP32
+    # The schedule's receive buffers, one per micro-batch of the step, made with the stage.
+    buffers = (0 if first else micro_batches * (p.stream + p.rng)) + (0 if last else micro_batches * p.stream)
+    input_grad = 0 if first else p.stream  # each backward leaves one (the receive buffer's .grad)
+    # The outputs the schedule keeps from the forward to the backward: the hidden and RNG states
+    # sent on; on the last stage the logits (which one process frees once the loss is computed).
+    kept = s.M * s.V * s.e + s.B * 2 * s.e if last else p.stream + p.rng
+    received = 0 if first else p.stream  # layer 0's input is a receive buffer (counted in buffers)
+    per_micro_batch = ((p.embeddings if first else 0) + layers * p.stored_layer + (p.head if last else 0)
+                       + kept - received)
+    moments = _stage_moments(p, first, last, layers, n_params, per_micro_batch, kept - received)
+    peak_activations, peak = 0, 0
+    for backward in range(micro_batches):  # each backward of the step, with what is in flight then
+        others = (in_flight(p.schedule, stage, p.stages, micro_batches, backward) - 1) * per_micro_batch
+        others += backward * input_grad
+        for a, g, t, t_added in moments:
+            # The first backward makes every gradient; the later ones add theirs to them.
+            live = (n_params if backward else g) * FP32
+            t += t_added if backward else 0
+            peak_activations = max(peak_activations, others + a + t)
+            peak = max(peak, others + a + t + live)
+    forward_backward = resident + buffers + peak
+    after_backward = resident + params + buffers + micro_batches * input_grad  # with every gradient
+    averaging = after_backward + min(PIPELINE_BUCKET_BYTES, params) if p.averaged else 0
+    optimizer_step = after_backward + workspace
+    return {
+        "stage": stage, "layers": layers, "parameters": n_params,
+        "in_flight": in_flight(p.schedule, stage, p.stages, micro_batches, 0),
+        "saved_per_micro_batch": per_micro_batch + received, "activations": peak_activations,
+        "buffers": buffers, "forward_backward": forward_backward, "gradient_averaging": averaging,
+        "optimizer_step": optimizer_step,
+        "device_total": max(forward_backward, averaging, optimizer_step) + p.overhead,
+        "params_bytes": params, "states_bytes": p.states * params, "workspace": workspace}
+
+
+def _stage_moments(p: _PipelineStep, first: bool, last: bool, layers: int, n_params: int, per_micro_batch: int,
+                   outputs: int) -> list[tuple[int, int, int, int]]:
+    """One micro-batch's backward through a stage: (activations, gradient parameters, transient,
+    transient once gradients exist: a new gradient of the tied weight before it is added to them).
+    ``outputs``: what the schedule keeps of the stage's outputs, less its received input."""
+    s = p.s
+    head_grads = head_parameters(p.m) + p.tied if last else 0
+    moments: list[tuple[int, int, int, int]] = []
+    if last:  # the loss's two M × V gradients; then the decoder's gradient of the tied weight
+        moments += [(per_micro_batch, 0, 2 * s.M * s.V * FP32, 0), (per_micro_batch, head_grads, 0, p.tied * FP32)]
+    else:  # the output's gradient waits in a receive buffer
+        moments.append((per_micro_batch, 0, 0, 0))
+    for i in reversed(range(layers)):
+        below = (p.embeddings if first else 0) + i * p.stored_layer + outputs
+        done = head_grads + (layers - 1 - i) * layer_parameters(p.m)
+        moments.append((below + p.full_layer, done, p.ffn_transient, 0))
+        moments.append((below + p.full_layer - p.act["ffn"], done, p.attention_transient, 0))
+    if first:  # the embedding's dense gradient of the word embeddings
+        moments.append((p.embeddings + outputs, n_params, 0, p.tied * FP32))
+    return moments
+
+
+def _pipeline_plan(config: dict[str, Any], p: _PipelineStep, plans: list[dict[str, int]],
+                   worst: dict[str, int]) -> MemoryPlan:
+    """The largest stage's plan as the rank's, every stage's in ``stages``."""
     return MemoryPlan(
-        config={"world_size": world_size, "parallel": "ddp" if averaged else ex.parallel, "note": note,
-                "recompute": ex.recompute, "offload": False, "precision": ex.precision, "device": device,
-                "micro_batch_size": s.B, "seq_len": s.T, "max_predictions": s.P, "accumulation": micro_batches,
-                "optimizer": tr.optimizer, "layers": m.num_hidden_layers, "hidden_size": s.H,
-                "fsdp_grad_sync": "", "reshard_after_forward": None, "gathered_dtype": "",
-                "pipeline_stages": stages, "pipeline_schedule": schedule, "pipelines": replicas,
-                "pipeline_stage": worst["stage"]},
-        num_parameters=count_parameters(m),
+        config=config,
+        num_parameters=count_parameters(p.m),
         parameters=worst["params_bytes"], gradients=worst["params_bytes"], optimizer_state=worst["states_bytes"],
         activations=worst["activations"], workspace=worst["workspace"] + worst["buffers"],
-        overhead=overhead, device_total=worst["device_total"], host_total=0,
+        overhead=p.overhead, device_total=worst["device_total"], host_total=0,
         combined_peak=worst["device_total"],
         location={"parameters": "device", "gradients": "device", "optimizer_state": "device",
                   "activations": "device", "workspace": "device"},
         phases={"forward_backward": worst["forward_backward"], "optimizer_step": worst["optimizer_step"],
-                **({"gradient_averaging": worst["gradient_averaging"]} if averaged else {})},
+                **({"gradient_averaging": worst["gradient_averaging"]} if p.averaged else {})},
         details={"optimizer_workspace": worst["workspace"], "pipeline_buffers": worst["buffers"],
-                 "layer_saved": stored_layer, "layer_full": full_layer},
-        stages=[{k: v for k, v in p.items() if not k.endswith("_bytes")} for p in plans],
+                 "layer_saved": p.stored_layer, "layer_full": p.full_layer},
+        stages=[{k: v for k, v in plan.items() if not k.endswith("_bytes")} for plan in plans],
     )
 
 
@@ -746,15 +840,15 @@ def format_plan(plan: MemoryPlan, device_memory: int | None = None) -> str:
 
 # ------------------------------------------------------------ the command
 
-def add_plan_command(sub: Any, config_help: str, epilog: str) -> None:
+def add_plan_command(sub: Any) -> None:
     """``bertforge plan``: registered by cli.py next to the other commands."""
     p = sub.add_parser(
         "plan", help="memory per rank of a pre-training config, and whether it fits",
-        epilog=epilog + " Exit status: 0, or 1 when --device-memory is given and the plan does "
+        epilog=OVERRIDES_HELP + " Exit status: 0, or 1 when --device-memory is given and the plan does "
                         "not fit; 2 for a mistake in the arguments.",
         description="Predict per-rank memory (parameters, gradients, optimizer state, "
                     "activations) of pre-training a config, from the config alone.")
-    p.add_argument("--config", help=config_help + f" (default: {PRETRAIN_CONFIG}, what `bertforge pretrain` runs)")
+    p.add_argument("--config", help=CONFIG_HELP + f" (default: {PRETRAIN_CONFIG}, what `bertforge pretrain` runs)")
     p.add_argument("--world-size", type=int, default=1, help="ranks (processes), default 1")
     p.add_argument("--device-memory", help="memory of one device: 80GB, 80GiB, 81920MB or bytes")
     p.add_argument("--device", choices=("cuda", "cpu"),

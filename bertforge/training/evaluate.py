@@ -4,7 +4,7 @@
     bertforge eval runs/NAME/checkpoints/step_* --data.eval_input records/eval_10k.tfrecord --json
 
 Each checkpoint (our run, step or model directory, a Hugging Face BERT
-directory, or whatever else ``weights.load_model`` reads) is evaluated on
+directory, or whatever else ``formats.load.load_model`` reads) is evaluated on
 every record of the eval file, in order and without dropout, by the same
 function as a training run's evaluations (``train.evaluate``): the masked-LM
 accuracy is the mean over all real predictions of the file (padding
