@@ -696,6 +696,7 @@ def test_readme_quick_start_and_main_job(readme):
     assert set(scores[-1]) == {"exact_match", "f1"}
 
 
+@pytest.mark.slow
 @pytest.mark.shared_data
 def test_data_page(data_page):
     assert_all_ran(data_page)
@@ -715,6 +716,7 @@ def test_data_page(data_page):
     assert len(list((folder / "packed-512").glob("train-*-of-00008.tfrecord"))) == 8
 
 
+@pytest.mark.slow
 @pytest.mark.shared_data
 def test_training_page(training):
     import yaml
@@ -753,6 +755,7 @@ def test_scale_page(scale):
     assert "fits in" in scale.result("bertforge plan").output
 
 
+@pytest.mark.slow
 @pytest.mark.shared_data
 def test_finetuning_page(finetuning):
     assert_all_ran(finetuning)
@@ -796,6 +799,7 @@ def test_interop_page(interop):
     assert any(name.startswith("model.ckpt.data-") for name in tf1)
 
 
+@pytest.mark.slow
 @pytest.mark.shared_data
 def test_mlperf_page(mlperf):
     assert_all_ran(mlperf)
@@ -806,6 +810,7 @@ def test_mlperf_page(mlperf):
     assert evaluated[0]["sequences"] == 100  # pick-eval's --num, shortened
 
 
+@pytest.mark.slow
 @pytest.mark.shared_data
 def test_benchmarks_page(benchmarks):
     assert_all_ran(benchmarks)

@@ -176,3 +176,52 @@ def test_an_upward_import_is_found(tmp_path):
     (package / "models" / "bert.py").write_text("def f():\n    from ..training import engine\n")
     assert upward_imports(import_graph(package)) == [
         "bertforge.models.bert (models) imports bertforge.training.engine (training)"]
+
+
+def functions(package: Path = PACKAGE) -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
+    """(module, function) for every function and method of the package."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found.append((module_name(path, package), node))
+    return found
+
+
+def takes_the_whole_config(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    arguments = function.args.posonlyargs + function.args.args + function.args.kwonlyargs
+    return any(arg.annotation is not None and ast.unparse(arg.annotation).strip("'\"") in ("Config", "Config | None")
+               for arg in arguments)
+
+
+# The jobs' entry points take the whole Config; every component below them takes its own section
+# (ModelConfig, TrainConfig, DataConfig, ...), so a reader sees what it depends on and a test builds
+# only that. config.py's own functions (load, override, freeze the Config) are not counted.
+WHOLE_CONFIG_SIGNATURES = 15
+LONGEST_FUNCTION = 80  # lines, decorators and docstring included
+
+
+def test_only_the_jobs_take_the_whole_config():
+    taking = sorted(f"{module}.{function.name}" for module, function in functions()
+                    if module != "bertforge.config" and takes_the_whole_config(function))
+    print(f"{len(taking)} functions take the whole Config:", *taking, sep="\n  ")
+    assert len(taking) <= WHOLE_CONFIG_SIGNATURES, taking
+
+
+def test_no_function_runs_past_a_screen():
+    lengths = sorted(((function.end_lineno or 0) - function.lineno + 1, f"{module}.{function.name}")
+                     for module, function in functions())
+    print("the longest functions:", *(f"{n} {name}" for n, name in lengths[-5:]), sep="\n  ")
+    assert [entry for entry in lengths if entry[0] > LONGEST_FUNCTION] == []
+
+
+def test_the_counters_count(tmp_path):
+    package = tmp_path / "bertforge"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "job.py").write_text(
+        "def entry(cfg: Config, n: int):\n    pass\n\n\n"
+        "def part(model: ModelConfig, cfg: 'Config | None' = None):\n" + "    x = 1\n" * 90)
+    found = dict((function.name, function) for _, function in functions(package))
+    assert takes_the_whole_config(found["entry"]) and takes_the_whole_config(found["part"])
+    assert found["part"].end_lineno - found["part"].lineno + 1 == 91

@@ -24,6 +24,7 @@ def test_gpu_sh_passes_shellcheck():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_the_dry_run_runs_every_stage_and_writes_the_summary(tmp_path):
     """About a minute on 2 cores: the CUDA tests (all skipped here), both sides of phase 1, phase 2,
     the profiled pretrain run, the ModernBERT step, and summary.json from their outputs."""

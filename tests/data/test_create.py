@@ -110,6 +110,7 @@ EDGE_LINES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lowercase", [True, False])
 def test_fast_wordpiece_equals_the_tokenizer(vocab, wiki_path, lowercase):
     """FastWordPiece gives tokenize_documents' ids (the reference's, see test_data)."""

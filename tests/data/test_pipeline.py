@@ -27,6 +27,7 @@ def text_dir(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode, fmt", [("reference", "tfrecord"), ("fast", "native")])
 def test_wikipedia_to_records_to_training(text_dir, mode, fmt, tmp_path, capsys):
     out = tmp_path / "records"

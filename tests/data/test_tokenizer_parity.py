@@ -20,6 +20,7 @@ def real_lines() -> list[str]:
         "naïve café Ünïcödé 中文字符 ＡＢＣ", "control\x00char\x07s\ttab", "x" * 250, "ΟΔΟΣ", "\ue000private use"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lowercase", [True, False], ids=["uncased", "cased"])
 def test_same_tokens_as_full_tokenizer(lowercase):
     vocab = shared_data("vocab/bert-base-uncased-vocab.txt")

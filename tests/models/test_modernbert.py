@@ -386,6 +386,7 @@ def test_norms_and_biases_are_not_decayed_and_recompute_reaches_modernbert():
         assert len(wrapped) == CFG.num_hidden_layers and all(isinstance(m, unit) for m in wrapped)
 
 
+@pytest.mark.slow
 def test_pretrain_command_trains_a_tiny_modernbert_on_the_built_in_corpus(tmp_path, capsys):
     assert main(["pretrain", "--config", "modernbert-tiny", "--train.objective", "mlm", "--train.steps", "40",
                  "--data.seq_len", "64", "--data.max_predictions", "10", "--data.dupe_factor", "1",

@@ -55,6 +55,7 @@ def metrics(run: Path) -> tuple[list[dict], list[dict]]:
     return [r for r in rows if "split" not in r], [r for r in rows if r.get("split") == "eval"]
 
 
+@pytest.mark.slow
 def test_figures_are_pngs_of_the_pretraining_curves(report):
     import matplotlib.image
 

@@ -149,6 +149,7 @@ def runs(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_two_ranks_give_the_losses_of_one_process(runs, parallel):
     single, parallel_rows = train_rows(runs / "single"), train_rows(runs / parallel)
@@ -355,6 +356,7 @@ print(json.dumps(dict(torch._dynamo.utils.counters["inductor"])))
 """
 
 
+@pytest.mark.slow
 def test_compile_cache_persists_across_processes(tmp_path):
     cache = tmp_path / "cache"
 
@@ -381,6 +383,7 @@ print(json.dumps({"rc": rc, **{key: dict(value) for key, value in torch._dynamo.
 """
 
 
+@pytest.mark.slow
 def test_compile_only_leaves_the_runs_graphs_in_the_cache_and_no_run(tmp_path, capsys):
     """A one-layer BERT on the shared records (real padding; about 60 s of compiling on 2 cores):
     --compile-only compiles the training step's forward and backward graphs (model and loss) and the

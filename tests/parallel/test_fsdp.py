@@ -144,6 +144,7 @@ def _max_difference(a: dict[str, Any], b: dict[str, Any]) -> float:
     return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
 
 
+@pytest.mark.slow
 def test_bf16_computes_with_bf16_weights_and_keeps_fp32_shards(runs):
     fsdp, ddp = runs["fsdp_bf16"], runs["ddp_bf16"]
     assert fsdp["compute_dtype"] == "torch.bfloat16"  # the gathered weights the layer computes with

@@ -74,6 +74,7 @@ def one_launcher(tmp_path_factory) -> Path:
     return root / "one"
 
 
+@pytest.mark.slow
 def test_two_node_launchers_train_and_resume_as_one_launcher(one_launcher, tmp_path):
     """4 steps on two nodes, then the same command for STEPS steps resumes from step 4: each part
     equals the one-launcher run. About 30 s."""
@@ -89,6 +90,7 @@ def test_two_node_launchers_train_and_resume_as_one_launcher(one_launcher, tmp_p
     assert_same_weights(run, one_launcher)
 
 
+@pytest.mark.slow
 def test_a_lost_node_is_replaced_and_the_run_continues_exactly(one_launcher, tmp_path):
     """Node b (launcher and worker) is killed after step 3, as when its machine fails; node a's
     worker fails on the lost connection, its launcher restarts the group (--max-restarts 1) with

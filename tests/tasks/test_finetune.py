@@ -238,6 +238,7 @@ def test_resume_from_a_cut_copy_continues_bit_identically(root, short, name):
     same_weights(cut, single, HEAD[TASKS[name][0]])
 
 
+@pytest.mark.slow
 @pytest.mark.dist
 @pytest.mark.parametrize(("name", "parallel"), [("sst-2", "ddp"), ("ner", "fsdp")])
 def test_two_ranks_give_the_losses_weights_and_scores_of_one_process(root, short, name, parallel):

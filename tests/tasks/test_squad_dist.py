@@ -100,6 +100,7 @@ def single(setup) -> Path:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_two_ranks_give_the_losses_and_weights_of_one_process(setup, single, parallel):
     out = setup["root"] / parallel
@@ -142,6 +143,7 @@ def test_an_existing_run_directory_is_not_overwritten(setup, single, capsys):
     assert sorted(p.name for p in single.iterdir()) == before
 
 
+@pytest.mark.slow
 def test_version_2_two_ranks_equal_one_process_and_resume_exactly(setup):
     """SQuAD v2.0 (null answers, null odds) through the same engine: torchrun with 2 ddp ranks gives
     the single process's losses, scores and files; a cut copy of the single run resumes bit-identically."""

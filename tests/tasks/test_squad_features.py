@@ -92,6 +92,7 @@ def tokenizer():
 # ------------------------------------------------------------ against the reference
 
 
+@pytest.mark.slow
 def test_dev_examples_and_features_identical_to_reference(tokenizer):
     """All 10570 dev questions: the same examples and every field of every feature."""
     dev = shared_data(DEV)
@@ -108,6 +109,7 @@ def test_dev_examples_and_features_identical_to_reference(tokenizer):
     assert features.input_ids.dtype == np.int32 and features.input_ids.shape == (10833, 384)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seq_len, stride, query_len", [(384, 128, 64), (96, 24, 12)])
 def test_train_features_identical_to_reference(tokenizer, seq_len, stride, query_len):
     """Every 8th question of train-v1.1-first44 (all 44 articles), with answer positions.

@@ -56,6 +56,7 @@ def random_logits(shape: tuple[int, int], kind: str, seed: int) -> tuple[np.ndar
 @pytest.mark.parametrize("seq_len, stride, kind, full, placeholders", [
     (384, 128, "plain", 44, 8), (384, 128, "ties", 120, 1), (128, 32, "peaked", 290, 0),
     (128, 32, "ties", 298, 0)])
+@pytest.mark.slow
 def test_predictions_identical_to_reference(tmp_path, tokenizer, dev_sample, seq_len, stride, kind,
                                             full, placeholders):
     """300 dev questions (from every 35th): the same predictions and n-best lists.

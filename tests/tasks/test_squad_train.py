@@ -148,6 +148,7 @@ def test_load_model_reads_a_finetuned_directory_in_our_format(tmp_path):
 # ------------------------------------------------------------------ real weights
 
 
+@pytest.mark.slow
 def test_finetune_minilm_raises_dev_scores(tmp_path):
     """The real MiniLM encoder, 256 training questions at sequence 256 on the CPU.
 
@@ -198,6 +199,7 @@ def test_finetune_minilm_raises_dev_scores(tmp_path):
     assert texts(padded_nbest) == texts(nbest)
 
 
+@pytest.mark.slow
 def test_cli_train_predict_evaluate_ask(tmp_path, capsys):
     model_dir = minilm()
     train = subset(load_json(shared_data("squad/train-v1.1-first44.json")), per_article=4, articles=4)

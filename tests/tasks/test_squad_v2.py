@@ -174,6 +174,7 @@ def v2_logits(shape: tuple[int, int], input_mask: np.ndarray, kind: str, seed: i
 
 @pytest.mark.parametrize("seq_len, stride, kind, threshold", [
     (384, 128, "plain", 0.0), (384, 128, "ties", 0.0), (128, 32, "ties", 1.5), (128, 32, "peaked", -2.0)])
+@pytest.mark.slow
 def test_predictions_nbest_and_null_odds_equal_reference(tmp_path, v2_files, tokenizer, seq_len, stride, kind,
                                                          threshold):
     """Every 3rd question of the 4 dev articles (560), random logits: predictions, n-best

@@ -106,6 +106,7 @@ def test_mlperf_config_is_the_reference_convergence_point_8192():
             p2.train.warmup_steps, p2.train.steps) == (384, 58, 16400, 0.002828, 274, 2099)
 
 
+@pytest.mark.slow
 @needs_mlperf
 def test_rehearsal_reaches_the_target_and_its_log_passes_the_compliance_checker(rehearsal):
     root, summary, wall = rehearsal

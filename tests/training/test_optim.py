@@ -984,6 +984,7 @@ def worst_units(model_a, opt_a, model_b, opt_b) -> float:
     return max(units)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", COMPILED_CASES)
 def test_compiled_step_equals_the_eager_step(case):
     train = compiled_train(**COMPILED_CASES[case])

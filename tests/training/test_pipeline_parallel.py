@@ -172,6 +172,7 @@ def _gathered_grads(ranks: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
 FP32_CASES = ["gpipe", "1f1b"]
 
 
+@pytest.mark.slow
 @pytest.mark.dist
 @pytest.mark.parametrize("name", FP32_CASES)
 def test_losses_and_gradients_equal_one_process(pipeline_runs, single_runs, name):
@@ -291,6 +292,7 @@ def pretrain_runs(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.mark.slow
 @pytest.mark.dist
 @pytest.mark.parametrize("name", ["pipeline", "pipelines"])
 def test_pretrain_with_stages_equals_one_process(pretrain_runs, name):

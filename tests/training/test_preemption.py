@@ -110,6 +110,7 @@ def sigterm_after_first_rows(run: Path, argv: list[str]) -> int:
     return stopped
 
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_the_step_and_resumes_exactly(tmp_path):
     """One process, SIGTERM after the first logged step: exit 0, a checkpoint of the step it
     stopped at, and resuming gives the losses of an uninterrupted run. About 15 s."""
@@ -192,6 +193,7 @@ def torchrun(args: list[str], *launcher: str, extra_env: dict[str, str] | None =
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
+@pytest.mark.slow
 @pytest.mark.dist
 def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step(tmp_path):
     """torchrun, 2 gloo ranks (ddp): SIGTERM to rank 1 alone; both ranks finish the same step,
@@ -219,6 +221,7 @@ def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step(tmp_path):
     assert losses(run) == pytest.approx(losses(tmp_path / "whole"), rel=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.dist
 def test_torchrun_restarts_a_killed_rank_and_continues_exactly(tmp_path):
     """torchrun --max-restarts 1, 2 gloo ranks: rank 1 exits hard after step 3 on the first
@@ -244,6 +247,7 @@ def test_torchrun_restarts_a_killed_rank_and_continues_exactly(tmp_path):
     assert all(torch.equal(v, uninterrupted[k]) for k, v in resumed.items())
 
 
+@pytest.mark.slow
 @pytest.mark.dist
 def test_sigterm_to_torchrun_checkpoints_on_every_rank(tmp_path):
     """SIGTERM to the launcher itself (what Slurm sends a job step): torchrun forwards it to every

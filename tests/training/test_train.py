@@ -42,6 +42,7 @@ def full_run(tmp_path_factory):
     return tmp, Path(summary["run_dir"]), summary
 
 
+@pytest.mark.slow
 def test_run_directory_holds_config_metrics_and_checkpoints(full_run):
     _, run_dir, summary = full_run
     assert (run_dir / "config.yaml").is_file() and (run_dir / "vocab.txt").is_file()
@@ -59,6 +60,7 @@ def test_run_directory_holds_config_metrics_and_checkpoints(full_run):
     assert summary["steps"] == 6
 
 
+@pytest.mark.slow
 def test_resume_is_bit_identical(full_run, tmp_path):
     _, run_dir, _ = full_run
     # The same run interrupted after step 3: a copy holding only what existed then.
@@ -108,6 +110,7 @@ def test_shape_mismatch_names_the_field(full_run, tmp_path):
         pretrain(cfg)
 
 
+@pytest.mark.slow
 def test_init_takes_a_hugging_face_model_id_from_the_local_cache(full_run, tmp_path, hf_cache, monkeypatch):
     """``checkpoint.init: ORG/NAME`` starts from that model's snapshot in the local Hugging Face
     cache, which the saved config names (it was made an absolute path first, and not found)."""
@@ -152,6 +155,7 @@ def test_batch_stream_position_is_the_whole_state():
     assert len({tuple(row.tolist()) for row in first_epoch}) == 9
 
 
+@pytest.mark.slow
 def test_loss_falls_and_accuracy_rises_on_the_builtin_corpus(tmp_path):
     cfg = small_config(tmp_path, "learn", **{
         "train.steps": 80, "train.lr": 2e-2, "train.warmup_steps": 5, "train.micro_batch_size": 32,
@@ -231,6 +235,7 @@ def test_tensorboard_gets_the_scalars(full_run):
     assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["native", "tfrecord"])
 def test_pretrain_from_record_shards_resumes_exactly(fmt, full_run, tmp_path):
     from bertforge.config import DataConfig
