@@ -77,7 +77,7 @@ TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"  # torch's CPU-only whe
 
 # Each marked block, by its page and a piece of its text: (marker, why it is not run here).
 MARKED = {
-    ("README.md", "pytest -q"): ("ci", "the test suite itself; compared with .ci/run instead"),
+    ("README.md", "pytest -q -n 2"): ("ci", "the test suite itself; compared with .ci/run instead"),
     ("README.md", "python benchmarks/finetune.py"):
         ("long-running", "36 MiniLM fine-tuning runs (and 9 more), about 40 minutes of CPU"),
     ("docs/data.md", "bertforge data wikipedia download"): ("gpu-only", "downloads the Wikipedia dump (network)"),
@@ -437,7 +437,7 @@ def test_readme_test_command_is_what_ci_runs():
     ci = [block for block in all_blocks() if block.marker == "ci"]
     assert [block.page for block in ci] == ["README.md"]
     assert commands(ci[0]) == ci_commands()
-    assert ci_commands()[-3:] == ["ruff check", "mypy", "pytest -q"]
+    assert ci_commands()[-3:] == ["ruff check", "mypy", "pytest -q -n 2"]
 
 
 def check_bertforge_words(argv: list[str], where: str, log: Path) -> None:

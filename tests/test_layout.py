@@ -225,3 +225,16 @@ def test_the_counters_count(tmp_path):
     found = dict((function.name, function) for _, function in functions(package))
     assert takes_the_whole_config(found["entry"]) and takes_the_whole_config(found["part"])
     assert found["part"].end_lineno - found["part"].lineno + 1 == 91
+
+
+def test_the_test_folders_mirror_the_package():
+    """tests/NAME/ holds the tests of bertforge/NAME/, and pytest's pythonpath lists each folder (the
+    test modules import each other by bare name)."""
+    import tomllib
+
+    tests = PACKAGE.parent / "tests"
+    folders = sorted(p.name for p in tests.iterdir() if p.is_dir() and any(p.glob("test_*.py")))
+    assert folders and all((PACKAGE / name).is_dir() for name in folders), folders
+    settings = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text(encoding="utf-8"))
+    assert sorted(settings["tool"]["pytest"]["ini_options"]["pythonpath"]) == sorted(
+        ["tests", *(f"tests/{name}" for name in folders)])

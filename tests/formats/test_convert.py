@@ -6,6 +6,7 @@ import json
 import os
 import shlex
 import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -275,7 +276,8 @@ def test_pickle_only_directory(tmp_path, hf_pretraining):
     assert "--allow-pickle" not in message and "allow_pickle=True" in message and "\n" not in message
     command = message.split("convert them once to model.safetensors: ", 1)[1].split(" (in Python", 1)[0]
     assert command.startswith("python -c ")
-    done = subprocess.run(shlex.split(command), capture_output=True, text=True, check=False)
+    # the command as a user runs it, with this interpreter as its `python` (the one that has torch)
+    done = subprocess.run([sys.executable, *shlex.split(command)[1:]], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     converted = load_hf(tmp_path).state_dict()
     (tmp_path / "model.safetensors").unlink()
