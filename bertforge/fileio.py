@@ -260,7 +260,7 @@ def atomic_file(final: Path, needed: int = 0) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def atomic_files(finals: Sequence[Path]) -> Iterator[list[Path]]:
+def atomic_files(finals: Sequence[Path], needed: int = 0) -> Iterator[list[Path]]:
     """Yield one temporary path per file of ``finals``; they become ``finals`` together, when the block succeeds.
 
     For a set of files that is only whole when all are, such as the shards of
@@ -269,7 +269,7 @@ def atomic_files(finals: Sequence[Path]) -> Iterator[list[Path]]:
     first final path (``finals`` share its directory), and only then are all
     renamed into place. On an error the hidden directory and all it holds go,
     and no final path is touched; a full disk or a read-only directory is a
-    :class:`WriteError` naming the final paths.
+    :class:`WriteError` naming the final paths (and ``needed``, bytes, when known).
     """
     finals = [Path(f) for f in finals]
     parent = finals[0].parent
@@ -280,7 +280,7 @@ def atomic_files(finals: Sequence[Path]) -> Iterator[list[Path]]:
         parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{finals[0].name}.tmp-", dir=parent))
     except OSError as err:
-        error = write_failure(err, finals[0], 0, what=what)
+        error = write_failure(err, finals[0], needed, what=what)
         if error is None:
             raise
         raise error from None
@@ -298,7 +298,8 @@ def atomic_files(finals: Sequence[Path]) -> Iterator[list[Path]]:
         for final, path in reversed(moved):  # a rename that failed: the others go back, nothing is half there
             with contextlib.suppress(OSError):
                 os.replace(final, path)
-        error = write_failure(err, finals[0], 0, _size(staging), what) if isinstance(err, OSError) else None
+        # As atomic_file: safetensors and torch.save raise no OSError on a full disk.
+        error = write_failure(err, finals[0], needed, _size(staging), what) if isinstance(err, Exception) else None
         shutil.rmtree(staging, ignore_errors=True)
         if error is None:
             raise

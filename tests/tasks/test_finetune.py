@@ -267,8 +267,12 @@ def test_sigterm_checkpoints_and_the_same_command_with_resume_auto_continues(roo
     out = tmp_path / "ft"
     constant = ["--train.epochs", "0", "--train.schedule", "constant", "--train.warmup_proportion", "0",
                 "--train.warmup_steps", "0", "--resume", "auto"]
-    stopped = sigterm_after_first_rows(out, [*ft_args(root, name, out, *constant), "--train.steps", "100000"])
+    printed: list[str] = []
+    stopped = sigterm_after_first_rows(out, [*ft_args(root, name, out, *constant), "--train.steps", "100000"],
+                                       printed)
     assert not (out / "model.safetensors").exists()  # the finished model waits for the end of the run
+    assert printed[0].splitlines()[-1] == (f"checkpoint: {out}/checkpoints/step_{stopped:08d} (stopped early: no "
+                                           f"model yet; continue with --resume {out})")  # not "model: OUT"
     assert main([*ft_args(root, name, out, *constant), "--train.steps", str(stopped + 3)]) == 0
     whole = tmp_path / "whole"
     assert main([*ft_args(root, name, whole, *constant), "--train.steps", str(stopped + 3)]) == 0
@@ -438,7 +442,8 @@ def test_a_full_disk_while_saving_is_one_line_and_leaves_nothing_partial(root, t
         out = mount / "run"
         assert main(ft_args(root, "sst-2", out, epochs=1)) == 2
         err = capsys.readouterr().err
-        match = re.fullmatch(rf"error: cannot write {re.escape(str(out / what))}: the disk is full \(it needs "
+        named = f"{out / what}" + (" … config.json (2 files)" if what == "model.safetensors" else "")  # the pair
+        match = re.fullmatch(rf"error: cannot write {re.escape(named)}: the disk is full \(it needs "
                              rf"([0-9.]+) KiB, ([0-9.]+) KiB free on {re.escape(str((out / what).parent))} after "
                              rf"removing the partial write\)\n", err)
         assert match is not None, err
@@ -446,9 +451,43 @@ def test_a_full_disk_while_saving_is_one_line_and_leaves_nothing_partial(root, t
         assert sorted(p.name for p in out.rglob(".*")) == [".lock"]  # no temporary
         if what == "model.safetensors":
             assert checkpoints(out) == ["step_00000008"] and verify(out / "checkpoints" / "step_00000008")
-            assert not (out / what).exists()
+            assert not (out / what).exists() and not (out / "config.json").exists()  # no config.json without weights
         else:
             assert checkpoints(out) == []
+
+
+def test_a_failed_model_save_leaves_no_config_json_without_its_weights(tmp_path, monkeypatch):
+    """Issue 33.7 without a tmpfs: the weights' write fails (ENOSPC, half written) and the run
+    directory is as it was, with no config.json that transformers would take for a model."""
+    import errno
+
+    from bertforge.config import ModelConfig
+    from bertforge.fileio import WriteError
+    from bertforge.formats import weights
+    from bertforge.models.bert import BertForQuestionAnswering
+    from bertforge.tasks.finetune import run
+
+    model = BertForQuestionAnswering(ModelConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1,
+                                                 num_attention_heads=2, intermediate_size=32,
+                                                 max_position_embeddings=64))
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.yaml").write_text("the run's config\n")
+
+    def full(model, path):
+        path.write_bytes(b"x" * 1000)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(weights, "save_weights", full)
+    with pytest.raises(WriteError) as err:
+        run.save_finetuned(model, out)
+    assert sorted(p.name for p in out.iterdir()) == ["config.yaml"]
+    assert str(err.value).startswith(f"cannot write {out / 'model.safetensors'} … config.json (2 files): the disk "
+                                     f"is full (it needs more than the ")  # ENOSPC on a disk with room: "more than"
+    monkeypatch.undo()
+    run.save_finetuned(model, out)
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "config.yaml", "model.safetensors"]
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["BertForQuestionAnswering"]
 
 
 def test_a_sweep_ranks_a_nan_score_below_every_number():

@@ -231,11 +231,13 @@ def test_a_full_disk_while_saving_is_one_line(tiny, tmp_path, capsys, size, what
                      "--train.micro_batch_size", "2", "--train.steps", "2", "--train.epochs", "0", "--no-progress",
                      "--log.tensorboard", "false"]) == 2
         err = capsys.readouterr().err.splitlines()
-        match = re.fullmatch(rf"error: cannot write {re.escape(str(run / what))}: the disk is full \(it needs "
+        named = f"{run / what}" + (" … config.json (2 files)" if what == "model.safetensors" else "")  # the pair
+        match = re.fullmatch(rf"error: cannot write {re.escape(named)}: the disk is full \(it needs "
                              rf"([0-9.]+) KiB, ([0-9.]+) KiB free on {re.escape(str((run / what).parent))} after "
                              rf"removing the partial write\)", err[-1])
         assert match is not None and float(match[2]) < float(match[1]), err[-1]
         assert sorted(p.name for p in run.rglob(".*")) == [".lock"] and not (run / "model.safetensors").exists()
+        assert not (run / "config.json").exists()  # the model is whole or absent: no config.json without its weights
         assert [p.name for p in (run / "checkpoints").iterdir()] == ([] if what.startswith("checkpoints") else
                                                                    ["step_00000002"])
 

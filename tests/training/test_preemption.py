@@ -71,10 +71,14 @@ def wait_for_rows(run_dir: Path, process: subprocess.Popen, timeout: float = 120
         time.sleep(0.05)
 
 
-def finish(process: subprocess.Popen, timeout: float = 300) -> str:
-    """The stderr of ``process`` once it exits; killed (its whole group) if it outlives ``timeout``."""
+def finish(process: subprocess.Popen, timeout: float = 300, stdout: list[str] | None = None) -> str:
+    """The stderr of ``process`` once it exits (its stdout appended to ``stdout`` when given);
+    killed (its whole group) if it outlives ``timeout``."""
     try:
-        return process.communicate(timeout=timeout)[1]
+        out, err = process.communicate(timeout=timeout)
+        if stdout is not None:
+            stdout.append(out)
+        return err
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.communicate()
@@ -93,14 +97,15 @@ def worker_pids(launcher: int) -> dict[int, int]:
     return pids
 
 
-def sigterm_after_first_rows(run: Path, argv: list[str]) -> int:
+def sigterm_after_first_rows(run: Path, argv: list[str], stdout: list[str] | None = None) -> int:
     """Run ``bertforge ARGV`` (of 100,000 steps) writing ``run``, SIGTERM it after its first logged step,
-    check that it stopped cleanly (exit 0, one checkpoint of the step, the preemption line); that step."""
+    check that it stopped cleanly (exit 0, one checkpoint of the step, the preemption line); that step
+    (and what it printed, appended to ``stdout`` when given)."""
     process = subprocess.Popen([sys.executable, "-m", "bertforge", *argv], cwd=REPO, env=env(),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     wait_for_rows(run, process)
     process.send_signal(signal.SIGTERM)
-    stderr = finish(process, 120)
+    stderr = finish(process, 120, stdout)
     assert process.returncode == 0, stderr[-3000:]
     stopped = train_rows(run)[-1]["step"]
     assert 1 <= stopped < 100_000
@@ -293,8 +298,13 @@ def test_squad_train_sigterm_checkpoints_and_resume_auto_continues(qa_model, tmp
     """squad train, SIGTERM after the first logged step: exit 0 and a checkpoint of that step; the
     same command with --resume auto then ends where an uninterrupted run does. About 10 s."""
     out = tmp_path / "ft"
-    stopped = sigterm_after_first_rows(out, squad_args(qa_model, out, 100_000, "--resume", "auto"))
+    printed: list[str] = []
+    stopped = sigterm_after_first_rows(out, squad_args(qa_model, out, 100_000, "--resume", "auto"), printed)
     assert not (out / "model.safetensors").exists()  # the finished model waits for the end of the run
+    # what it printed names what exists: the checkpoint, not a model (issue 33.7)
+    assert printed[0].splitlines()[-1] == (f"checkpoint: {out}/checkpoints/step_{stopped:08d} (stopped early: no "
+                                           f"model yet; continue with --resume {out})")
+    assert "model:" not in printed[0]
 
     assert main(squad_args(qa_model, out, stopped + 2, "--resume", "auto")) == 0
     assert main(squad_args(qa_model, tmp_path / "whole", stopped + 2)) == 0

@@ -98,10 +98,12 @@ def _refuse_repeats(flag: str, values: list[int] | list[float] | None) -> None:
 
 
 def _print_summary(summary: dict[str, Any]) -> None:
+    from .run import saved_line
+
     losses = summary["losses"]
     trained = f"; loss {losses[0]:.4f} → {losses[-1]:.4f}" if losses else ""
     print(f"{summary['steps']} steps in {summary['minutes']:.1f} min{trained}")
-    print(f"model: {summary['out_dir']}")
+    print(saved_line(summary))
     for path in summary.get("prediction_files", []):
         print(f"predictions: {path}")
     if summary.get("scores"):

@@ -75,7 +75,7 @@ from bertforge.config import (
 )
 from bertforge.data.checksum import fingerprint
 from bertforge.data.vocab import vocab_size_of
-from bertforge.fileio import LOCK, atomic_file, refuse_live_runs, remove
+from bertforge.fileio import LOCK, atomic_file, atomic_files, refuse_live_runs, remove
 from bertforge.formats import tf1, weights
 from bertforge.formats.hf import find_model, hf_config_from_model_config, hf_head_config, resolve_model
 from bertforge.formats.load import load_model
@@ -246,18 +246,31 @@ def load_checked(path: str | Path, vocab: Path, head: str, num_labels: int | Non
 
 
 def save_finetuned(model: nn.Module, out_dir: Path, labels: list[str] | None = None) -> Path:
-    """The fine-tuned weights beside the run files: ``config.json`` (so that ``transformers``'
-    ``BertFor….from_pretrained(dir)`` loads the directory as it is; a classifier's labels named)
-    and ``model.safetensors`` last, each atomically: a directory holds a whole model or none
-    (``load_model`` then reads its newest checkpoint); a full disk is a WriteError naming the
-    space it needs."""
+    """The fine-tuned weights beside the run files: ``model.safetensors`` and ``config.json`` (so
+    that ``transformers``' ``BertFor….from_pretrained(dir)`` loads the directory as it is; a
+    classifier's labels named), written together (:func:`atomic_files`): a directory holds a
+    whole model or none (``load_model`` then reads its newest checkpoint), never a
+    ``config.json`` without its weights; a full disk is a WriteError naming the space it needs.
+
+    The weights are renamed into place first: ``load_model`` needs only them beside
+    ``config.yaml``, and ``config.json``, last, marks the pair whole for other readers."""
     hf = {**hf_config_from_model_config(typing.cast(ModelConfig, model.config), [type(model).__name__]),
           **hf_head_config(model, labels), "dtype": "float32"}
-    with atomic_file(out_dir / "config.json") as tmp:
-        tmp.write_text(json.dumps(hf, indent=2) + "\n", encoding="utf-8")
-    with atomic_file(out_dir / "model.safetensors", ckpt.nbytes(model.state_dict())) as tmp:
-        weights.save_weights(model, tmp)
+    text = json.dumps(hf, indent=2) + "\n"
+    finals = [out_dir / "model.safetensors", out_dir / "config.json"]
+    with atomic_files(finals, ckpt.nbytes(model.state_dict()) + len(text.encode())) as (weights_tmp, json_tmp):
+        weights.save_weights(model, weights_tmp)
+        json_tmp.write_text(text, encoding="utf-8")
     return out_dir
+
+
+def saved_line(summary: dict[str, Any]) -> str:
+    """What a run's end left, for its summary: the model, or after a signal only the checkpoint
+    (the model waits for the run to finish)."""
+    if summary.get("preempted"):
+        return (f"checkpoint: {summary['checkpoint']} (stopped early: no model yet; continue with "
+                f"--resume {summary['out_dir']})")
+    return f"model: {summary['out_dir']}"
 
 
 # ------------------------------------------------------------------ run directories

@@ -56,6 +56,8 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
 
         check_overwrite(args.out, {"--init": args.init, "--train-file": args.train_file,
                                    "--predict-file": args.predict_file, "--vocab": args.vocab})
+    from bertforge.tasks.finetune.run import saved_line
+
     summary = finetune(cfg, squad, args.init, args.train_file, args.out, args.predict_file, args.vocab,
                        overwrite=args.overwrite)
     if summary["rank"] != 0:  # under torchrun, rank 0 speaks for the run
@@ -64,7 +66,7 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     trained = f"; loss {losses[0]:.4f} → {losses[-1]:.4f}" if losses else ""
     print(f"{summary['steps']} steps on {summary['questions']} questions in {summary['minutes']:.1f} min"
           f"{trained}")
-    print(f"model: {summary['out_dir']}")
+    print(saved_line(summary))
     if "scores" in summary:
         print(f"predictions: {summary['predictions']}")
         print(json.dumps(summary["scores"]))  # v1.1: exact_match and f1; v2.0: the official v2.0 keys
