@@ -37,7 +37,9 @@ from bertforge.formats.cli import add_import_command
 from bertforge.observe.cli import add_report_command
 from bertforge.observe.log import LOG_LEVELS, console_logging
 from bertforge.parallel.plan import add_plan_command
+from bertforge.tasks.finetune import cli as finetune_cli
 from bertforge.tasks.finetune.cli import add_finetune_commands
+from bertforge.tasks.squad import cli as squad_cli
 from bertforge.tasks.squad.cli import add_squad_commands
 from bertforge.training.cli import add_eval_command, add_pretrain_command
 
@@ -145,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_finetune_commands(sub)
     add_report_command(sub)
     add_eval_command(sub)
-    add_config_command(sub)
+    add_config_command(sub, {"squad": squad_cli.resolved_config, "finetune": finetune_cli.resolved_config})
     add_plan_command(sub)
     return parser
 

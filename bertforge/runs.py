@@ -37,7 +37,7 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, TextIO
@@ -51,7 +51,9 @@ from .config import (
     Config,
     ConfigError,
     load_config,
+    load_yaml,
     parse_overrides,
+    resolve_config_path,
 )
 from .fileio import LOCK, holder, remove, remove_temporaries, write_failure
 
@@ -478,14 +480,34 @@ def config_from_args(args: argparse.Namespace, extra: list[str], default: str | 
     return cfg
 
 
+# A job that adds its own section to a config (``squad:``, ``finetune:``) resolves such a config
+# itself: (the config's name, the overrides) to the YAML of the whole, its section included.
+SectionResolver = Callable[[str, list[tuple[str, str]]], str]
+
+
+def job_section(name: str | None, resolvers: Mapping[str, SectionResolver]) -> str | None:
+    """The job's section (one of ``resolvers``) that the config ``name`` holds, or None."""
+    path = resolve_config_path(name) if name else None
+    if path is None:
+        return None
+    data = load_yaml(path)
+    return next((section for section in resolvers if isinstance(data, dict) and section in data), None)
+
+
 def cmd_config(args: argparse.Namespace, extra: list[str]) -> int:
+    resolvers: Mapping[str, SectionResolver] = getattr(args, "section_resolvers", {})
+    section = job_section(args.config, resolvers)
+    if section is not None:  # a fine-tuning config: its job reads the section the Config has not
+        print(resolvers[section](args.config, parse_overrides(extra)), end="")
+        return 0
     cfg = config_from_args(args, extra, default=PRETRAIN_CONFIG)
     print(cfg.to_yaml(), end="")
     return 0
 
 
-def add_config_command(sub: Any) -> None:
-    """``bertforge config``, beside :func:`config_from_args`, which resolves it: registered by cli.py."""
+def add_config_command(sub: Any, section_resolvers: Mapping[str, SectionResolver] | None = None) -> None:
+    """``bertforge config``, beside :func:`config_from_args`, which resolves it: registered by cli.py,
+    which passes the jobs' resolvers of the sections they add (``squad:`` …)."""
     p = sub.add_parser("config", help="print a resolved config as YAML", epilog=OVERRIDES_HELP)
     p.add_argument("--config", help=CONFIG_HELP + f" (default: {PRETRAIN_CONFIG}, what `bertforge pretrain` runs)")
-    p.set_defaults(func=cmd_config, takes_overrides=True)
+    p.set_defaults(func=cmd_config, takes_overrides=True, section_resolvers=dict(section_resolvers or {}))

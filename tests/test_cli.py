@@ -12,6 +12,8 @@ import yaml
 from conftest import live_run
 
 from bertforge.cli import build_parser, main
+from bertforge.config import CONFIG_DIR
+from bertforge.tasks.finetune import glue
 
 SUBCOMMANDS = [["pretrain"], ["bench"], ["bench", "pretrain"], ["bench", "squad"], ["plan"], ["export"],
                ["config"], ["data"],
@@ -57,6 +59,35 @@ def test_config_prints_the_resolved_yaml(capsys):
     cfg = yaml.safe_load(capsys.readouterr().out)
     assert cfg["model"]["hidden_size"] == 768
     assert cfg["train"]["global_batch_size"] == 256 and cfg["data"]["synthetic"] is True
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")))
+def test_every_shipped_config_prints_what_it_sets_and_reads_back(name, capsys, tmp_path):
+    """Issue 33.4a: `bertforge config --config NAME` for every shipped config, the fine-tuning ones
+    (their squad: or finetune: section) included; each key the file sets is printed as it set it,
+    and the printed YAML, given back as --config, resolves to itself."""
+    assert main(["config", "--config", name]) == 0
+    printed = capsys.readouterr().out
+    resolved, shipped = yaml.safe_load(printed), yaml.safe_load((CONFIG_DIR / f"{name}.yaml").read_text())
+    set_here = {(section, key): value for section, values in shipped.items() if isinstance(values, dict)
+                for key, value in values.items() if key != "preset"}  # a model preset is printed as its fields
+    assert {where: resolved[where[0]][where[1]] for where in set_here} == set_here
+    (tmp_path / "again.yaml").write_text(printed)
+    assert main(["config", "--config", str(tmp_path / "again.yaml")]) == 0
+    assert capsys.readouterr().out == printed
+
+
+def test_config_of_a_fine_tuning_recipe_takes_its_sections_overrides(capsys):
+    assert main(["config", "--config", "squad_base", "--squad.doc_stride", "64", "--train.lr", "1e-5"]) == 0
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    assert (cfg["squad"]["doc_stride"], cfg["train"]["lr"], cfg["data"]["seq_len"]) == (64, 1e-5, 384)
+    assert main(["config", "--config", "glue_base", "--finetune.task", "mrpc"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["finetune"]["task"] == "MRPC"  # as glue.TASKS names it
+    assert main(["config", "--config", "squad_base", "--squad.nope", "1"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    assert main(["config", "--config", "glue_base", "--finetune.task", "nope"]) == 2
+    assert capsys.readouterr().err == ("error: finetune.task='nope' is not a GLUE task (one of "
+                                       f"{', '.join(glue.TASKS)})\n")
 
 
 def test_config_and_plan_without_arguments_describe_what_pretrain_runs(capsys, monkeypatch):

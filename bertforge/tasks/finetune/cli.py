@@ -49,6 +49,24 @@ def _overrides(args: argparse.Namespace, extra: list[str]) -> list[tuple[str, An
     return overrides
 
 
+def resolved_config(name: str, overrides: list[tuple[str, str]]) -> str:
+    """``bertforge config --config glue_base``: the Config and its ``finetune:`` section as
+    ``finetune glue|ner`` resolves them, as YAML that ``--config`` reads back. The task is
+    checked when the config names one (``glue_base`` leaves it to ``--task``)."""
+    import dataclasses
+
+    import yaml
+
+    from .run import load_config
+    from .train import DEFAULT_CONFIGS, SECTION, TaskConfig, check_task
+
+    task = TaskConfig()
+    cfg = load_config(task, SECTION, DEFAULT_CONFIGS["glue"], name, overrides)
+    if task.task:
+        check_task(task, "ner" if task.task == "ner" else "glue")
+    return cfg.to_yaml() + yaml.safe_dump({SECTION: dataclasses.asdict(task)}, sort_keys=False)
+
+
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     from bertforge.config import ConfigError
 

@@ -73,6 +73,19 @@ def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
+def resolved_config(name: str, overrides: list[tuple[str, str]]) -> str:
+    """``bertforge config --config squad_base``: the Config and its ``squad:`` section as
+    ``squad train`` resolves them, as YAML that ``--config`` reads back."""
+    import dataclasses
+
+    import yaml
+
+    from .train import load_squad_config
+
+    cfg, squad = load_squad_config(name, overrides)
+    return cfg.to_yaml() + yaml.safe_dump({"squad": dataclasses.asdict(squad)}, sort_keys=False)
+
+
 def _predict_settings(args: argparse.Namespace, extra: list[str]) -> tuple[Any, ...]:
     """(model, tokenizer, seq_len, SquadConfig, lowercase) for a fine-tuned model directory."""
     from bertforge.config import ConfigError, parse_overrides
