@@ -533,6 +533,8 @@ def test_mlperf_cadence_in_the_docs_is_the_codes():
         assert eval_interval_samples(batch) == samples
         assert f"{samples:,} for" in text and f"{batch}" in text
     assert "2,810" not in text  # the switch the docs once gave
+    # the reference README's table agrees since mlcommons/training#483 (issue 33.4b: the docs said it gave 175,000)
+    assert "225,000 for 8192, as the reference README's table" in text and "says 175,000" not in text
 
 
 # ---------------------------------------------------------------- the pages, run
