@@ -308,11 +308,32 @@ def _keep_newest(run_dir: Path, keep: int, current: Path) -> None:
 
     Step directories after ``current`` (left by a run resumed from an earlier
     step) are not counted, so rotation never deletes the checkpoint just written.
+    Nor does it delete the newest one from before a spike of the loss (:func:`spiked`)
+    while those after it are all from during one (saved at a signal or at the end).
     """
     if keep > 0:
         older = [p for p in complete_checkpoints(run_dir) if p.name < current.name]
-        for old in older[:len(older) - (keep - 1)]:
-            shutil.rmtree(old)
+        removed = older[:len(older) - (keep - 1)]
+        sound = newest_sound([*older, current])
+        for old in removed:
+            if old != sound:
+                shutil.rmtree(old)
+
+
+def spiked(checkpoint: Path) -> bool:
+    """Whether a checkpoint was saved during a spike of the loss (its divergence guard counting
+    spikes), so its weights may be the ruined ones; one whose trainer state cannot be read counts
+    as spiked too (it is no checkpoint to fall back on)."""
+    try:
+        guard = read_trainer_state(checkpoint).get("guard")
+    except CheckpointError:
+        return True
+    return isinstance(guard, dict) and bool(guard.get("spikes"))
+
+
+def newest_sound(checkpoints: list[Path]) -> Path | None:
+    """The newest of ``checkpoints`` (oldest first) not saved during a spike of the loss."""
+    return next((p for p in reversed(checkpoints) if not spiked(p)), None)
 
 
 def read_trainer_state(checkpoint: Path) -> dict[str, Any]:

@@ -79,6 +79,10 @@ class DivergenceGuard:
     The loss of step k is that of the weights after step k - 1: the training loop
     keeps a checkpoint only once the loss after it is normal, and writes none while
     :attr:`spiking`, so the newest one is from before the spike. ``factor`` 0 is off.
+
+    Each checkpoint saves :meth:`state_dict` (the history and the spikes so far), so that a
+    resumed run judges its first steps as the run would have without the stop; a checkpoint
+    without it (saved before it was kept) resumes with an empty history, refilled.
     """
 
     def __init__(self, factor: float, steps: int, window: int = 100, min_history: int = 10):
@@ -93,6 +97,22 @@ class DivergenceGuard:
     @property
     def spiking(self) -> bool:
         return self.spikes > 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"history": list(self.history), "spikes": self.spikes}
+
+    def load_state_dict(self, state: Any) -> None:
+        """Restore :meth:`state_dict`; a ValueError says what is wrong with it."""
+        if not isinstance(state, dict):
+            raise ValueError(f"guard is not a mapping: {str(state)[:80]}")
+        history, spikes = state.get("history"), state.get("spikes", 0)
+        if not isinstance(history, list) or not all(isinstance(x, (int, float)) for x in history):
+            raise ValueError(f"guard.history is not a list of losses: {str(history)[:80]}")
+        if not isinstance(spikes, int) or spikes < 0:
+            raise ValueError(f"guard.spikes is not a count: {spikes!r}")
+        self.history.clear()
+        self.history.extend(float(x) for x in history)  # (the newest ``window`` of them)
+        self.spikes = spikes
 
     def update(self, step: int, loss: float) -> None:
         if not self.enabled:

@@ -496,6 +496,8 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
         stack.callback(stream.close)
         run = Pretraining(cfg, dist, run_dir, engine, stream, data.eval_set, steps, step, accumulation, mlperf,
                           data_fingerprint, saved.get("train_s", 0.0) if saved else 0.0, started, stack)
+        if resume_from is not None and saved is not None and "guard" in saved:  # (older checkpoints: refilled)
+            restore_guard(run.guard, saved["guard"], resume_from)
         ranks = f" × {dist.world_size} ranks ({cfg.execution.parallel})" if dist.world_size > 1 else ""
         if cfg.execution.pipeline_stages > 1:
             ranks = (f" × {data_world} pipeline(s) of {cfg.execution.pipeline_stages} stages "
@@ -563,6 +565,14 @@ def build_engine(model: nn.Module, execution: ExecutionConfig, train: TrainConfi
     optimizer = build_optimizer(unwrap(model), train, compiled=compiles_optimizer(execution, dist.device))
     return Engine(model, optimizer, build_scheduler(optimizer, train, steps), training_loss,
                   execution.precision, train.grad_clip, dist, seed=train.seed, grad_sync=execution.grad_sync)
+
+
+def restore_guard(guard: DivergenceGuard, state: Any, checkpoint: Path) -> None:
+    """The divergence guard's history and spikes as the checkpoint saved them."""
+    try:
+        guard.load_state_dict(state)
+    except ValueError as err:
+        raise runs.CheckpointError(f"{checkpoint / 'trainer.pt'}: {err}") from None
 
 
 class Pretraining:
@@ -705,9 +715,10 @@ class Pretraining:
             self.guard.update(step, values["loss"])
         except DivergenceError as err:
             self.settle_unconfirmed(spiked=True)
-            newest = from_main(self.dist, lambda: runs.complete_checkpoints(self.run_dir))
-            where = (f"the newest checkpoint, {newest[-1]}, is from before the spike: resume from it with a "
-                     f"lower train.lr, say" if newest else "no checkpoint was written before the spike")
+            # (one a signal or the end saved during an earlier spike is not: see ckpt.spiked)
+            sound = from_main(self.dist, lambda: ckpt.newest_sound(runs.complete_checkpoints(self.run_dir)))
+            where = (f"the newest checkpoint, {sound}, is from before the spike: resume from it with a "
+                     f"lower train.lr, say" if sound else "no checkpoint was written before the spike")
             raise DivergenceError(f"{err}; {where}") from None
         if self.unconfirmed is not None and self.unconfirmed[0] + 1 == step:
             self.settle_unconfirmed(spiked=self.guard.spiking)
@@ -761,5 +772,7 @@ class Pretraining:
             self.settle_unconfirmed(spiked=self.guard.spiking)
         state = {"data": self.stream.state(), "data_fingerprint": self.data_fingerprint,
                  "train_s": self.trained_s + time.perf_counter() - self.run_started}
+        if self.guard.enabled:  # its history, for a resumed run to see a spike in its first steps
+            state["guard"] = self.guard.state_dict()
         return ckpt.save(self.run_dir, self.step, self.engine, self.files, state, keep=self.cfg.checkpoint.keep,
                          parallel=self.cfg.execution.parallel, confirmed=confirmed)

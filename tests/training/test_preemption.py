@@ -29,6 +29,8 @@ from bertforge.config import ConfigError, load_config
 from bertforge.data.record_reader import read_records
 from bertforge.data.record_writer import write_records
 from bertforge.formats.load import load_model
+from bertforge.runs import write_manifest
+from bertforge.training.checkpoint import read_trainer_state
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -606,6 +608,26 @@ def test_the_divergence_guard_counts_spikes_in_a_row_against_the_median_before()
         guard.update(25, 1e6)
 
 
+def test_the_divergence_guard_state_round_trips_and_a_bad_one_names_its_file(tmp_path):
+    from bertforge.runs import CheckpointError
+    from bertforge.training.engine import DivergenceGuard
+    from bertforge.training.pretrain import restore_guard
+
+    guard = DivergenceGuard(10.0, 3, window=4)
+    for step, loss in enumerate([5.0, 4.0, 3.0, 2.0, 1.0]):
+        guard.update(step, loss)
+    guard.spikes = 2
+    assert guard.state_dict() == {"history": [4.0, 3.0, 2.0, 1.0], "spikes": 2}
+    again = DivergenceGuard(10.0, 3, window=2)  # a smaller window keeps the newest
+    restore_guard(again, guard.state_dict(), tmp_path)
+    assert list(again.history) == [2.0, 1.0] and again.spikes == 2
+    with pytest.raises(CheckpointError, match=r"trainer.pt: guard.history is not a list of losses: abc$"):
+        restore_guard(again, {"history": "abc"}, tmp_path)
+    with pytest.raises(CheckpointError, match=r"trainer.pt: guard.spikes is not a count: -1$"):
+        restore_guard(again, {"history": [], "spikes": -1}, tmp_path)
+    assert list(again.history) == [2.0, 1.0]  # (unchanged by a refused state)
+
+
 def test_a_diverged_run_stops_and_keeps_its_checkpoint_from_before_the_spike(tmp_path, monkeypatch, capsys):
     """The loss explodes from step 13 (×1e6, finite): the run stops when step 15's loss is read, with
     one line, exit 2. The loss of step 13 is that of the weights after step 12, so step_12 never
@@ -654,6 +676,53 @@ def test_a_learning_rate_spike_never_leaves_its_checkpoint_behind(tmp_path, caps
     rows = {r["step"]: r["loss"] for r in train_rows(tmp_path / "lr")}
     assert rows[36] > 5 * rows[35]  # the first loss of the ruined weights
     assert max(p.abs().max().item() for p in load_model(step_30).parameters()) < 2.0
+
+
+def test_a_resumed_run_catches_the_spike_its_checkpoint_was_saved_before(tmp_path, capsys):
+    """Issue 33.5: the run of issue 27 stops naming step_30; the same command with --resume auto (a
+    requeue loop) resumed with an empty loss history, took 10 steps to refill it, swallowed the spike
+    into its median, confirmed the ruined step_35/40/... and, keep 3, rotated step_20/25/30 out (exit 0).
+    Each checkpoint now holds the guard's history: the resumed run stops at the same step, same line."""
+    argv = run_args(tmp_path, "lr", 60, "--checkpoint.every", "5", "--checkpoint.keep", "3",
+                    "--train.schedule", "table", "--train.lr_table", "{0: 0.001, 34: 30}",
+                    "--train.divergence_factor", "10", "--train.divergence_steps", "5")
+    step_30 = tmp_path / "lr" / "checkpoints" / "step_00000030"
+    assert main(argv) == 2
+    first = capsys.readouterr().err.splitlines()[-1]
+    assert first.startswith("error: step 40: the loss (") and f"the newest checkpoint, {step_30}, is" in first
+    assert checkpoints(tmp_path / "lr") == ["step_00000020", "step_00000025", "step_00000030"]
+    assert main([*argv, "--resume", "auto"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == first
+    assert checkpoints(tmp_path / "lr") == ["step_00000020", "step_00000025", "step_00000030"]
+    guard = read_trainer_state(step_30)["guard"]
+    assert len(guard["history"]) == 30 and guard["spikes"] == 0
+    # A checkpoint saved before the guard's history was kept still resumes, refilling it as before:
+    # 10 steps that cannot see a spike, so this one is caught later, at step 45.
+    state = read_trainer_state(step_30)
+    del state["guard"]
+    torch.save(state, step_30 / "trainer.pt")
+    write_manifest(step_30)
+    assert main([*argv, "--resume", "auto"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1].startswith("error: step 45: the loss (")
+
+
+def test_a_checkpoint_saved_during_a_spike_never_rotates_out_the_one_before_it(tmp_path, capsys):
+    """A run that ends (or is preempted) while its loss spikes, fewer times than divergence_steps,
+    saves that step's checkpoint: with keep 1, step_30 (the newest from before the spike) was
+    rotated out and only the ruined step_38 was left. Now step_30 stays beside it; resumed, the
+    run counts on from 3 spikes, stops at step 40 and names step_30."""
+    argv = run_args(tmp_path, "lr", 38, "--checkpoint.every", "5", "--checkpoint.keep", "1",
+                    "--train.schedule", "table", "--train.lr_table", "{0: 0.001, 34: 30}",
+                    "--train.divergence_factor", "10", "--train.divergence_steps", "5")
+    assert main(argv) == 0
+    step_30, step_38 = (tmp_path / "lr" / "checkpoints" / f"step_000000{n}" for n in (30, 38))
+    assert checkpoints(tmp_path / "lr") == ["step_00000030", "step_00000038"]
+    assert read_trainer_state(step_38)["guard"]["spikes"] == 3
+    capsys.readouterr()
+    assert main([*argv, "--steps", "60", "--resume", "auto"]) == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last.startswith("error: step 40: the loss (") and f"the newest checkpoint, {step_30}, is" in last
+    assert checkpoints(tmp_path / "lr") == ["step_00000030", "step_00000038"]
 
 
 def test_a_refused_squad_run_leaves_no_directory_and_no_lock(qa_model, tmp_path, capsys):
