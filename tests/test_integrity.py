@@ -98,7 +98,7 @@ def test_resume_auto_skips_a_damaged_newest_checkpoint(run, tmp_path, caplog):
     assert runs.verify(step_dir(copy, 4))  # rewritten whole
 
 
-def test_truncated_files_without_a_manifest_are_one_line_errors(run, tmp_path, capsys):
+def test_truncated_files_without_a_manifest_are_one_line_errors(run, tmp_path, capsys, monkeypatch):
     """Checkpoints from before manifests load; their damaged files are named, not tracebacks."""
     copy = copy_of(run, tmp_path)
     for step in (2, 4):
@@ -108,10 +108,17 @@ def test_truncated_files_without_a_manifest_are_one_line_errors(run, tmp_path, c
                                          load_model(run).state_dict().values()))
     safetensors = step_dir(copy, 4) / "model.safetensors"
     safetensors.write_bytes(safetensors.read_bytes()[:5000])
-    assert main(["export", str(copy), str(tmp_path / "hf")]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith(f"error: {safetensors}: not a readable safetensors file (truncated or edited?)")
-    assert err.count("\n") == 1
+    # Each reader names it in one line; pretrain before its data loads (minutes, and log lines, on a real corpus).
+    with monkeypatch.context() as patch:
+        patch.setattr(sys.modules["bertforge.training.pretrain"], "resolved_data",
+                      lambda *args: pytest.fail("the data loaded before the weights were read"))
+        for argv in (["export", str(copy), str(tmp_path / "hf")],
+                     ["pretrain", "--resume", str(step_dir(copy, 4)), "--steps", "6", "--no-progress"],
+                     run_args(tmp_path, "init", 2, "--init", str(copy))):
+            assert main(argv) == 2
+            err = capsys.readouterr().err
+            assert err.startswith(f"error: {safetensors}: not a readable safetensors file (truncated or edited?)"), err
+            assert err.count("\n") == 1, err
     for name in ("trainer.pt", "optimizer.pt"):
         target = step_dir(copy, 2) / name
         target.write_bytes(target.read_bytes()[:300])

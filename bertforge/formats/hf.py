@@ -34,7 +34,7 @@ import warnings
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
 from bertforge.config import (
@@ -57,6 +57,7 @@ from .weights import (
     ConversionError,
     assign_weights,
     check_export_target,
+    load_safetensors,
     model_for_head,
     write_model_dir,
 )
@@ -288,17 +289,26 @@ def _load_pickle(file: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def safetensors_files(path: Path) -> list[Path]:
+    """The safetensors files of a Hugging Face directory: its model.safetensors, or the shards its
+    index names; none when it has neither."""
+    if (path / SAFETENSORS).is_file():
+        return [path / SAFETENSORS]
+    if (path / SAFETENSORS_INDEX).is_file():
+        return _read_index(path / SAFETENSORS_INDEX)
+    return []
+
+
 def load_hf_state_dict(path: Path, allow_pickle: bool = False) -> dict[str, torch.Tensor]:
     """All tensors of a Hugging Face directory, by their names in the files, on the CPU."""
     path = Path(path)
     if not path.is_dir():
         raise ConversionError(f"{path}: no such directory")
-    if (path / SAFETENSORS).is_file():
-        return load_file(path / SAFETENSORS, device="cpu")
-    if (path / SAFETENSORS_INDEX).is_file():
+    files = safetensors_files(path)
+    if files:
         state: dict[str, torch.Tensor] = {}
-        for shard in _read_index(path / SAFETENSORS_INDEX):
-            state.update(load_file(shard, device="cpu"))
+        for file in files:
+            state.update(load_safetensors(file, ConversionError))
         return state
     pickles = [p for p in (path / PICKLE, path / PICKLE_INDEX) if p.is_file()]
     if pickles and not allow_pickle:

@@ -24,8 +24,25 @@ from bertforge.runs import WEIGHTS_FILES, CheckpointError, find_checkpoint, veri
 
 from . import tf1
 from .bert_tf1 import read_tf1
-from .hf import find_model, hf_to_ours, is_hf_directory, load_hf, load_hf_state_dict, read_hf_config
-from .weights import HEADS, assign_weights, check_model_config, load_safetensors, model_for_head, read_config
+from .hf import (
+    find_model,
+    hf_to_ours,
+    is_hf_directory,
+    load_hf,
+    load_hf_state_dict,
+    read_hf_config,
+    safetensors_files,
+)
+from .weights import (
+    HEADS,
+    ConversionError,
+    assign_weights,
+    check_model_config,
+    load_safetensors,
+    model_for_head,
+    read_config,
+    weight_shapes,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +64,22 @@ def read_weights(path: str | Path, bert_config: str | Path | None = None,
     checkpoint = find_checkpoint(path, weights_only=True)
     verify(checkpoint, WEIGHTS_FILES)
     return read_config(checkpoint).model, load_safetensors(checkpoint / "model.safetensors"), checkpoint
+
+
+def check_weights(path: str | Path) -> Path:
+    """:func:`find_model`'s path, once the headers of its weights were read: a missing, truncated or
+    edited weights file is named before a job spends minutes on its data (:func:`load_weights` reads
+    the tensors later). A TF1 checkpoint is left to its reader."""
+    path = find_model(path)
+    if tf1.find_prefix(path) is not None:
+        return path
+    if is_hf_directory(path):
+        read_hf_config(path)
+        for file in safetensors_files(path):
+            weight_shapes(file, ConversionError)
+    else:
+        read_config(find_checkpoint(path, weights_only=True))  # its config against its weights' header
+    return path
 
 
 def load_weights(model: nn.Module, path: str | Path, bert_config: str | Path | None = None) -> list[str]:

@@ -57,27 +57,30 @@ class ConversionError(ValueError):
 # ---------------------------------------------------------------- our weights, config.yaml and model directory
 
 
-def load_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    """``load_file`` with a CheckpointError naming the file when it cannot be read."""
+def load_safetensors(path: Path, error: type[ValueError] = CheckpointError) -> dict[str, torch.Tensor]:
+    """``load_file`` with an ``error`` naming the file when it cannot be read."""
     try:
-        return load_file(str(path))
+        return load_file(str(path), device="cpu")
     except (SafetensorError, OSError, ValueError, RuntimeError) as err:
-        if isinstance(err, FileNotFoundError):
-            raise CheckpointError(f"{path}: missing") from None
-        raise CheckpointError(f"{path}: not a readable safetensors file (truncated or edited?): "
-                              f"{str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
+        raise unreadable(path, err, error) from None
 
 
-def weight_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+def weight_shapes(path: Path, error: type[ValueError] = CheckpointError) -> dict[str, tuple[int, ...]]:
     """The tensor shapes of a safetensors file, from its header alone."""
     try:
         with safe_open(str(path), "pt") as f:
             return {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}
     except (SafetensorError, OSError, ValueError, RuntimeError) as err:
-        if isinstance(err, FileNotFoundError):
-            raise CheckpointError(f"{path}: missing") from None
-        raise CheckpointError(f"{path}: not a readable safetensors file (truncated or edited?): "
-                              f"{str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
+        raise unreadable(path, err, error) from None
+
+
+def unreadable(path: Path, err: Exception, error: type[ValueError]) -> ValueError:
+    """The one-line error for a safetensors file that cannot be read (missing, truncated, edited):
+    safetensors' own is a traceback naming no file."""
+    if isinstance(err, FileNotFoundError):
+        return error(f"{path}: missing")
+    first = str(err).splitlines()[0] if str(err) else type(err).__name__
+    return error(f"{path}: not a readable safetensors file (truncated or edited?): {first}")
 
 
 def save_weights(model: nn.Module, path: Path) -> None:

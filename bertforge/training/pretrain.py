@@ -71,8 +71,8 @@ from bertforge.data.loader import (
 )
 from bertforge.fileio import atomic_file
 from bertforge.formats import weights
-from bertforge.formats.hf import HF_MODEL_ID, find_model, is_model, resolve_model
-from bertforge.formats.load import load_weights
+from bertforge.formats.hf import HF_MODEL_ID, is_model, resolve_model
+from bertforge.formats.load import check_weights, load_weights
 from bertforge.models.bert import compiled_pretraining_loss, eval_result, eval_sums, num_parameters, pretraining_loss
 from bertforge.models.families import build_pretraining_model
 from bertforge.observe.log import MetricsLogger, ProgressBar, Throughput
@@ -466,14 +466,17 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
     The whole config: this is the job on one rank, which hands each part its sections."""
     progress = {"steps": 0} if progress is None else progress
     if cfg.checkpoint.init and resume_from is None:
-        find_model(cfg.checkpoint.init)  # one not found is named before the data loads
+        check_weights(cfg.checkpoint.init)  # one not found or unreadable is named before the data loads
+    # (so is a checkpoint's config that does not fit its weights, or their unreadable header)
+    saved_cfg = weights.read_config(resume_from) if resume_from is not None else None
     # The MLPerf log's init phase starts here (rank 0 writes; without log.mlperf it logs nothing).
     mlperf = open_log(cfg.log, cfg.train, cfg.data, dist, resumed=resume_from is not None)
     data, cfg = resolved_data(cfg, dist, run_dir)
     data_fingerprint = from_main(dist, lambda: fingerprint_of(cfg.data))
     saved = ckpt.read_trainer_state(resume_from) if resume_from else None
     if resume_from is not None:
-        saved_cfg, saved_data = weights.read_config(resume_from), saved.get("data_fingerprint") if saved else None
+        assert saved_cfg is not None  # read above
+        saved_data = saved.get("data_fingerprint") if saved else None
         weights.check_model_config(saved_cfg.model, cfg.model, resume_from)
         from_main(dist, lambda: runs.check_resume(resume_from, saved_cfg, cfg, saved_data, data_fingerprint,
                                                   f"data.input {cfg.data.input}"))

@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -247,6 +248,14 @@ def test_a_binary_questions_file_is_one_line(tiny, tmp_path, capsys):
     assert main(["squad", "ask", "--model", str(tiny), "--context", CONTEXT, "--questions-file",
                  str(tmp_path / "q.txt")]) == 2
     assert capsys.readouterr().err == f"error: {tmp_path / 'q.txt'}: not UTF-8 text (byte offset 12)\n"
+
+
+def test_compare_hf_without_transformers_is_one_line_naming_the_extra(tiny, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers: ModuleNotFoundError
+    assert main(["squad", "ask", "--model", str(tiny), "--context", CONTEXT, "--question", "What is the capital?",
+                 "--compare-hf"]) == 2
+    assert capsys.readouterr().err == ('error: --compare-hf needs transformers, which is not installed: '
+                                       'pip install "bertforge[hf]"\n')
 
 
 def test_training_answers_not_at_their_answer_start_are_skipped_and_named(tiny, tmp_path, capsys):

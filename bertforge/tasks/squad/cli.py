@@ -187,6 +187,18 @@ def _questions(args: argparse.Namespace) -> list[str]:
     return questions
 
 
+def require_transformers(what: str) -> None:
+    """One line naming the extra to install when ``what`` needs transformers and it is missing
+    (an ordinary install leaves it out); checked before the model loads."""
+    try:
+        import transformers  # noqa: F401 - only to know it is there
+    except ModuleNotFoundError as err:
+        if err.name != "transformers":  # installed, but one of its own imports is missing: its message says which
+            raise
+        from .data import SquadError
+        raise SquadError(f'{what} needs transformers, which is not installed: pip install "bertforge[hf]"') from None
+
+
 def hf_logits(model: Any, model_path: str | Path, features: Any) -> tuple[Any, Any]:
     """Start/end logits of ``transformers.BertForQuestionAnswering`` on the same weights.
 
@@ -223,6 +235,8 @@ def cmd_ask(args: argparse.Namespace, extra: list[str]) -> int:
     from .postprocess import postprocess
     from .train import predict_logits
 
+    if args.compare_hf:
+        require_transformers("--compare-hf")
     model, tokenizer, seq_len, squad, lowercase = _predict_settings(args, extra)
     if args.context is None:
         from .data import SquadError
