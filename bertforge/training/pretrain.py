@@ -95,7 +95,7 @@ from bertforge.parallel.dist import (
 )
 
 from . import checkpoint as ckpt
-from . import pipeline as pipeline_parallel
+from . import pipeline
 from .engine import (
     BatchStream,
     DivergenceError,
@@ -485,7 +485,7 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
             tmp.write_text(cfg.to_yaml(), encoding="utf-8")
     # checkpoint.init's weights on a fresh start; a resume loads the checkpoint's
     model = pretraining_model(cfg.model, cfg.train, init=cfg.checkpoint.init if resume_from is None else "")
-    data_rank, data_world = pipeline_parallel.data_split(cfg.execution, dist)
+    data_rank, data_world = pipeline.data_split(cfg.execution, dist)
     accumulation = accumulation_of(cfg.train, cfg.execution, data_world)
     stream = data.make_stream(saved["data"] if saved else {})
     if resume_from is not None:
@@ -521,7 +521,7 @@ def resolved_data(cfg: Config, dist: DistContext, run_dir: Path) -> tuple[Traini
     The whole config: what the data decides is written into it (a model section's vocab size)."""
     # The ranks that split the data: every rank, or with pipeline stages the pipelines (a
     # pipeline's stages read alike).
-    data_rank, data_world = pipeline_parallel.data_split(cfg.execution, dist)
+    data_rank, data_world = pipeline.data_split(cfg.execution, dist)
     load = functools.partial(load_data, run_dir=run_dir, rank=data_rank, world_size=data_world,
                              given=cfg.given, mlperf_log=bool(cfg.log.mlperf),
                              pin=dist.device.type == "cuda",  # pinned batches copy to the GPU without waiting
@@ -554,7 +554,7 @@ def accumulation_of(train: TrainConfig, execution: ExecutionConfig, data_world: 
     except ConfigError as err:
         what = "pipeline" if execution.pipeline_stages > 1 else "rank"
         raise ConfigError(f"{err} (micro-batch {train.micro_batch_size} × {data_world} {what}(s))") from None
-    pipeline_parallel.check_micro_batches(execution, accumulation)
+    pipeline.check_micro_batches(execution, accumulation)
     return accumulation
 
 
@@ -563,7 +563,7 @@ def build_engine(model: nn.Module, execution: ExecutionConfig, train: TrainConfi
     """The model as this rank trains it (parallelism applied from outside), its optimizer and
     schedule: with pipeline stages this rank's stage (training/pipeline.py)."""
     if execution.pipeline_stages > 1:
-        return pipeline_parallel.build_engine(model, execution, train, dist, steps)
+        return pipeline.build_engine(model, execution, train, dist, steps)
     model = prepare_model(model, execution, dist)
     optimizer = build_optimizer(unwrap(model), train, compiled=compiles_optimizer(execution, dist.device))
     return Engine(model, optimizer, build_scheduler(optimizer, train, steps), training_loss,
@@ -746,7 +746,7 @@ class Pretraining:
         # Every rank evaluates the whole set: FSDP's forward needs all ranks.
         with self.monitor.phase("eval"):
             eval_batch = cfg.train.eval_batch_size or cfg.train.micro_batch_size
-            if isinstance(engine, pipeline_parallel.PipelineEngine):
+            if isinstance(engine, pipeline.PipelineEngine):
                 result = engine.evaluate(self.eval_set, eval_batch, cfg.train.eval_batches)
             else:
                 result = evaluate(engine.model, self.eval_set, eval_batch, self.dist.device,

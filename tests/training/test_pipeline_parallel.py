@@ -85,12 +85,12 @@ def _pipeline_case(rank: int, execution: dict[str, Any]) -> dict[str, Any]:
     from bertforge.bench.pretrain import LiveTensorBytes
     from bertforge.models.bert import BertForPreTraining
     from bertforge.parallel.dist import DistContext
-    from bertforge.training import pipeline as pipeline_parallel
+    from bertforge.training import pipeline
 
     cfg = _config(**execution)
     ctx = DistContext(rank, WORLD)
     torch.manual_seed(cfg.train.seed)
-    engine = pipeline_parallel.build_engine(BertForPreTraining(cfg.model).train(), cfg.execution, cfg.train,
+    engine = pipeline.build_engine(BertForPreTraining(cfg.model).train(), cfg.execution, cfg.train,
                                             ctx, STEPS)
     result = _train(engine, cfg, LiveTensorBytes)
     result["stage"] = engine.layout.stage
@@ -100,7 +100,7 @@ def _pipeline_case(rank: int, execution: dict[str, Any]) -> dict[str, Any]:
         box = [result["full_state"]]
         dist.broadcast_object_list(box, src=0)
         torch.manual_seed(1)
-        fresh = pipeline_parallel.build_engine(BertForPreTraining(cfg.model).train(), cfg.execution, cfg.train,
+        fresh = pipeline.build_engine(BertForPreTraining(cfg.model).train(), cfg.execution, cfg.train,
                                                ctx, STEPS)
         fresh.load_full_state(*box[0], "the gathered state")
         result["reloaded"] = (fresh.stage_module.state_dict(), fresh.optimizer.state_dict(),

@@ -426,7 +426,7 @@ def _start_run(cfg, lined_up, results, release) -> None:
     """One of many runs started at once (a forked process): the directory it got or its error, then
     it holds on until released. All wait for each other before their first mkdir and again before
     their first lock: the worst case of starting at once, every check made and nothing taken yet."""
-    from bertforge.training import pretrain as train
+    from bertforge.training import pretrain
 
     def first_lined_up(call, applies):
         waited = False
@@ -444,7 +444,7 @@ def _start_run(cfg, lined_up, results, release) -> None:
     fcntl.flock = first_lined_up(fcntl.flock, lambda fd, operation: operation & fcntl.LOCK_EX)
     with contextlib.ExitStack() as held:
         try:
-            run_dir = train.locate_run(cfg.checkpoint.resume, cfg.log, held)[1]
+            run_dir = pretrain.locate_run(cfg.checkpoint.resume, cfg.log, held)[1]
         except ConfigError as err:
             results.put((os.getpid(), str(err)))
             return
@@ -459,7 +459,7 @@ def test_runs_of_one_name_started_at_once_leave_one_live_run_per_directory(tmp_p
     lock stays the winner's (a loser once removed the directory and the winner's lock); without
     it each run gets a directory of its own (NAME, NAME-2 …). About 4 s."""
     from bertforge.fileio import live_holder
-    from bertforge.training import pretrain as train  # noqa: F401  # imported once, before the forks
+    from bertforge.training import pretrain  # noqa: F401  # imported once, before the forks
 
     forked = multiprocessing.get_context("fork")
     for trial in range(3):
