@@ -23,7 +23,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
@@ -223,30 +223,72 @@ class ProgressBar(_Closing):
     Messages are printed even without the bar, but only by the main process
     (``main=False`` silences both on the other ranks). A context manager: leaving
     the ``with`` block stops the bar.
+
+    When the console is not a terminal (Slurm, nohup, ``| tee``) a live bar shows nothing until
+    its end, so the bar prints plain lines instead: ``<label> step S/T <status> eta H:MM:SS`` for
+    the first logged step (one ``update`` with a status), the last, and otherwise at most one every
+    ``every_s`` seconds of ``clock``; :meth:`stage` adds a start and an end line to an
+    evaluation or prediction pass. ``enabled=False`` (``--no-progress``) shows neither.
     """
 
-    def __init__(self, total: int, start: int, enabled: bool, main: bool = True, label: str = "pretrain"):
-        self.progress = None
-        self.main = main
-        if not (enabled and main):
+    def __init__(self, total: int, start: int, enabled: bool, main: bool = True, label: str = "pretrain",
+                 every_s: float = 30.0, clock: Callable[[], float] = time.monotonic,
+                 out: Console | None = None):
+        self.progress: Progress | None = None
+        self.main, self.total, self.start, self.label = main, total, start, label
+        self.every_s, self.clock, self.console = every_s, clock, out or console
+        self.started = clock()
+        self.printed_at: float | None = None  # the clock at the last plain line
+        # Plain lines where a live bar would show nothing until its end.
+        self.plain = enabled and main and not self.console.is_terminal
+        if not (enabled and main) or self.plain:
             return
         self.progress = Progress(
             TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(),
             TextColumn("{task.fields[status]}"), TimeRemainingColumn(),
-            console=console, transient=False)
+            console=self.console, transient=False)
         self.task = self.progress.add_task("steps", total=total, completed=start, status="")
         self.progress.start()
+
+    @property
+    def live(self) -> bool:
+        """Whether steps show, as a bar or as plain lines."""
+        return self.progress is not None or self.plain
 
     def update(self, step: int, status: str | None = None) -> None:
         if self.progress is not None:
             fields: dict[str, Any] = {"status": status} if status is not None else {}
             self.progress.update(self.task, completed=step, **fields)
+        elif self.plain and status is not None:
+            now = self.clock()
+            if self.printed_at is None or step >= self.total or now - self.printed_at >= self.every_s:
+                self.printed_at = now
+                self.print(f"{self.label} step {step}/{self.total} {status.strip()} eta {self.eta(step, now)}")
+
+    def eta(self, step: int, now: float) -> str:
+        """The time left at the mean pace of the steps done so far, as H:MM:SS."""
+        done = step - self.start
+        left = (now - self.started) / done * (self.total - step) if done > 0 else 0.0
+        seconds = max(round(left), 0)
+        return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+    @contextlib.contextmanager
+    def stage(self, name: str, count: str) -> Iterator[None]:
+        """Plain lines at the start and the end of a pass (``name``: "eval"; ``count``: what it
+        reads, "512 sequences") with its time; nothing on a terminal, where the bar stays."""
+        if not self.plain:
+            yield
+            return
+        self.print(f"{name}: {count}")
+        began = self.clock()
+        yield
+        self.print(f"{name}: done {count} in {self.clock() - began:.1f} s")
 
     def print(self, message: str) -> None:
         if not self.main:
             return
         # One line per message however long (paths are), and no markup read in a path.
-        target = self.progress.console if self.progress is not None else console
+        target = self.progress.console if self.progress is not None else self.console
         target.print(message, soft_wrap=True, markup=False, highlight=False)
 
     def close(self) -> None:

@@ -744,8 +744,10 @@ class Pretraining:
         cfg, step, engine = self.cfg, self.step, self.engine
         self.mlperf.eval_start(step * cfg.train.global_batch_size)
         # Every rank evaluates the whole set: FSDP's forward needs all ranks.
-        with self.monitor.phase("eval"):
-            eval_batch = cfg.train.eval_batch_size or cfg.train.micro_batch_size
+        eval_batch = cfg.train.eval_batch_size or cfg.train.micro_batch_size
+        count = len(self.eval_set) if cfg.train.eval_batches <= 0 else \
+            min(len(self.eval_set), cfg.train.eval_batches * eval_batch)
+        with self.monitor.phase("eval"), self.bar.stage(f"step {step}: eval", f"{count} sequences"):
             if isinstance(engine, pipeline.PipelineEngine):
                 result = engine.evaluate(self.eval_set, eval_batch, cfg.train.eval_batches)
             else:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import json
 import sys
 import time
 
 import pytest
+from rich.console import Console
 
 import bertforge.observe.log
 from bertforge.config import ConfigError, LogConfig
@@ -89,8 +91,18 @@ def test_disabled_metrics_logger_writes_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_progress_bar_is_a_context_manager(capsys):
-    with ProgressBar(total=10, start=2, enabled=True) as bar:
+def terminal() -> Console:
+    return Console(file=io.StringIO(), force_terminal=True, width=100)
+
+
+def plain() -> Console:
+    """A console on a file, as under Slurm, nohup or ``| tee``."""
+    return Console(file=io.StringIO(), force_terminal=False, width=40)
+
+
+def test_progress_bar_is_a_context_manager():
+    out = terminal()
+    with ProgressBar(total=10, start=2, enabled=True, out=out) as bar:
         progress = bar.progress
         assert progress is not None and progress.live.is_started
         bar.update(5, "loss 1.0")
@@ -99,11 +111,11 @@ def test_progress_bar_is_a_context_manager(capsys):
     bar.close()  # idempotent
     bar.update(6)  # after close: nothing to update
     bar.print("after the bar")
-    assert "after the bar" in capsys.readouterr().err
+    assert "after the bar" in out.file.getvalue()
 
 
 def test_progress_bar_stops_when_the_block_raises():
-    with pytest.raises(KeyboardInterrupt), ProgressBar(total=4, start=0, enabled=True) as bar:
+    with pytest.raises(KeyboardInterrupt), ProgressBar(total=4, start=0, enabled=True, out=terminal()) as bar:
         progress = bar.progress
         raise KeyboardInterrupt
     assert not progress.live.is_started and bar.progress is None
@@ -114,6 +126,52 @@ def test_progress_bar_off_the_main_rank_shows_nothing(capsys):
         assert bar.progress is None
         bar.print("hidden")
     assert capsys.readouterr().err == ""
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_off_a_terminal_steps_are_plain_lines_at_most_every_interval():
+    out, clock = plain(), FakeClock()
+    with ProgressBar(total=100, start=0, enabled=True, label="pretrain", every_s=30, clock=clock, out=out) as bar:
+        assert bar.progress is None and bar.live
+        for step in range(1, 101):
+            clock.now += 2.0  # 2 s a step, a status every 5: a line every 15 steps
+            bar.update(step, f"loss {1 / step:.3f} 8 seq/s " if step % 5 == 0 or step == 1 else None)
+    assert out.file.getvalue().splitlines() == [
+        "pretrain step 1/100 loss 1.000 8 seq/s eta 0:03:18",  # the first logged step at once
+        "pretrain step 20/100 loss 0.050 8 seq/s eta 0:02:40",  # 38 s later: the first logged step past 30 s
+        "pretrain step 35/100 loss 0.029 8 seq/s eta 0:02:10",  # 30 s after the one before
+        "pretrain step 50/100 loss 0.020 8 seq/s eta 0:01:40",
+        "pretrain step 65/100 loss 0.015 8 seq/s eta 0:01:10",
+        "pretrain step 80/100 loss 0.013 8 seq/s eta 0:00:40",
+        "pretrain step 95/100 loss 0.011 8 seq/s eta 0:00:10",
+        "pretrain step 100/100 loss 0.010 8 seq/s eta 0:00:00",  # the last, 10 s after the one before
+    ]
+
+
+def test_off_a_terminal_a_pass_has_a_start_and_an_end_line():
+    out, clock = plain(), FakeClock()
+    bar = ProgressBar(total=10, start=4, enabled=True, clock=clock, out=out)
+    with bar.stage("step 4: eval", "512 sequences"):
+        clock.now += 12.25
+    assert out.file.getvalue().splitlines() == [
+        "step 4: eval: 512 sequences", "step 4: eval: done 512 sequences in 12.2 s"]
+
+
+def test_on_a_terminal_or_without_progress_a_pass_prints_nothing():
+    for bar in (ProgressBar(total=10, start=0, enabled=True, out=terminal()),
+                ProgressBar(total=10, start=0, enabled=False, out=plain())):
+        with bar.stage("eval", "8 sequences"):
+            bar.update(10, "loss 1.0")
+        bar.close()
+        assert "eval" not in bar.console.file.getvalue() and "step 10" not in bar.console.file.getvalue()
+        assert bar.live == (bar.progress is not None)
 
 
 # ------------------------------------------------------------ Weights & Biases, run offline

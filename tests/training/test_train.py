@@ -270,3 +270,20 @@ def take(arrays, rows):
     import dataclasses
 
     return type(arrays)(**{f.name: getattr(arrays, f.name)[rows] for f in dataclasses.fields(arrays)})
+
+
+def test_pretrain_into_a_file_prints_step_lines_before_the_end(tmp_path, capsys):
+    """Under capsys stderr is no terminal (as under Slurm or ``| tee``): plain step lines, not a
+    bar that shows only at the end."""
+    from bertforge.cli import main
+
+    assert main(["pretrain", "--config", "tiny", "--data.synthetic", "--steps", "3",
+                 "--run-dir", str(tmp_path), "--name", "plain", "--data.seq_len", "32",
+                 "--train.micro_batch_size", "4", "--train.global_batch_size", "8",
+                 "--log.every", "1", "--log.tensorboard", "false"]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    steps = [i for i, line in enumerate(lines) if line.startswith("pretrain step ")]
+    done = next(i for i, line in enumerate(lines) if line.startswith("done in "))
+    # the first logged step and the last (steps 2 take far less than 30 s)
+    assert [lines[i].split()[2] for i in steps] == ["1/3", "3/3"] and steps[0] < done
+    assert lines[steps[-1]].endswith("eta 0:00:00") and " seq/s " in lines[steps[0]]

@@ -614,7 +614,7 @@ class StepLog:
         view.logger.log({"step": done, **values, "lr": lr, "seq_per_s": seq_per_s, "epoch": epoch,
                          **view.monitor.row()})
         view.bar.update(done, f"loss {values['loss']:.4f} lr {lr:.3g} {seq_per_s:.1f} seq/s")
-        if view.bar.progress is None:  # no bar: a line per logged step
+        if not view.bar.live:  # no bar: a line per logged step (--no-progress)
             view.log(f"step {done}/{self.total} epoch {epoch + 1} loss {values['loss']:.4f} lr {lr:.3g}")
 
 
@@ -658,7 +658,7 @@ class Finetuning:
         if evaluate is None:
             return
         whole = full_model(self.engine.model, self.job, self.dist)
-        with view.monitor.phase("eval"):
+        with view.monitor.phase("eval"), view.bar.stage(f"step {self.step}: dev eval", "dev set"):
             result = from_main(self.dist, lambda: evaluate(whole) if whole is not None else {})
         view.logger.log({"step": self.step, "split": "eval", **result})
         view.bar.print(f"step {self.step}: {self.job.describe(result)}")
