@@ -300,6 +300,12 @@ def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
     return bool(getattr(optimizer, "_step_supports_amp_scaling", False) or getattr(optimizer, "skips_found_inf", False))
 
 
+def due(every: int, step: int, total: int) -> bool:
+    """Whether a periodic action (every ``every`` steps, 0: never) falls after ``step``: never
+    after the last step, whose own comes after the loop."""
+    return bool(every) and step % every == 0 and step < total
+
+
 class Engine:
     """The model as training runs it (wrapped by ``dist.prepare_model``), its optimizer,
     schedule and loss scaler, and the step that uses them."""

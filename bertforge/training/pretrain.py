@@ -104,6 +104,7 @@ from .engine import (
     Preemption,
     StepReport,
     autocast,
+    due,
     set_threads,
     to_device,
 )
@@ -642,8 +643,7 @@ class Pretraining:
                 final = self.save()
                 self.bar.print(self.preemption.message(self.step, final, self.run_dir))
                 break
-            every = cfg.checkpoint.every
-            if every and self.step % every == 0 and self.step < self.steps:
+            if due(cfg.checkpoint.every, self.step, self.steps):
                 self.checkpoint()
         preempted = final is not None
         status = time_to_train = None

@@ -102,6 +102,7 @@ from bertforge.training.engine import (
     Preemption,
     StepReport,
     autocast,
+    due,
     set_threads,
 )
 from bertforge.training.optim import build_optimizer, build_scheduler
@@ -565,12 +566,6 @@ def finetuning_engine(job: Job, t: TrainConfig, execution: ExecutionConfig, dist
 def ranks_of(dist: DistContext, execution: ExecutionConfig) -> str:
     """`` × W ranks (ddp)`` for the first console line; nothing for one process."""
     return f" × {dist.world_size} ranks ({execution.parallel})" if dist.world_size > 1 else ""
-
-
-def due(every: int, step: int, total: int) -> bool:
-    """Whether a periodic action (every ``every`` steps, 0: never) falls after ``step``: never
-    after the last step, whose own comes after the loop."""
-    return bool(every) and step % every == 0 and step < total
 
 
 @dataclass
