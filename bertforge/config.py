@@ -43,6 +43,7 @@ Optimizer = Literal["lamb", "adamw", "sgd", "stableadamw"]
 Objective = Literal["mlm_nsp", "mlm"]  # mlm: masked LM alone, no NSP head (BertForMaskedLM)
 LambVariant = Literal["bertforge", "mlperf", "nvidia", "paper"]  # see bertforge/training/optim.py
 Schedule = Literal["poly", "poly_tf", "exp", "exp_staircase", "table", "constant", "wsd"]
+DecayShape = Literal["linear", "one_minus_sqrt"]  # wsd's decay: see training/optim.py lr_at
 HiddenAct = Literal["gelu", "relu", "gelu_new"]
 # The model's architecture: BERT (models/bert.py) or ModernBERT (models/modernbert.py)
 Family = Literal["bert", "modernbert"]
@@ -104,11 +105,15 @@ class ModelConfig(Freezable):
     initializer_cutoff_factor: float = 2.0  # weights start truncated-normal within ± this × their std
     classifier_pooling: ClassifierPooling = "cls"  # a sequence classifier reads [CLS], or the mean of the tokens
     classifier_dropout: float = 0.0  # before a fine-tuning head's classifier
+    # Dropout after the attention output (Wo) alone, as ModernBERT's own attn_out_dropout_prob; None:
+    # attention_probs_dropout_prob, as transformers' one attention_dropout for the weights and the output
+    attention_output_dropout_prob: float | None = None
 
 
 # The fields only ModernBERT reads, and the one only BERT reads.
 MODERNBERT_FIELDS = ("global_attn_every_n_layers", "local_attention", "global_rope_theta", "local_rope_theta",
-                     "initializer_cutoff_factor", "classifier_pooling", "classifier_dropout")
+                     "initializer_cutoff_factor", "classifier_pooling", "classifier_dropout",
+                     "attention_output_dropout_prob")
 BERT_FIELDS = ("type_vocab_size",)
 # What each family's config.yaml leaves out: the other's fields (and BERT's the family itself, so
 # that a BERT config reads as it always has).
@@ -223,6 +228,7 @@ class TrainConfig(Freezable):
     end_lr: float = 0.0  # poly, poly_tf, wsd: the lr the decay heads to
     decay_steps: int = 0  # wsd: the last this many steps decay linearly to end_lr (0: no decay)
     decay_proportion: float = 0.0  # wsd: used when decay_steps is 0
+    decay_shape: DecayShape = "linear"  # wsd: linear, or 1 - sqrt (ModernBERT's context extension)
     exp_decay_rate: float = 0.5  # exp: lr × exp(-rate × step / exp_decay_steps); exp_staircase: floor(...)
     exp_decay_steps: int = 1000
     lr_table: dict[int, float] = field(default_factory=dict)  # table: step → lr from that step
@@ -653,6 +659,7 @@ _FLOAT_RANGES: dict[str, tuple[float, float, bool]] = {
     "model.hidden_dropout_prob": (0.0, 1.0, False),
     "model.attention_probs_dropout_prob": (0.0, 1.0, False),
     "model.classifier_dropout": (0.0, 1.0, False),
+    "model.attention_output_dropout_prob": (0.0, 1.0, False),  # or None
     "model.initializer_range": (0.0, float("inf"), False),
     "data.masked_lm_prob": (0.0, 1.0, True),
     "data.short_seq_prob": (0.0, 1.0, True),
@@ -699,6 +706,8 @@ def _check_ranges(cfg: Config) -> None:
                 raise ConfigError(f"{key}={value} is not a finite number")
     for key, (lowest, highest, highest_ok) in _FLOAT_RANGES.items():
         value = _get(cfg, key)
+        if value is None:
+            continue
         if value < lowest or value > highest or (value == highest and not highest_ok):
             raise ConfigError(f"{key}={value} must be in [{lowest:g}, {highest:g}{']' if highest_ok else ')'}")
     for key in _POSITIVE_FLOATS:
@@ -745,7 +754,8 @@ def validate(cfg: Config) -> None:
     if cfg.train.lr_table and cfg.train.schedule != "table":  # else the table would be silently unused
         raise ConfigError(f"train.lr_table is given but train.schedule={cfg.train.schedule}: the table is read only "
                           f"with train.schedule table")
-    for key in ("decay_steps", "decay_proportion"):
+    decay_fields = ("decay_steps", "decay_proportion") + (("decay_shape",) if cfg.train.decay_shape != "linear" else ())
+    for key in decay_fields:
         if getattr(cfg.train, key) and cfg.train.schedule != "wsd":  # as the table: else silently unused
             raise ConfigError(f"train.{key} is given but train.schedule={cfg.train.schedule}: it is read only with "
                               f"train.schedule wsd (poly and poly_tf decay over the whole run)")

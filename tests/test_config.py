@@ -191,6 +191,7 @@ def test_choices_are_the_literal_types_of_the_fields():
         "train.optimizer": ("lamb", "adamw", "sgd", "stableadamw"),
         "train.lamb": ("bertforge", "mlperf", "nvidia", "paper"),
         "train.schedule": ("poly", "poly_tf", "exp", "exp_staircase", "table", "constant", "wsd"),
+        "train.decay_shape": ("linear", "one_minus_sqrt"),
         "execution.precision": ("fp32", "bf16", "fp16"),
         "execution.parallel": ("none", "ddp", "fsdp"),
         "execution.recompute": ("none", "layer", "attention"),
@@ -411,3 +412,7 @@ def test_modernbert_configs_have_the_published_recipe():
     assert short.train.steps == round(1.719e12 / (4608 * 1024))  # 1.719T tokens
     assert (long.data.seq_len, long.model.global_rope_theta, long.train.lr) == (8192, 160000.0, 3e-4)
     assert long.train.steps == round(300e9 / (4608 * 1024)) and long.train.decay_steps == round(50e9 / (4608 * 1024))
+    # Both: the 0.1 dropout after the attention output alone (attn_out_dropout_prob); the extension's 1 - sqrt decay.
+    assert [(c.model.attention_probs_dropout_prob, c.model.attention_output_dropout_prob) for c in (short, long)] == [
+        (0.0, 0.1), (0.0, 0.1)]
+    assert (short.train.decay_shape, long.train.decay_shape) == ("linear", "one_minus_sqrt")

@@ -29,6 +29,7 @@ import dataclasses
 import json
 import re
 import shutil
+import types
 import typing
 import warnings
 from pathlib import Path
@@ -182,6 +183,8 @@ def model_config_from_hf(config_json: dict, source: str) -> ModelConfig:
         if value is None:  # absent, or null (e.g. pad_token_id): keep our default
             continue
         typ = hints[f.name]
+        if typing.get_origin(typ) is types.UnionType:  # float | None: a value here is not None
+            (typ,) = (arg for arg in typing.get_args(typ) if arg is not type(None))
         if typing.get_origin(typ) is typing.Literal:  # hidden_act: a string, its value checked below
             typ = str
         allowed = (int, float) if typ is float else typ  # JSON may write 1.0 as 1

@@ -105,8 +105,9 @@ class ModernBertAttention(SelfAttention):
         self.num_heads = cfg.num_attention_heads
         self.Wqkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size, bias=False)
         self.Wo = nn.Linear(cfg.hidden_size, cfg.hidden_size, bias=False)
-        self.dropout_p = cfg.attention_probs_dropout_prob  # on the attention weights, and after Wo
-        self.out_drop = nn.Dropout(cfg.attention_probs_dropout_prob)
+        self.dropout_p = cfg.attention_probs_dropout_prob  # on the attention weights
+        output_dropout = cfg.attention_output_dropout_prob
+        self.out_drop = nn.Dropout(cfg.attention_probs_dropout_prob if output_dropout is None else output_dropout)
         self.backends: list[SDPBackend] | None = None  # see model.set_attention_backends
 
     def forward(self, x: torch.Tensor, mask: Mask, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

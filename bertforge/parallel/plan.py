@@ -382,7 +382,8 @@ def _shapes(m: ModelConfig, data: DataConfig, tr: TrainConfig, ex: ExecutionConf
                    e=2 if mixed else FP32, r=2 if ex.precision == "bf16" else FP32, mixed=mixed,
                    cuda=device == "cuda", weight_casts=weight_casts, modernbert=m.family == "modernbert",
                    L=m.num_hidden_layers, window=window if window < T - 1 else None,  # (as model.layers_mask)
-                   dropout=m.family == "bert" or m.hidden_dropout_prob > 0 or m.attention_probs_dropout_prob > 0,
+                   dropout=m.family == "bert" or m.hidden_dropout_prob > 0 or m.attention_probs_dropout_prob > 0
+                   or bool(m.attention_output_dropout_prob),
                    flex=ex.attention == "flex" and device == "cuda" and m.attention_probs_dropout_prob == 0)
 
 

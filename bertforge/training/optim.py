@@ -823,7 +823,10 @@ def _wsd_multiplier(step: int, train: TrainConfig, total_steps: int) -> float:
     if done < total_steps - decay:
         return 1.0
     into_decay = (done - (total_steps - decay)) / decay
-    return max(0.0, 1 - into_decay * (1 - train.end_lr / train.lr))
+    alpha_f = train.end_lr / train.lr
+    if train.decay_shape == "one_minus_sqrt":  # ModernBERT's OneMinusSqrtScheduler, clipped at alpha_f as it is
+        return max(alpha_f, alpha_f + (1 - alpha_f) * (1 - math.sqrt(into_decay)))
+    return max(0.0, 1 - into_decay * (1 - alpha_f))
 
 
 def lr_at(step: int, train: TrainConfig, total_steps: int) -> float:
@@ -853,7 +856,10 @@ def lr_at(step: int, train: TrainConfig, total_steps: int) -> float:
       ``int(decay_proportion · N)``; W likewise, truncated as Composer
       converts durations): L · f(j) at j = max(k - 1, 0), f(j) = a + (j / W)(1 - a)
       with a = 1e-10 for j < W, 1 for j < N - D, then
-      max(0, 1 - (j - (N - D)) / D · (1 - E / L)). j lags k by one because
+      max(0, 1 - (j - (N - D)) / D · (1 - E / L)), or with ``train.decay_shape``
+      one_minus_sqrt a + (1 - a)(1 - sqrt((j - (N - D)) / D)), a = E / L, at least a:
+      with W = 0 that is ModernBERT's ``one_minus_sqrt`` (``OneMinusSqrtScheduler``), the
+      decay of its context extension. j lags k by one because
       Composer's trainer steps the scheduler before it counts the finished
       batch: steps 0 and 1 both run at 1e-10 · L. With D = 0 (ModernBERT's
       pre-training, whose decay was a run of its own) the lr stays at L.

@@ -120,6 +120,19 @@ def test_export_loads_in_transformers_with_no_missing_keys_and_equal_logits(save
                                        "(BERT's format; it goes to Hugging Face: --format hf)\n")
 
 
+def test_attention_output_dropout_travels_beside_transformers_one_attention_dropout(tmp_path):
+    """transformers has one attention_dropout: an export writes ours (the weights' dropout) there and the
+    output-only dropout under its own key, which transformers keeps and an import reads back."""
+    cfg = dataclasses.replace(CFG, attention_output_dropout_prob=0.1)
+    write_model_dir(build_pretraining_model(cfg, "mlm"), cfg, tmp_path / "ours", None)
+    assert main(["export", str(tmp_path / "ours"), str(tmp_path / "hf")]) == 0
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert (config["attention_dropout"], config["attention_output_dropout_prob"]) == (0.0, 0.1)
+    assert from_pretrained("pretraining", tmp_path / "hf").config.attention_dropout == 0.0
+    assert main(["import", "hf", str(tmp_path / "hf"), str(tmp_path / "back")]) == 0
+    assert load_model(tmp_path / "back").config.attention_output_dropout_prob == 0.1
+
+
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory) -> Path:
     """transformers' ModernBertForMaskedLM, perturbed, as save_pretrained writes it (transformers 5:

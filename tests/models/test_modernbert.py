@@ -346,6 +346,31 @@ def test_what_modernbert_cannot_do_is_one_line(overrides, message):
     assert "\n" not in str(err.value)
 
 
+def test_attention_output_dropout_drops_after_wo_alone():
+    """model.attention_output_dropout_prob is ModernBERT's own attn_out_dropout_prob (its recipe: 0.1, with
+    attention_probs_dropout_prob 0): in training every Wo output is dropped or scaled by 1 / (1 - p) while
+    the attention weights keep no dropout; unset, the output dropout is attention_probs_dropout_prob, as
+    transformers' one attention_dropout."""
+    torch.manual_seed(0)
+    model = build_pretraining_model(dataclasses.replace(CFG, attention_output_dropout_prob=0.5), "mlm").train()
+    seen = []
+    for layer in model.model.layers:
+        assert layer.attn.dropout_p == 0.0
+        layer.attn.out_drop.register_forward_hook(lambda module, args, out: seen.append((args[0], out)))
+    our_loss(model, padded_batch()[0])
+    assert len(seen) == CFG.num_hidden_layers
+    for wo, dropped in seen:
+        kept = dropped != 0
+        assert torch.equal(dropped[kept], wo[kept] * 2)
+        assert 0.45 < kept.float().mean().item() < 0.55
+    unset = ModernBertAttention(dataclasses.replace(CFG, attention_probs_dropout_prob=0.1))
+    assert (unset.dropout_p, unset.out_drop.p) == (0.1, 0.1)
+    recipe = load_config("modernbert_base_1024").model
+    assert (recipe.attention_probs_dropout_prob, recipe.attention_output_dropout_prob) == (0.0, 0.1)
+    with pytest.raises(ConfigError, match=r"^model.attention_output_dropout_prob=1.0 must be in \[0, 1\) in "):
+        load_config("modernbert_base_1024", [("model.attention_output_dropout_prob", "1")])
+
+
 def test_families_build_their_models_and_bert_classes_refuse_modernbert():
     assert type(build_pretraining_model(CFG, "mlm")) is ModernBertForMaskedLM
     with pytest.raises(ConfigError, match=r"^model.family=modernbert: only bertforge pretrain builds"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from bertforge.config import ConfigError, ExecutionConfig, ModelConfig, TrainConfig
+from bertforge.config import ConfigError, ExecutionConfig, ModelConfig, TrainConfig, load_config
 from bertforge.models.bert import BertForPreTraining
 from bertforge.parallel.dist import compiles_optimizer
 from bertforge.training.engine import Engine, skips_on_device
@@ -693,15 +694,25 @@ def composer_wsd(done: int, warmup: int, decay: int, total: int, alpha_f: float)
     return max(0.0, 1 - current_decay_fraction * (1 - alpha_f))
 
 
-def composer_lrs(lr: float, warmup: int, decay: int, total: int, alpha_f: float) -> list[float]:
-    """The lr of each batch as Composer's trainer runs the scheduler (compile_composer_scheduler, a
-    LambdaLR; Trainer._train_loop of mosaicml 0.24.1, which ModernBERT pins): the LambdaLR evaluates it
-    once when made, at timestamp 0, then after each batch scheduler.step() evaluates it before
-    timestamp.to_next_batch counts that batch."""
-    timestamp, multiplier, lrs = 0, composer_wsd(0, warmup, decay, total, alpha_f), []
+def composer_one_minus_sqrt(done: int, decay: int, total: int, alpha_f: float) -> float:
+    """ModernBERT's OneMinusSqrtScheduler (src/scheduler.py, 8c57a0f) at a timestamp of ``done`` batches,
+    transcribed: 1.0 while timestamp <= t_max - t_decay, then alpha_f + (1 - alpha_f)(1 - sqrt(the share of
+    the decay done)), never below alpha_f."""
+    if done <= total - decay:
+        return 1.0
+    relative_time = (done - (total - decay)) / decay
+    return max(alpha_f, alpha_f + (1 - alpha_f) * (1 - math.sqrt(relative_time)))
+
+
+def composer_lrs(lr: float, total: int, scheduler: Callable[[int], float]) -> list[float]:
+    """The lr of each batch as Composer's trainer runs ``scheduler`` (of the batches done) through
+    compile_composer_scheduler, a LambdaLR (Trainer._train_loop of mosaicml 0.24.1, which ModernBERT
+    pins): the LambdaLR evaluates it once when made, at timestamp 0, then after each batch
+    scheduler.step() evaluates it before timestamp.to_next_batch counts that batch."""
+    timestamp, multiplier, lrs = 0, scheduler(0), []
     for _ in range(total):
         lrs.append(lr * multiplier)  # the batch trains
-        multiplier = composer_wsd(timestamp, warmup, decay, total, alpha_f)  # scheduler.step()
+        multiplier = scheduler(timestamp)  # scheduler.step()
         timestamp += 1  # state.timestamp.to_next_batch()
     return lrs
 
@@ -716,8 +727,29 @@ def composer_lrs(lr: float, warmup: int, decay: int, total: int, alpha_f: float)
 ])
 def test_wsd_equals_modernbert_warmup_stable_decay(change, warmup, decay):
     train = TrainConfig(lr=8e-4, schedule="wsd", **change)
-    want = composer_lrs(8e-4, warmup, decay, 40, train.end_lr / train.lr)
+    want = composer_lrs(8e-4, 40, lambda done: composer_wsd(done, warmup, decay, 40, train.end_lr / train.lr))
     assert [lr_at(k, train, 40) for k in range(40)] == pytest.approx(want, rel=1e-15, abs=0)
+
+
+@pytest.mark.parametrize("change, decay", [
+    (dict(decay_steps=10), 10),  # ModernBERT's context extension: stable, then the last steps decay
+    (dict(decay_steps=40), 40),  # the whole run decays
+    (dict(decay_steps=7, end_lr=8e-5), 7),
+    (dict(decay_proportion=0.3, end_lr=2e-4), 12),  # int(12.000000000000002)
+])
+def test_one_minus_sqrt_decay_equals_modernbert_one_minus_sqrt(change, decay):
+    train = TrainConfig(lr=8e-4, schedule="wsd", decay_shape="one_minus_sqrt", **change)
+    want = composer_lrs(8e-4, 40, lambda done: composer_one_minus_sqrt(done, decay, 40, train.end_lr / train.lr))
+    got = [lr_at(k, train, 40) for k in range(40)]
+    assert got == pytest.approx(want, rel=1e-15, abs=0)
+    linear = [lr_at(k, TrainConfig(lr=8e-4, schedule="wsd", **change), 40) for k in range(40)]
+    assert got[-decay // 2] < linear[-decay // 2]  # 1 - sqrt falls fast, then slowly: below the line mid-decay
+
+
+def test_a_decay_shape_is_read_only_by_wsd():
+    with pytest.raises(ConfigError, match=r"^train.decay_shape is given but train.schedule=poly: it is read only "
+                                          r"with train.schedule wsd"):
+        load_config(None, [("train.decay_shape", "one_minus_sqrt")])
 
 
 SCHEDULE_CASES = json.loads((FIXTURES / "schedule_reference.json").read_text())["cases"]
