@@ -218,6 +218,11 @@ class TrainConfig(Freezable):
     decouple_lr: bool = True
     micro_batch_size: int = 32
     global_batch_size: int = 32
+    # ModernBERT's batch-size warm-up (its sequence packer's BatchSizeWarmupScheduler): each rank starts at
+    # this many sequences a step (a multiple of micro_batch_size; 0 = off) and grows a micro-batch at a time
+    # to its share of global_batch_size over the first batch_size_warmup_tokens tokens read (all ranks')
+    batch_size_warmup_min_size: int = 0
+    batch_size_warmup_tokens: int = 0
     steps: int = 1000
     epochs: int = 0  # > 0: stop after this many passes over the data instead
     warmup_steps: int = 0
@@ -647,6 +652,8 @@ _INT_RANGES: dict[str, tuple[int, int]] = {
     "train.eval_batches": (0, _INT64_MAX),
     "train.eval_batch_size": (0, _INT64_MAX),
     "train.seed": (0, _SEED_MAX),
+    "train.batch_size_warmup_min_size": (0, _INT64_MAX),
+    "train.batch_size_warmup_tokens": (0, _INT64_MAX),
     "execution.threads": (0, 2**16),
     "execution.dist_timeout": (1, 2**31),
     "execution.pipeline_stages": (1, 2**16),
@@ -763,8 +770,29 @@ def validate(cfg: Config) -> None:
     if samples != "mlperf" and samples < 0:
         raise ConfigError(f"train.eval_every_samples={samples} must not be negative (0 = off, or mlperf)")
     accumulation_steps(cfg.train, world_size=1)
+    _check_batch_warmup(cfg)
     _check_family(cfg)
     _check_pipeline(cfg)
+
+
+def _check_batch_warmup(cfg: Config) -> None:
+    """The batch-size warm-up needs both its fields, and refuses what counts samples as steps × the
+    global batch (the world size's share is checked at launch, by training.engine.BatchWarmup)."""
+    t = cfg.train
+    if bool(t.batch_size_warmup_min_size) != bool(t.batch_size_warmup_tokens):
+        raise ConfigError(f"train.batch_size_warmup_min_size={t.batch_size_warmup_min_size} and "
+                          f"train.batch_size_warmup_tokens={t.batch_size_warmup_tokens}: set both, or neither")
+    if not t.batch_size_warmup_min_size:
+        return
+    if t.batch_size_warmup_min_size % t.micro_batch_size:
+        raise ConfigError(f"train.batch_size_warmup_min_size={t.batch_size_warmup_min_size} is not a multiple of "
+                          f"train.micro_batch_size={t.micro_batch_size}")
+    counted = {"train.epochs": t.epochs, "train.eval_every_samples": t.eval_every_samples, "log.mlperf": cfg.log.mlperf,
+               "execution.pipeline_stages": cfg.execution.pipeline_stages > 1}
+    for key, value in counted.items():
+        if value:
+            raise ConfigError(f"train.batch_size_warmup_min_size cannot be used with {key}={_get(cfg, key)} "
+                              f"(its batches change size as the tokens read grow)")
 
 
 def _check_family(cfg: Config) -> None:

@@ -27,6 +27,7 @@ from bertforge.config import (
     parse_overrides,
 )
 from bertforge.runs import config_from_args
+from bertforge.training.engine import BatchWarmup
 
 PRESETS = "(presets: tiny, mini, small, medium, base, large, modernbert-tiny, modernbert-base, modernbert-large)"
 SHIPPED = sorted(p.stem for p in CONFIG_DIR.glob("pretrain_*.yaml"))  # squad_*: tests/tasks/test_squad_train.py
@@ -408,8 +409,16 @@ def test_modernbert_configs_have_the_published_recipe():
         assert cfg.execution.precision == "bf16"
         assert t.global_batch_size * cfg.data.seq_len == 4608 * 1024  # tokens a step
     assert (short.data.seq_len, short.model.global_rope_theta, short.train.lr) == (1024, 10000.0, 8e-4)
-    assert (short.train.micro_batch_size, short.train.warmup_steps, short.train.decay_steps) == (96, 636, 0)
-    assert short.train.steps == round(1.719e12 / (4608 * 1024))  # 1.719T tokens
+    # The batch-size warm-up: a GPU's first steps are one micro-batch (of 96 × 1024 tokens, rows nearly full)
+    # on the recipe's 8 GPUs, the full 4608 after its 50B tokens. Its steps, and the lr warm-up's 3B tokens
+    # (all at 768 × 1024 a step), follow from the schedule.
+    t = short.train
+    assert (t.micro_batch_size, t.batch_size_warmup_min_size, t.batch_size_warmup_tokens) == (96, 96, 50e9)
+    warmup, rank_tokens, steps = BatchWarmup(1, 6, t.batch_size_warmup_tokens, 8), 0, 0
+    while (size := warmup.micro_batches(rank_tokens)) < 6:
+        rank_tokens, steps = rank_tokens + size * 96 * 1024, steps + 1
+    assert (steps, t.warmup_steps, t.decay_steps) == (21194, math.ceil(3e9 / (768 * 1024)), 0)
+    assert t.steps == steps + round((1.719e12 - 8 * rank_tokens) / (4608 * 1024))  # 1.719T tokens
     assert (long.data.seq_len, long.model.global_rope_theta, long.train.lr) == (8192, 160000.0, 3e-4)
     assert long.train.steps == round(300e9 / (4608 * 1024)) and long.train.decay_steps == round(50e9 / (4608 * 1024))
     # Both: the 0.1 dropout after the attention output alone (attn_out_dropout_prob); the extension's 1 - sqrt decay.

@@ -37,9 +37,11 @@ then saves a checkpoint and returns. A second signal exits at once.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import contextlib
 import dataclasses
+import itertools
 import math
 import os
 import random
@@ -304,6 +306,43 @@ def due(every: int, step: int, total: int) -> bool:
     """Whether a periodic action (every ``every`` steps, 0: never) falls after ``step``: never
     after the last step, whose own comes after the loop."""
     return bool(every) and step % every == 0 and step < total
+
+
+class BatchWarmup:
+    """ModernBERT's batch-size warm-up (``BatchSizeWarmupScheduler``, src/sequence_packer.py of
+    AnswerDotAI/ModernBERT): this rank's micro-batches a step, from ``first`` to ``full``, by the
+    tokens this rank has read before the step.
+
+    As there, the warm-up's tokens are all ranks' and each rank counts its own real tokens (padding
+    left out): W = ceil(tokens / world size). Sizes first, …, full - 1 hold until thresholds
+    t_b = ceil(W / S · (first + … + b)), S = first + … + (full - 1): a rank trains b micro-batches
+    while its tokens are below t_b and at or above the one before; full from W on (each size lasts
+    about the same number of steps)."""
+
+    def __init__(self, first: int, full: int, tokens: int, world_size: int):
+        if not 0 < first <= full:
+            raise ConfigError(f"train.batch_size_warmup_min_size: {first} micro-batch(es) a rank, not in 1..{full} "
+                              f"(this run's micro-batches a rank and step)")
+        self.first, self.full = first, full
+        self.tokens = math.ceil(tokens / world_size)
+        sizes = range(first, full)
+        per_unit = self.tokens / sum(sizes) if sizes else 0.0
+        self.thresholds = [math.ceil(per_unit * total) for total in itertools.accumulate(sizes)]
+
+    def micro_batches(self, tokens_read: int) -> int:
+        """Micro-batches of the step that follows ``tokens_read`` tokens (this rank's)."""
+        if tokens_read >= self.tokens:
+            return self.full
+        return self.first + bisect.bisect_right(self.thresholds, tokens_read)
+
+
+def real_tokens(batch: dict[str, torch.Tensor]) -> int:
+    """The tokens of a host batch that are not padding (what ModernBERT's packer counts)."""
+    if "attention_mask" in batch:
+        return int(batch["attention_mask"].sum())
+    if "sequence_ids" in batch:  # packed rows: 0 marks the padding after the last sequence
+        return int((batch["sequence_ids"] > 0).sum())
+    return batch["input_ids"].numel()
 
 
 class Engine:

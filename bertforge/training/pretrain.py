@@ -98,6 +98,7 @@ from . import checkpoint as ckpt
 from . import pipeline
 from .engine import (
     BatchStream,
+    BatchWarmup,
     DivergenceError,
     DivergenceGuard,
     Engine,
@@ -105,6 +106,7 @@ from .engine import (
     StepReport,
     autocast,
     due,
+    real_tokens,
     set_threads,
     to_device,
 )
@@ -502,6 +504,8 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
                           data_fingerprint, saved.get("train_s", 0.0) if saved else 0.0, started, stack)
         if resume_from is not None and saved is not None and "guard" in saved:  # (older checkpoints: refilled)
             restore_guard(run.guard, saved["guard"], resume_from)
+        if saved is not None:  # where the batch-size warm-up stands (runs without one: steps × the batch)
+            run.tokens_read, run.samples = saved.get("tokens_read", 0), saved.get("samples", run.samples)
         ranks = f" × {dist.world_size} ranks ({cfg.execution.parallel})" if dist.world_size > 1 else ""
         if cfg.execution.pipeline_stages > 1:
             ranks = (f" × {data_world} pipeline(s) of {cfg.execution.pipeline_stages} stages "
@@ -510,7 +514,7 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
                       f"{cfg.model.num_hidden_layers} layers, hidden {cfg.model.hidden_size}; "
                       f"{stream.num_sequences} training sequences of {cfg.data.seq_len}; "
                       f"global batch {cfg.train.global_batch_size} = {cfg.train.micro_batch_size} × "
-                      f"{accumulation}{ranks}")
+                      f"{accumulation}{ranks}{warmup_note(cfg.train, dist.world_size)}")
         return run.train(progress, save=not compile_only)
 
 
@@ -546,6 +550,27 @@ def pretraining_model(model: ModelConfig, train: TrainConfig, init: str = "") ->
     if init:
         load_weights(built, init)
     return built.train()
+
+
+def warmup_note(train: TrainConfig, world_size: int) -> str:
+    if not train.batch_size_warmup_min_size:
+        return ""
+    return (f", from {train.batch_size_warmup_min_size * world_size} over the first "
+            f"{train.batch_size_warmup_tokens:,} tokens (batch-size warm-up)")
+
+
+def batch_warmup(train: TrainConfig, execution: ExecutionConfig, world_size: int,
+                 accumulation: int) -> BatchWarmup | None:
+    """The batch-size warm-up of ``train`` (None: off) on ``world_size`` ranks of ``accumulation``
+    micro-batches a step. Ranks count their own tokens, so their micro-batches may differ at a step:
+    FSDP's reduce-scatter after each micro-batch would then wait forever, and is refused."""
+    if not train.batch_size_warmup_min_size:
+        return None
+    if execution.parallel == "fsdp" and execution.grad_sync == "micro_batch" and world_size > 1:
+        raise ConfigError("train.batch_size_warmup_min_size cannot be used with execution.fsdp_grad_sync="
+                          "micro_batch (ranks may train different numbers of micro-batches in a step); use step")
+    return BatchWarmup(train.batch_size_warmup_min_size // train.micro_batch_size, accumulation,
+                       train.batch_size_warmup_tokens, world_size)
 
 
 def accumulation_of(train: TrainConfig, execution: ExecutionConfig, data_world: int) -> int:
@@ -609,6 +634,10 @@ class Pretraining:
         # Time to train: the timed region from here to the stop, summed over a resumed run's parts.
         self.run_started, self.trained_s = time.perf_counter(), trained_s
         self.guard = DivergenceGuard(cfg.train.divergence_factor, cfg.train.divergence_steps)
+        self.warmup = batch_warmup(cfg.train, cfg.execution, dist.world_size, accumulation)
+        self.tokens_read = 0  # this rank's real tokens, which the batch-size warm-up follows
+        self.samples = step * cfg.train.global_batch_size  # sequences trained, all ranks'
+        self.step_batches: dict[int, int] = {}  # the global batch of the steps whose reports have not arrived
         self.unconfirmed: tuple[int, Path] | None = None  # (its step, the checkpoint awaiting the next loss)
         self.throughput = Throughput()
         self.learning_rates: dict[int, float] = {}  # of the steps whose reports have not arrived
@@ -621,18 +650,21 @@ class Pretraining:
     def train(self, progress: dict[str, int], save: bool = True) -> dict[str, Any]:
         """Train to the end, a target accuracy or a signal; the summary. ``save`` false (compile-only)
         writes no final checkpoint."""
-        cfg, engine, batch, target = self.cfg, self.engine, self.cfg.train.global_batch_size, self.target
+        cfg, engine, target = self.cfg, self.engine, self.target
         self.mlperf.run_start(cfg.train, cfg.data, self.accumulation, self.steps,
                               len(self.eval_set) if self.eval_set else 0)
         first_eval = last_eval = self.evaluate() if self.step == 0 and cfg.train.eval_at_start else None
         final: Path | None = None  # the checkpoint a signal made the run write
         while self.step < self.steps and not self.reached(last_eval):  # (the target may be reached at 0)
             self.learning_rates[self.step + 1] = engine.lr
-            self.mlperf.train(self.step * batch)
+            self.mlperf.train(self.samples)
+            accumulation = self.warmup.micro_batches(self.tokens_read) if self.warmup else self.accumulation
             with self.monitor.step(self.step):  # memory, step times and the --profile window
                 # On CUDA each micro-batch's copy overlaps the compute of the one before.
-                engine.step(copied_ahead(self.micro_batches(), self.dist.device), self.accumulation, self.step)
+                engine.step(copied_ahead(self.micro_batches(accumulation), self.dist.device), accumulation, self.step)
             self.step += 1
+            self.step_batches[self.step] = cfg.train.micro_batch_size * accumulation * self.dist.world_size
+            self.samples += self.step_batches[self.step]
             progress["steps"] += 1
             self.on_report(engine.report)  # the step before's numbers
             if eval_due(cfg.train, self.step) and self.step < self.steps:  # (the last step's comes after the loop)
@@ -655,16 +687,16 @@ class Pretraining:
             if target > 0:  # success: an evaluation reached the target; aborted: the steps ran out first
                 status = "success" if self.reached(last_eval) else "aborted"
                 self.logger.log({"step": self.step, "split": "result", "status": status,
-                                 "time_to_train_s": time_to_train, "samples_to_train": self.step * batch})
+                                 "time_to_train_s": time_to_train, "samples_to_train": self.samples})
                 self.bar.print(f"{status}: masked-LM accuracy target {target} "
-                               f"{'reached' if status == 'success' else 'not reached'} after {self.step * batch} "
+                               f"{'reached' if status == 'success' else 'not reached'} after {self.samples} "
                                f"samples ({self.step} steps); time to train {time_to_train} s")
-            self.mlperf.run_stop(self.step * batch, status or "aborted")
+            self.mlperf.run_stop(self.samples, status or "aborted")
             final = self.save() if save else None
         summary = {
             "run_dir": str(self.run_dir), "checkpoint": str(final) if final else None, "steps": self.step,
             "preempted": preempted,
-            "status": status, "time_to_train_s": time_to_train, "samples_to_train": self.step * batch,
+            "status": status, "time_to_train_s": time_to_train, "samples_to_train": self.samples,
             "first_loss": self.first_loss, "last_loss": self.last_loss,
             "first_eval": first_eval, "last_eval": last_eval,
             "wall_s": round(time.perf_counter() - self.started, 1),
@@ -674,12 +706,15 @@ class Pretraining:
             self.bar.print(f"done in {summary['wall_s']} s; checkpoint: {final}")
         return summary
 
-    def micro_batches(self) -> Iterable[dict[str, torch.Tensor]]:
-        """This step's micro-batches, read as the step reaches them; the first step shows the first
-        one decoded (what the model is fed, for a person)."""
+    def micro_batches(self, count: int) -> Iterable[dict[str, torch.Tensor]]:
+        """This step's ``count`` micro-batches, read as the step reaches them (and their tokens counted
+        for the batch-size warm-up); the first step shows the first one decoded (what the model is
+        fed, for a person)."""
         stream, vocab = self.stream, self.cfg.data.vocab
-        for i in range(self.accumulation):
+        for i in range(count):
             batch = stream.next()
+            if self.warmup:
+                self.tokens_read += real_tokens(batch)
             if self.step == 0 and i == 0 and vocab and not self.cfg.data.synthetic:
                 self.bar.print(f"sample: {decode_sample(batch, vocab)[:400]}")
             yield batch
@@ -700,9 +735,11 @@ class Pretraining:
             return
         cfg, step, values = self.cfg, report.step, dict(report.values)
         sequences = values.pop("sequences", None)  # packed rows: real sequences per micro-batch, averaged
-        self.throughput.add(cfg.train.global_batch_size if sequences is None else
-                            round(sequences * cfg.train.global_batch_size / cfg.train.micro_batch_size))
+        batch = self.step_batches.pop(step)
+        self.throughput.add(batch if sequences is None else round(sequences * batch / cfg.train.micro_batch_size))
         lr = self.learning_rates.pop(step)
+        if self.warmup:
+            values["global_batch"] = batch
         if step % cfg.log.every == 0 or step == self.steps or step == 1:
             self.first_loss = values["loss"] if self.first_loss is None else self.first_loss
             self.last_loss = values["loss"]
@@ -776,7 +813,8 @@ class Pretraining:
             self.on_report(self.engine.flush())
             self.settle_unconfirmed(spiked=self.guard.spiking)
         state = {"data": self.stream.state(), "data_fingerprint": self.data_fingerprint,
-                 "train_s": self.trained_s + time.perf_counter() - self.run_started}
+                 "train_s": self.trained_s + time.perf_counter() - self.run_started,
+                 "tokens_read": self.tokens_read, "samples": self.samples}
         if self.guard.enabled:  # its history, for a resumed run to see a spike in its first steps
             state["guard"] = self.guard.state_dict()
         return ckpt.save(self.run_dir, self.step, self.engine, self.files, state, keep=self.cfg.checkpoint.keep,
