@@ -288,7 +288,8 @@ def add_squad_commands(sub: Any) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="--out may be a non-empty directory: the old run's files are removed first, "
                         "under its lock (a live run's directory is refused)")
-    p.add_argument("--vocab", help="vocab.txt (default: the one beside --init)")
+    p.add_argument("--vocab", "--tokenizer", dest="vocab",
+                       help="vocab.txt or tokenizer.json (default: the one beside --init)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--profile", metavar="START:END", help="torch.profiler over steps START..END-1 (from 0), "
                    "into OUT/profile/ (log.profile)")
@@ -301,7 +302,8 @@ def add_squad_commands(sub: Any) -> None:
         p = commands.add_parser(name, help=helptext,
                                 epilog="--data.seq_len N and --squad.* override the saved settings.")
         p.add_argument("--model", required=True, help="a fine-tuned model directory")
-        p.add_argument("--vocab", help="vocab.txt (default: the one beside --model)")
+        p.add_argument("--vocab", "--tokenizer", dest="vocab",
+                       help="vocab.txt or tokenizer.json (default: the one beside --model)")
         p.add_argument("--batch-size", type=int, default=None)
         if name == "predict":
             p.add_argument("--predict-file", required=True)
