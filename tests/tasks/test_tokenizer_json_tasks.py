@@ -109,3 +109,70 @@ def test_glue_features_equal_run_glues(tokenizer_json):
             whole = theirs(*([examples.text_a] if examples.text_b is None else [examples.text_a, examples.text_b]))
             assert ours.truncated == sum(len(ids) > seq_len for ids in whole["input_ids"])
             assert (ours.truncated > len(examples) / 2) == (seq_len == 24)
+
+
+# ------------------------------------------------------------------ NER
+
+
+def conll_from_mrpc(path: Path, sentences: int) -> Path:
+    """A CoNLL-2003 file (``word POS chunk tag``, blank lines between sentences, -DOCSTART-) of
+    MRPC's real sentences; capitalised words after the first are tagged as entities (B-ORG, then
+    I-ORG while capitalised), numbers B-MISC."""
+    lines = ["-DOCSTART- -X- -X- O", ""]
+    for sentence in mrpc("dev", sentences).text_a:
+        previous = "O"
+        for k, word in enumerate(sentence.split()):
+            tag = ("I-ORG" if previous != "O" and previous != "B-MISC" else "B-ORG") if k and word[0].isupper() \
+                else "B-MISC" if word[0].isdigit() else "O"
+            lines.append(f"{word} NN I-NP {tag}")
+            previous = tag
+        lines.append("")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def run_ner_features(tokenizer, words: list[list[str]], tags: list[list[str]], label_to_id: dict[str, int],
+                     max_length: int) -> tuple[list[list[int]], list[list[int]]]:
+    """run_ner's tokenize_and_align_labels (label_all_tokens False): ids, and labels on each word's
+    first token, -100 elsewhere."""
+    tokenized = tokenizer(words, truncation=True, max_length=max_length, is_split_into_words=True)
+    all_labels = []
+    for i, sentence_tags in enumerate(tags):
+        labels, previous = [], None
+        for word in tokenized.word_ids(batch_index=i):
+            labels.append(-100 if word is None or word == previous else label_to_id[sentence_tags[word]])
+            previous = word
+        all_labels.append(labels)
+    return tokenized["input_ids"], all_labels
+
+
+def test_ner_features_equal_run_ners(tokenizer_json, tmp_path):
+    """A CoNLL file of 408 real sentences (9k words): ids and labels on each word's first token equal
+    run_ner's tokenize_and_align_labels, with the add-prefix-space convention it uses for
+    RoBERTa-like tokenizers on the byte-level BPE (every word is its "Ġword"), row for row; at a
+    sequence of 32 the sentences that do not fit are windowed (every word labelled once) where
+    run_ner truncates, and the rows of the others still equal its features."""
+    from bertforge.tasks.finetune import ner
+
+    examples = ner.read_conll(conll_from_mrpc(tmp_path / "train.txt", 408))
+    labels = ner.label_list(examples)
+    tokenizer = task_tokenizer(tokenizer_json)
+    theirs = hf_tokenizer(tokenizer_json, prefix_space=True)
+    for seq_len in (128, 32):
+        ours = ner.convert_examples(examples, tokenizer, seq_len, labels)
+        ids, expected = run_ner_features(theirs, examples.words, examples.tags, {t: i for i, t in enumerate(labels)},
+                                         seq_len)
+        single = [s for s in range(len(examples)) if (ours.sentence_index == s).sum() == 1]
+        assert (len(single) == len(examples)) == (seq_len == 128) and len(single) > 80
+        rows = {int(s): r for r, s in enumerate(ours.sentence_index)}
+        for s in single:
+            n = int(ours.input_mask[rows[s]].sum())
+            assert ours.input_ids[rows[s], :n].tolist() == ids[s]
+            assert ours.labels[rows[s], :n].tolist() == expected[s]
+        assert (ours.input_ids[ours.input_mask == 0] == tokenizer.pad_id).all()
+        first = (ours.labels != -100).sum()
+        assert first == sum(len(w) for w in examples.words)
+    if "bpe" in tokenizer_json.parent.name:
+        # "Ġword" for every word: each is encoded as it is in running text
+        running = tokenizer.tokenizer.encode(" " + " ".join(examples.words[0]), add_special_tokens=False).ids
+        assert [i for w in ner.word_pieces(examples, tokenizer)[0][0] for i in w] == running
