@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import shared_data
 
@@ -176,3 +177,164 @@ def test_ner_features_equal_run_ners(tokenizer_json, tmp_path):
         # "Ġword" for every word: each is encoded as it is in running text
         running = tokenizer.tokenizer.encode(" " + " ".join(examples.words[0]), add_special_tokens=False).ids
         assert [i for w in ner.word_pieces(examples, tokenizer)[0][0] for i in w] == running
+
+
+# ------------------------------------------------------------------ SQuAD
+
+
+def run_qa_features(tokenizer, examples, max_length: int, stride: int, training: bool) -> list[dict]:
+    """run_qa's prepare_train_features / prepare_validation_features (right padding side, no padding):
+    per window its ids, and the start/end positions (training) or the offsets of context tokens only."""
+    tokenized = tokenizer([x.question.lstrip() for x in examples], [x.context for x in examples],
+                          truncation="only_second", max_length=max_length, stride=stride,
+                          return_overflowing_tokens=True, return_offsets_mapping=True)
+    windows = []
+    for i, offsets in enumerate(tokenized["offset_mapping"]):
+        ids = tokenized["input_ids"][i]
+        sequence_ids = tokenized.sequence_ids(i)
+        example = examples[tokenized["overflow_to_sample_mapping"][i]]
+        window = {"ids": ids, "example": example.qas_id}
+        if not training:
+            window["offsets"] = [o if sequence_ids[k] == 1 else None for k, o in enumerate(offsets)]
+            windows.append(window)
+            continue
+        cls_index = ids.index(tokenizer.cls_token_id) if tokenizer.cls_token_id in ids else 0
+        window["start"] = window["end"] = cls_index
+        if not example.is_impossible:
+            start_char = example.answer_start
+            end_char = start_char + len(example.answer_text)
+            first = 0
+            while sequence_ids[first] != 1:
+                first += 1
+            last = len(ids) - 1
+            while sequence_ids[last] != 1:
+                last -= 1
+            if offsets[first][0] <= start_char and offsets[last][1] >= end_char:
+                while first < len(offsets) and offsets[first][0] <= start_char:
+                    first += 1
+                while offsets[last][1] >= end_char:
+                    last -= 1
+                window["start"], window["end"] = first - 1, last + 1
+        windows.append(window)
+    return windows
+
+
+def ours_as_windows(features, examples, training: bool) -> list[dict]:
+    windows = []
+    for row in range(len(features)):
+        n = int(features.input_mask[row].sum())
+        window = {"ids": features.input_ids[row, :n].tolist(), "example": examples[features.example_index[row]].qas_id}
+        if training:
+            window["start"], window["end"] = int(features.start_positions[row]), int(features.end_positions[row])
+        else:
+            window["offsets"] = [tuple(o) if o[0] >= 0 else None for o in features.offsets[row, :n].tolist()]
+        windows.append(window)
+    return windows
+
+
+def test_squad_features_equal_run_qas(tokenizer_json):
+    """300 training questions (train-v1.1-first44) and 300 dev questions of SQuAD v1.1, windows of
+    128 tokens overlapping by 32 (many windows per question): ids, start/end positions from the
+    answers' characters and the context tokens' offsets equal run_qa's, window for window; every
+    answer inside a window is the context's characters between its tokens' offsets."""
+    from bertforge.tasks.squad.data import convert_examples_to_features, read_examples
+
+    tokenizer = task_tokenizer(tokenizer_json)
+    theirs = hf_tokenizer(tokenizer_json)
+    for name, training in (("train-v1.1-first44.json", True), ("dev-v1.1.json", False)):
+        examples = read_examples(shared_data(f"squad/{name}"), is_training=training)[0][:300]
+        features = convert_examples_to_features(examples, tokenizer, 128, 32, is_training=training)
+        expected = run_qa_features(theirs, examples, 128, 32, training)
+        assert len(features) > 2 * len(examples)
+        assert ours_as_windows(features, examples, training) == expected
+        if training:
+            inside = [r for r, w in enumerate(expected) if w["start"] != 0]
+            assert len(inside) > 250
+            for row in inside:
+                example, window = examples[features.example_index[row]], expected[row]
+                characters = features.offsets[row, window["start"], 0], features.offsets[row, window["end"], 1]
+                span = example.context[characters[0]:characters[1]]
+                assert example.answer_text in span and len(span) < len(example.answer_text) + 20
+
+
+def utils_qa_predictions(examples, windows: list[dict], start_logits, end_logits, version_2: bool,
+                         n_best: int = 20, max_answer_length: int = 30) -> tuple[dict, dict]:
+    """utils_qa's postprocess_qa_predictions (null threshold 0): (answers, null score differences)."""
+    answers, diffs = {}, {}
+    for example in examples:
+        rows = [r for r, w in enumerate(windows) if w["example"] == example.qas_id]
+        prelim, null = [], None
+        for r in rows:
+            offsets = windows[r]["offsets"] + [None] * (len(start_logits[r]) - len(windows[r]["offsets"]))
+            null_score = start_logits[r][0] + end_logits[r][0]
+            if null is None or null["score"] > null_score:
+                null = {"offsets": (0, 0), "score": null_score, "start": start_logits[r][0], "end": end_logits[r][0]}
+            for s in np.argsort(start_logits[r])[-1:-n_best - 1:-1].tolist():
+                for e in np.argsort(end_logits[r])[-1:-n_best - 1:-1].tolist():
+                    if offsets[s] is None or offsets[e] is None or e < s or e - s + 1 > max_answer_length:
+                        continue
+                    prelim.append({"offsets": (offsets[s][0], offsets[e][1]), "start": start_logits[r][s],
+                                   "end": end_logits[r][e], "score": start_logits[r][s] + end_logits[r][e]})
+        if version_2:
+            prelim.append(null)
+        predictions = sorted(prelim, key=lambda p: p["score"], reverse=True)[:n_best]
+        if version_2 and not any(p is null for p in predictions):
+            predictions.append(null)
+        for p in predictions:
+            p["text"] = example.context[p["offsets"][0]:p["offsets"][1]]
+        if not version_2:
+            answers[example.qas_id] = predictions[0]["text"] if predictions else "empty"
+            continue
+        best = next((p for p in predictions if p["text"] != ""), {"text": "empty", "start": 0.0, "end": 0.0})
+        diffs[example.qas_id] = null["score"] - best["start"] - best["end"]
+        answers[example.qas_id] = "" if diffs[example.qas_id] > 0.0 else best["text"]
+    return answers, diffs
+
+
+def squad_v2_file(path: Path) -> Path:
+    """Two real paragraphs of train-v1.1-first44 as SQuAD v2.0: every third question unanswerable."""
+    import json
+
+    data = json.loads(shared_data("squad/train-v1.1-first44.json").read_text(encoding="utf-8"))
+    paragraphs = data["data"][0]["paragraphs"][:4]
+    k = 0
+    for paragraph in paragraphs:
+        for qa in paragraph["qas"]:
+            qa["is_impossible"] = k % 3 == 0
+            if qa["is_impossible"]:
+                qa["plausible_answers"], qa["answers"] = qa["answers"], []
+            k += 1
+    path.write_text(json.dumps({"version": "v2.0", "data": [{"title": "t", "paragraphs": paragraphs}]}),
+                    encoding="utf-8")
+    return path
+
+
+def test_squad_answers_equal_utils_qas(tokenizer_json, tmp_path):
+    """Post-processing through the offsets: with the same random logits, our answers (200 dev
+    questions, v1.1) and answers and null odds (a hand-made v2.0 file of 4 real paragraphs, a third
+    of its questions unanswerable) equal utils_qa's postprocess_qa_predictions; every answer is an
+    exact substring of its context. The v2.0 training windows of unanswerable questions point at
+    [CLS], as run_qa's."""
+    from bertforge.tasks.squad.data import convert_examples_to_features, read_examples
+    from bertforge.tasks.squad.postprocess import postprocess
+
+    tokenizer = task_tokenizer(tokenizer_json)
+    theirs = hf_tokenizer(tokenizer_json)
+    v2 = squad_v2_file(tmp_path / "v2.json")
+    train = read_examples(v2, is_training=True, version_2_with_negative=True)[0]
+    features = convert_examples_to_features(train, tokenizer, 96, 32, is_training=True)
+    assert ours_as_windows(features, train, True) == run_qa_features(theirs, train, 96, 32, True)
+    impossible = [r for r in range(len(features)) if train[features.example_index[r]].is_impossible]
+    assert impossible and (features.start_positions[impossible] == 0).all()
+    rng = np.random.default_rng(0)
+    for path, version_2 in ((shared_data("squad/dev-v1.1.json"), False), (v2, True)):
+        examples = read_examples(path, version_2_with_negative=version_2)[0][:200]
+        features = convert_examples_to_features(examples, tokenizer, 128, 32)
+        start, end = rng.normal(size=(2, *features.input_ids.shape)).astype(np.float32)
+        ours = postprocess(examples, features, start, end, version_2_with_negative=version_2)
+        windows = run_qa_features(theirs, examples, 128, 32, False)
+        answers, diffs = utils_qa_predictions(examples, windows, start.tolist(), end.tolist(), version_2)
+        assert ours.predictions == answers
+        assert all(a in x.context for x in examples for a in [answers[x.qas_id]] if a != "empty")
+        if version_2:
+            assert ours.null_odds == pytest.approx(diffs, abs=1e-5) and len(diffs) == len(examples)
