@@ -338,3 +338,78 @@ def test_squad_answers_equal_utils_qas(tokenizer_json, tmp_path):
         assert all(a in x.context for x in examples for a in [answers[x.qas_id]] if a != "empty")
         if version_2:
             assert ours.null_odds == pytest.approx(diffs, abs=1e-5) and len(diffs) == len(examples)
+
+
+# ------------------------------------------------------------------ end to end
+
+
+RUN_FLAGS = ["--no-progress", "--data.seq_len", "64", "--train.micro_batch_size", "8", "--train.global_batch_size", "8",
+             "--train.steps", "3", "--log.tensorboard", "false", "--execution.threads", "1", "--checkpoint.keep", "0"]
+
+
+def small_mrpc(folder: Path) -> Path:
+    """The shared MRPC's header and first rows: 32 training pairs, 24 dev pairs, 8 test pairs."""
+    folder.mkdir()
+    for split, rows in (("train", 32), ("dev", 24), ("test", 8)):
+        lines = shared_data(f"glue/MRPC/{split}.tsv").read_text(encoding="utf-8-sig").splitlines()
+        (folder / f"{split}.tsv").write_text("\n".join(lines[:rows + 1]) + "\n", encoding="utf-8")
+    return folder
+
+
+@pytest.mark.slow
+def test_a_modernbert_with_only_a_tokenizer_json_fine_tunes(bpe_json, tmp_path, capsys):
+    """A transformers ModernBERT directory whose only tokenizer is the BPE tokenizer.json: `finetune glue`
+    (MRPC), `finetune ner` (a CoNLL file) and `squad train` (train-v1.1-first44) find it beside the
+    model, train 3 steps and keep it in the run (no vocab.txt); `finetune predict` and `squad predict`
+    read it from the run and give the run's own dev scores and answers, each an exact substring of
+    its context."""
+    import json
+    import shutil
+
+    import torch
+    import transformers
+    from test_modernbert import CFG, hf_config
+
+    from bertforge.data.vocab import load_vocab
+
+    init = tmp_path / "init"
+    torch.manual_seed(0)
+    size = load_vocab(bpe_json).size
+    config = hf_config(CFG.__class__(**{**CFG.__dict__, "vocab_size": size, "max_position_embeddings": 128,
+                                        "local_attention": 16}))
+    transformers.ModernBertForMaskedLM(config).save_pretrained(init)
+    shutil.copyfile(bpe_json, init / "tokenizer.json")
+
+    glue_run = tmp_path / "mrpc-run"
+    assert main(["finetune", "glue", "--task", "mrpc", "--data", str(small_mrpc(tmp_path / "mrpc")),
+                 "--init", str(init), "--out", str(glue_run), *RUN_FLAGS]) == 0
+    assert (glue_run / "tokenizer.json").read_bytes() == bpe_json.read_bytes()
+    assert not (glue_run / "vocab.txt").exists()
+    scores = json.loads((glue_run / "scores.json").read_text())
+    capsys.readouterr()
+    assert main(["finetune", "predict", "--model", str(glue_run), "--split", "dev"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["accuracy"] == scores["accuracy"]
+
+    conll = tmp_path / "conll"
+    conll.mkdir()
+    conll_from_mrpc(conll / "train.txt", 40)
+    shutil.copyfile(conll / "train.txt", conll / "dev.txt")
+    ner_run = tmp_path / "ner-run"
+    assert main(["finetune", "ner", "--data", str(conll), "--init", str(init), "--out", str(ner_run), *RUN_FLAGS]) == 0
+    ner_scores = json.loads((ner_run / "scores.json").read_text())
+    capsys.readouterr()
+    assert main(["finetune", "predict", "--model", str(ner_run), "--split", "dev"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["f1"] == ner_scores["f1"]
+
+    dev = squad_v2_file(tmp_path / "dev.json")  # (read as v1.1 for prediction: its answers are not needed)
+    squad_run = tmp_path / "squad-run"
+    train = shared_data("squad/train-v1.1-first44.json")
+    assert main(["squad", "train", "--init", str(init), "--train-file", str(train), "--out", str(squad_run),
+                 "--squad.max_questions", "24", "--squad.doc_stride", "16",
+                 "--squad.max_query_length", "24", *RUN_FLAGS]) == 0
+    assert not (squad_run / "vocab.txt").exists() and (squad_run / "tokenizer.json").is_file()
+    assert main(["squad", "predict", "--model", str(squad_run), "--predict-file", str(dev),
+                 "--out", str(tmp_path / "predictions.json")]) == 0
+    answers = json.loads((tmp_path / "predictions.json").read_text())
+    contexts = {qa["id"]: p["context"] for p in json.loads(dev.read_text())["data"][0]["paragraphs"] for qa in p["qas"]}
+    assert set(answers) == set(contexts) and all(a in contexts[q] for q, a in answers.items())

@@ -475,7 +475,10 @@ def convert_examples(examples: GlueExamples, tokenizer: Tokenizer | FastTokenize
         raise GlueError(f"{spec.name} is a regression task: its scores take no label_list")
     if seq_len < 3:
         raise GlueError(f"seq_len={seq_len} leaves no room for a token after [CLS] and [SEP]")
-    rows = (_pipeline_rows if isinstance(tokenizer, FastTokenizer) else _reference_rows)(examples, tokenizer, seq_len)
+    if isinstance(tokenizer, FastTokenizer):
+        rows = _pipeline_rows(examples, tokenizer, seq_len)
+    else:
+        rows = _reference_rows(examples, tokenizer, seq_len)
     return GlueFeatures(*rows[:3], _labels(examples, label_list), list(examples.ids), rows[3])
 
 
