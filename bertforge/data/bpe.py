@@ -24,10 +24,10 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from .errors import DataError
-from .tokenizer import CLS, SEP, SPECIAL_TOKENS, SpecialIds
+from .tokenizer import CLS, MASK, SEP, SPECIAL_TOKENS, SpecialIds
 from .wordpiece import IdStore, TokenizedChunk
 
 
@@ -202,7 +202,10 @@ def train_bpe(documents: Iterable[list[str]], vocab_size: int, out_path: str | P
     (GPT-2's split, no prefix space; case kept), BPE over the 256 bytes, and a
     post-processor writing ``[CLS] A [SEP]`` (``[CLS] A [SEP] B [SEP]`` for
     pairs). The special tokens are ModernBERT's names at ids 0-4: [PAD] 0 (the
-    records' padding id), [UNK] 1, [CLS] 2, [SEP] 3, [MASK] 4. Each document
+    records' padding id), [UNK] 1, [CLS] 2, [SEP] 3, [MASK] 4, with the flags
+    of its published ``tokenizer.json`` (:func:`modernbert_special_tokens`: the
+    mask takes the space before it, so "is [MASK]." is ``is [MASK] .``, as
+    training shows a masked ``Ġword``). Each document
     is trained on as running text, its lines joined by spaces, as
     :meth:`FastBPE.encode_documents` encodes it. The file is written under a
     temporary name and renamed.
@@ -215,8 +218,8 @@ def train_bpe(documents: Iterable[list[str]], vocab_size: int, out_path: str | P
     tokenizer.normalizer = normalizers.NFC()
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=modernbert_special_tokens(),
+                                  show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tokenizer.train_from_iterator(_running_texts(documents), trainer)
     cls, sep = tokenizer.token_to_id(CLS), tokenizer.token_to_id(SEP)
     tokenizer.post_processor = processors.TemplateProcessing(
@@ -227,6 +230,14 @@ def train_bpe(documents: Iterable[list[str]], vocab_size: int, out_path: str | P
     tmp.write_text(tokenizer.to_str(pretty=True), encoding="utf-8")
     os.replace(tmp, out_path)
     return out_path
+
+
+def modernbert_special_tokens() -> list[AddedToken]:
+    """[PAD] [UNK] [CLS] [SEP] [MASK] as answerdotai/ModernBERT-base's ``tokenizer.json`` declares them:
+    special, not normalized, not single words, no right strip; [MASK] alone strips the whitespace on
+    its left (``lstrip``), which becomes part of the mask."""
+    return [AddedToken(token, single_word=False, lstrip=token == MASK, rstrip=False, normalized=False, special=True)
+            for token in SPECIAL_TOKENS]
 
 
 def _running_texts(documents: Iterable[list[str]], size: int = 1000) -> Iterator[list[str]]:

@@ -392,6 +392,36 @@ def test_data_vocab_trains_a_bpe(tmp_path, wiki_path, capsys):
                                             "the 256 bytes (give more than 261)\n")
 
 
+# The special tokens of answerdotai/ModernBERT-base's tokenizer.json ("added_tokens", as published at
+# huggingface.co/answerdotai/ModernBERT-base/blob/main/tokenizer.json; not in this machine's caches, so
+# transcribed): content -> (single_word, lstrip, rstrip, normalized, special). Its ids are 50280-50284.
+PUBLISHED_FLAGS = {"[UNK]": (False, False, False, False, True), "[CLS]": (False, False, False, False, True),
+                   "[SEP]": (False, False, False, False, True), "[PAD]": (False, False, False, False, True),
+                   "[MASK]": (False, True, False, False, True)}
+
+
+def test_bpe_special_tokens_have_modernberts_flags(wiki_docs, tmp_path):
+    """`data vocab --kind bpe`'s special tokens carry the published flags: the mask takes the space before
+    it, so a typed "is [MASK]." is is/[MASK]/. with no bare space token (before: is/Ġ/[MASK]/.); FastBPE
+    still equals tokenizers on text around [MASK] (which it encodes as text, as records need)."""
+    from bertforge.data.bpe import train_bpe
+
+    path = train_bpe(wiki_docs[:60], 1500, tmp_path / "tokenizer.json")
+    added = json.loads(path.read_text())["added_tokens"]
+    assert {t["content"]: tuple(t[k] for k in ("single_word", "lstrip", "rstrip", "normalized", "special"))
+            for t in added} == PUBLISHED_FLAGS
+    tokenizer = Tokenizer.from_file(str(path))
+    ids = {t: tokenizer.token_to_id(t) for t in ("Ġis", "[MASK]", ".", "[CLS]", "[SEP]")}
+    encoding = tokenizer.encode("The answer is [MASK].")
+    assert encoding.ids[-4:] == [ids["Ġis"], ids["[MASK]"], ids["."], ids["[SEP]"]]
+    assert "Ġ" not in encoding.tokens
+    assert tokenizer.encode("is  [MASK]", add_special_tokens=False).tokens == ["is", "  [MASK]"]
+    lines = [" ".join(d)[:400] for d in wiki_docs[60:120]]
+    lines = [line.replace(" the ", " [MASK] ", 1) for line in lines] + ["is [MASK].", "[MASK] at [MASK]", *ODD_LINES]
+    ours, counts = load_vocab(path).encoder().encode_lines(lines)
+    assert len(counts) == len(lines) and ours.tolist() == [i for ids in their_ids(path, lines) for i in ids]
+
+
 def test_records_from_another_tokenizer_are_refused(tmp_path, wiki_docs, bpe, capsys):
     """A native file's header names its tokenizer: training (data.vocab) or data inspect (--vocab) with
     another is one line naming both; records without the field (older files, TFRecords) still read."""

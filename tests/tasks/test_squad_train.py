@@ -284,7 +284,7 @@ def test_missing_vocab_is_a_one_line_error(tiny_hf, tmp_path, capsys):
     (tmp_path / "train.json").write_text(json.dumps({"data": []}))
     assert run_cli(["squad", "train", "--init", str(tiny_hf), "--train-file", str(tmp_path / "train.json")]) == 2
     err = capsys.readouterr().err
-    assert err == f"error: {tiny_hf}: no vocab.txt beside the model; pass --vocab\n"
+    assert err == f"error: {tiny_hf}: no vocab.txt or tokenizer.json beside the model; pass --vocab\n"
 
 
 def test_vocab_of_another_model_is_an_error(tiny_hf, capsys):

@@ -235,7 +235,8 @@ def add_finetune_commands(sub: Any) -> None:
         p.add_argument("--overwrite", action="store_true",
                        help="--out may be a non-empty directory: the old run's files are removed first, "
                             "under its lock (a live run's directory is refused)")
-        p.add_argument("--vocab", help="vocab.txt (default: the one beside --init)")
+        p.add_argument("--vocab", "--tokenizer", dest="vocab",
+                       help="vocab.txt or tokenizer.json (default: the one beside --init)")
         p.add_argument("--no-progress", action="store_true")
         p.set_defaults(func=cmd_train, kind=kind, takes_overrides=True)
 
@@ -245,7 +246,8 @@ def add_finetune_commands(sub: Any) -> None:
     p.add_argument("--data", help="the task's directory (default: the one it was trained on)")
     p.add_argument("--split", default="test", help="dev, test (MNLI: dev_matched, test_mismatched, …; ax)")
     p.add_argument("--out", help="where test predictions go (default: the model's directory)")
-    p.add_argument("--vocab", help="vocab.txt (default: the one beside --model)")
+    p.add_argument("--vocab", "--tokenizer", dest="vocab",
+                       help="vocab.txt or tokenizer.json (default: the one beside --model)")
     p.add_argument("--batch-size", type=int, default=None)
     p.set_defaults(func=cmd_predict)
 

@@ -34,7 +34,11 @@ Features
     then 1, exactly as ``run_classifier.convert_single_example``: a pair too
     long loses one token at a time from the longer side (the second when
     equal), a single text its tail. Tokens are the reference ``FullTokenizer``'s
-    (:func:`bertforge.data.tokenizer.encode_texts`).
+    (:func:`bertforge.data.tokenizer.encode_texts`). With a ``tokenizer.json``
+    (:class:`~bertforge.data.fast_tokenizer.FastTokenizer`) they are
+    transformers' ``run_glue``'s instead: ``tokenizer(a, b, truncation=True,
+    max_length=seq_len)`` (the file's special tokens and type ids, ``tokenizers``'
+    longest-first truncation), padded with the [PAD] id.
 
 Leaderboard files
     :func:`write_test_predictions` writes what gluebenchmark.com's submission
@@ -63,6 +67,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from bertforge.data.download import fetch_verified
+from bertforge.data.fast_tokenizer import FastTokenizer
 from bertforge.data.tokenizer import encode_texts
 from bertforge.fileio import atomic_directory, atomic_file
 
@@ -451,16 +456,17 @@ def _token_id(tokenizer: Tokenizer, token: str) -> int:
     return token_id
 
 
-def convert_examples(examples: GlueExamples, tokenizer: Tokenizer, seq_len: int,
+def convert_examples(examples: GlueExamples, tokenizer: Tokenizer | FastTokenizer, seq_len: int,
                      label_list: Sequence[str] | None = None) -> GlueFeatures:
-    """The reference's features for ``examples`` (``run_classifier.convert_single_example``).
+    """The reference's features for ``examples`` (``run_classifier.convert_single_example``), or
+    with a ``tokenizer.json``'s :class:`FastTokenizer` ``run_glue``'s (the module's docstring).
 
-    ``tokenizer`` is :func:`bertforge.data.tokenizer.load_tokenizer`'s.
+    ``tokenizer`` is :func:`bertforge.data.fast_tokenizer.task_tokenizer`'s.
     ``label_list`` maps label strings to class ids (its order is the ids');
     by default the task's labels (:attr:`GlueTask.labels`). STS-B's scores
     become float32 labels. A test set has no labels (``labels`` None).
     As in the reference, a second text that tokenizes to nothing makes a
-    single-text example.
+    single-text example (a WordPiece vocab.txt).
     """
     spec = get_task(examples.task)
     if label_list is None:
@@ -469,6 +475,16 @@ def convert_examples(examples: GlueExamples, tokenizer: Tokenizer, seq_len: int,
         raise GlueError(f"{spec.name} is a regression task: its scores take no label_list")
     if seq_len < 3:
         raise GlueError(f"seq_len={seq_len} leaves no room for a token after [CLS] and [SEP]")
+    if isinstance(tokenizer, FastTokenizer):
+        rows = _pipeline_rows(examples, tokenizer, seq_len)
+    else:
+        rows = _reference_rows(examples, tokenizer, seq_len)
+    return GlueFeatures(*rows[:3], _labels(examples, label_list), list(examples.ids), rows[3])
+
+
+def _reference_rows(examples: GlueExamples, tokenizer: Tokenizer, seq_len: int
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """(input_ids, input_mask, segment_ids, examples truncated) as ``run_classifier.py``."""
     cls_id, sep_id = _token_id(tokenizer, "[CLS]"), _token_id(tokenizer, "[SEP]")
     n = len(examples)
     tokens_a = encode_texts(tokenizer, examples.text_a)
@@ -491,18 +507,37 @@ def convert_examples(examples: GlueExamples, tokenizer: Tokenizer, seq_len: int,
         input_mask[i, :len(row)] = 1
         if b:
             segment_ids[i, len(a) + 2:len(row)] = 1
+    return input_ids, input_mask, segment_ids, truncated
 
-    labels = None
-    if examples.labels is not None:
-        if label_list is None:
-            labels = np.asarray(examples.labels, dtype=np.float32)
-        else:
-            label_map = {label: i for i, label in enumerate(label_list)}
-            missing = sorted({str(x) for x in examples.labels} - set(label_map))
-            if missing:
-                raise GlueError(f"{examples.source}: labels {missing} are not in the label list {list(label_list)}")
-            labels = np.array([label_map[str(x)] for x in examples.labels], dtype=np.int64)
-    return GlueFeatures(input_ids, input_mask, segment_ids, labels, list(examples.ids), truncated)
+
+def _pipeline_rows(examples: GlueExamples, tokenizer: FastTokenizer, seq_len: int
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """(input_ids, input_mask, segment_ids, examples truncated) as ``run_glue``'s
+    ``tokenizer(a, b, truncation=True, max_length=seq_len)``, padded with the [PAD] id."""
+    second = None if examples.text_b is None else list(examples.text_b)
+    encodings = tokenizer.encode(list(examples.text_a), second, max_length=seq_len)
+    n = len(encodings)
+    input_ids = np.full((n, seq_len), tokenizer.pad_id, np.int32)
+    input_mask = np.zeros((n, seq_len), np.int32)
+    segment_ids = np.zeros((n, seq_len), np.int32)
+    for i, encoding in enumerate(encodings):
+        input_ids[i, :len(encoding.ids)] = encoding.ids
+        input_mask[i, :len(encoding.ids)] = 1
+        segment_ids[i, :len(encoding.ids)] = encoding.type_ids
+    return input_ids, input_mask, segment_ids, sum(bool(e.overflowing) for e in encodings)
+
+
+def _labels(examples: GlueExamples, label_list: Sequence[str] | None) -> np.ndarray | None:
+    """Class ids (of ``label_list``), STS-B's float32 scores (no list), or None for a test set."""
+    if examples.labels is None:
+        return None
+    if label_list is None:
+        return np.asarray(examples.labels, dtype=np.float32)
+    label_map = {label: i for i, label in enumerate(label_list)}
+    missing = sorted({str(x) for x in examples.labels} - set(label_map))
+    if missing:
+        raise GlueError(f"{examples.source}: labels {missing} are not in the label list {list(label_list)}")
+    return np.array([label_map[str(x)] for x in examples.labels], dtype=np.int64)
 
 
 # ------------------------------------------------------------------ leaderboard files

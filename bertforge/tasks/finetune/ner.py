@@ -24,6 +24,11 @@ Features (:func:`convert_examples`)
     are tokenized as ``BertTokenizerFast(..., is_split_into_words=True)`` does (the same ids
     and label positions, tested), after the reference's Python cleaning and lowercasing of
     non-ASCII text (as :func:`bertforge.data.tokenizer.encode_texts`).
+    With a ``tokenizer.json`` (:class:`~bertforge.data.fast_tokenizer.FastTokenizer`) the
+    words are its pipeline's, each with the space before it as in running text (a byte-level
+    BPE's ``add_prefix_space``, as ``run_ner`` sets it for RoBERTa-like tokenizers), between its
+    classifier and separator tokens, padded with its [PAD] id: ``run_ner``'s
+    ``tokenize_and_align_labels`` for every sentence that fits (tested).
 
     Unlike ``run_ner``, which truncates a sentence and so loses its last words' labels and
     predictions, a sentence longer than ``seq_len - 2`` WordPieces is split at word boundaries
@@ -52,6 +57,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
+from bertforge.data.fast_tokenizer import FastTokenizer
 from bertforge.data.tokenizer import CLS, SEP, UNK, reference_clean
 from bertforge.fileio import atomic_file
 
@@ -248,26 +254,43 @@ def _token_id(tokenizer: Tokenizer, token: str) -> int:
     return token_id
 
 
-def word_pieces(examples: NerExamples, tokenizer: Tokenizer) -> tuple[list[list[list[int]]], int]:
-    """Each sentence's words' WordPiece ids, and how many words had none (given one [UNK])."""
-    lowercase = bool(getattr(tokenizer.normalizer, "lowercase", False))
-    unk = _token_id(tokenizer, UNK)
-    cleaned = [[reference_clean(word, lowercase) for word in sentence] for sentence in examples.words]
-    # As BertTokenizerFast(is_split_into_words=True): each word pre-tokenized on its own.
-    encodings = tokenizer.encode_batch(cleaned, is_pretokenized=True, add_special_tokens=False)
+def word_pieces(examples: NerExamples, tokenizer: Tokenizer | FastTokenizer) -> tuple[list[list[list[int]]], int]:
+    """Each sentence's words' token ids, and how many words had none (given one [UNK]).
+
+    As ``BertTokenizerFast(is_split_into_words=True)``: each word pre-tokenized on its own; a
+    ``tokenizer.json``'s words each with the space before it (:attr:`FastTokenizer.words`).
+    """
+    if isinstance(tokenizer, FastTokenizer):
+        unk = tokenizer.specials.unk
+        encodings = tokenizer.encode_words([list(sentence) for sentence in examples.words])
+    else:
+        lowercase = bool(getattr(tokenizer.normalizer, "lowercase", False))
+        unk = _token_id(tokenizer, UNK)
+        cleaned = [[reference_clean(word, lowercase) for word in sentence] for sentence in examples.words]
+        encodings = tokenizer.encode_batch(cleaned, is_pretokenized=True, add_special_tokens=False)
     result: list[list[list[int]]] = []
     empty = 0
-    for sentence, encoding in zip(examples.words, encodings, strict=True):
+    for s, (sentence, encoding) in enumerate(zip(examples.words, encodings, strict=True)):
         pieces: list[list[int]] = [[] for _ in sentence]
         for token_id, word in zip(encoding.ids, encoding.word_ids, strict=True):
             assert word is not None  # only special tokens have none, and none were added
             pieces[word].append(token_id)
-        for ids in pieces:
+        for w, ids in enumerate(pieces):
             if not ids:
+                if unk is None:
+                    raise NerError(f"{examples.where(s, w)}: the word has no tokens, and the tokenizer no unknown "
+                                   "token to stand for it")
                 ids.append(unk)
                 empty += 1
         result.append(pieces)
     return result, empty
+
+
+def _ends(tokenizer: Tokenizer | FastTokenizer) -> tuple[int, int, int]:
+    """(classifier, separator, padding) ids: a tokenizer.json's roles, else BERT's tokens (padding 0)."""
+    if isinstance(tokenizer, FastTokenizer):
+        return tokenizer.specials.cls, tokenizer.specials.sep, tokenizer.pad_id
+    return _token_id(tokenizer, CLS), _token_id(tokenizer, SEP), 0
 
 
 def _windows(lengths: list[int], room: int) -> list[tuple[int, int]]:
@@ -284,11 +307,11 @@ def _windows(lengths: list[int], room: int) -> list[tuple[int, int]]:
     return windows
 
 
-def convert_examples(examples: NerExamples, tokenizer: Tokenizer, seq_len: int,
+def convert_examples(examples: NerExamples, tokenizer: Tokenizer | FastTokenizer, seq_len: int,
                      label_list: Sequence[str]) -> NerFeatures:
     """The features of ``examples`` (see the module's docstring).
 
-    ``tokenizer`` is :func:`bertforge.data.tokenizer.load_tokenizer`'s; ``label_list`` the
+    ``tokenizer`` is :func:`bertforge.data.fast_tokenizer.task_tokenizer`'s; ``label_list`` the
     model's labels (:func:`label_list` of the training file). Unlabelled examples get -100
     everywhere. A tag not in ``label_list`` raises :class:`NerError` naming it, the file and line.
     """
@@ -296,7 +319,7 @@ def convert_examples(examples: NerExamples, tokenizer: Tokenizer, seq_len: int,
     if room < 1:
         raise NerError(f"seq_len={seq_len} leaves no room for a word between [CLS] and [SEP]")
     label_ids = {label: i for i, label in enumerate(label_list)}
-    cls_id, sep_id = _token_id(tokenizer, CLS), _token_id(tokenizer, SEP)
+    cls_id, sep_id, pad_id = _ends(tokenizer)
     pieces, empty = word_pieces(examples, tokenizer)
 
     plans: list[tuple[int, list[list[int]], list[tuple[int, int]]]] = []
@@ -310,7 +333,7 @@ def convert_examples(examples: NerExamples, tokenizer: Tokenizer, seq_len: int,
 
     n = sum(len(windows) for _, _, windows in plans)
     shape = (n, seq_len)
-    input_ids = np.zeros(shape, np.int32)
+    input_ids = np.full(shape, pad_id, np.int32)
     input_mask = np.zeros(shape, np.int32)
     labels = np.full(shape, IGNORE, np.int64)
     word_index = np.full(shape, -1, np.int32)

@@ -197,38 +197,42 @@ def saved_data_settings(model_path: str | Path) -> tuple[bool, int | None]:
 
 def write_run_files(out_dir: Path, config_yaml: str, section: Any, prefix: str, vocab: Path) -> None:
     """The settings of a fine-tuning run, written when it starts: config.yaml (``config_yaml``, the
-    run config's ``to_yaml()``), {prefix}.yaml, vocab.txt."""
+    run config's ``to_yaml()``), {prefix}.yaml, the vocab as vocab.txt or tokenizer.json (which
+    prediction then finds beside the model)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     with atomic_file(out_dir / "config.yaml") as tmp:
         tmp.write_text(config_yaml, encoding="utf-8")
     with atomic_file(out_dir / f"{prefix}.yaml") as tmp:
         tmp.write_text(yaml.safe_dump(dataclasses.asdict(section), sort_keys=False), encoding="utf-8")
-    if Path(vocab).resolve() != (out_dir / "vocab.txt").resolve():
-        with atomic_file(out_dir / "vocab.txt") as tmp:
+    copy = out_dir / runs.vocab_file_name(vocab)
+    if Path(vocab).resolve() != copy.resolve():
+        with atomic_file(copy) as tmp:
             shutil.copyfile(vocab, tmp)
 
 
 def find_vocab(model_path: str | Path, vocab: str | Path | None = None) -> Path:
-    """``vocab`` if given, else ``vocab.txt`` beside the weights; an error naming both when neither exists."""
+    """``vocab`` if given (a vocab.txt or a tokenizer.json), else the one beside the weights: ``vocab.txt``,
+    else ``tokenizer.json`` (a ModernBERT's); an error naming both when neither exists."""
     if vocab:
         vocab = Path(vocab)
         if not vocab.is_file():
             raise FinetuneError(f"vocab not found: {vocab}")
         return vocab
     path = find_model(model_path, FinetuneError)
-    candidates = [path / "vocab.txt"]
+    directories = [path]
     prefix = tf1.find_prefix(path)
     if prefix is not None:  # a TF1 checkpoint: its vocab sits beside it, or one directory up (MLPerf's layout)
-        candidates = [prefix.parent / "vocab.txt", prefix.parent.parent / "vocab.txt"]
+        directories = [prefix.parent, prefix.parent.parent]
     elif not (path / "config.json").is_file() and not (path / "model.safetensors").is_file():
         try:
-            candidates.insert(0, runs.find_checkpoint(path) / "vocab.txt")
+            directories.insert(0, runs.find_checkpoint(path))
         except ValueError:
             pass
-    for candidate in candidates:
-        if candidate.is_file():
-            return candidate
-    raise FinetuneError(f"{path}: no vocab.txt beside the model; pass --vocab")
+    for directory in directories:
+        found = runs.vocab_in(directory)
+        if found is not None:
+            return found
+    raise FinetuneError(f"{path}: no vocab.txt or tokenizer.json beside the model; pass --vocab")
 
 
 def load_checked(path: str | Path, vocab: Path, head: str, num_labels: int | None = None) -> nn.Module:

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertforge.config import Config, ConfigError, Head, ModelConfig, use_model, validate
-from bertforge.data.tokenizer import load_tokenizer
+from bertforge.data.fast_tokenizer import task_tokenizer
 from bertforge.fileio import atomic_file
 from bertforge.formats import weights
 from bertforge.formats.hf import hf_labels, resolve_model
@@ -338,7 +338,7 @@ def finetune(cfg: Config, task_cfg: TaskConfig, init: str | Path | None, out_dir
         if resume_from is None:
             cfg.checkpoint.init = str(resolve_model(cast(str, init)).resolve())  # (checked)
         task_cfg.data = str(Path(task_cfg.data).resolve())
-        task = Task.of(task_cfg, load_tokenizer(vocab_path, cfg.data.lowercase), cfg.data.seq_len)
+        task = Task.of(task_cfg, task_tokenizer(vocab_path, cfg.data.lowercase), cfg.data.seq_len)
         features, files, description = training_split(task)
         num_labels = len(task_cfg.labels)
         model = run_classifier(init, task, vocab_path, resume_from)
@@ -441,7 +441,7 @@ def predict(model_path: str | Path, data: str | Path | None = None, task_name: s
         task_cfg.predict_batch_size = batch_size
     lowercase, seq_len = saved_data_settings(model_path)
     vocab_path = find_vocab(model_path, vocab)
-    task = Task.of(task_cfg, load_tokenizer(vocab_path, lowercase), seq_len or 128)
+    task = Task.of(task_cfg, task_tokenizer(vocab_path, lowercase), seq_len or 128)
     if not task_cfg.labels:
         task_cfg.labels = list(glue.get_task(task_cfg.task).labels or ["score"]) if task_cfg.kind == "glue" else []
     if not task_cfg.labels:

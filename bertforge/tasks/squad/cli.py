@@ -89,7 +89,7 @@ def resolved_config(name: str, overrides: list[tuple[str, str]]) -> str:
 def _predict_settings(args: argparse.Namespace, extra: list[str]) -> tuple[Any, ...]:
     """(model, tokenizer, seq_len, SquadConfig, lowercase) for a fine-tuned model directory."""
     from bertforge.config import ConfigError, parse_overrides
-    from bertforge.data.tokenizer import load_tokenizer
+    from bertforge.data.fast_tokenizer import task_tokenizer
     from bertforge.tasks.finetune.run import find_vocab, set_section
 
     from .data import MAX_SEQ_LENGTH
@@ -117,7 +117,7 @@ def _predict_settings(args: argparse.Namespace, extra: list[str]) -> tuple[Any, 
     if getattr(args, "null_threshold", None) is not None:
         squad.null_score_diff_threshold = args.null_threshold
     validate_squad(squad, seq_len)
-    return model, load_tokenizer(vocab, lowercase), seq_len, squad, lowercase
+    return model, task_tokenizer(vocab, lowercase), seq_len, squad, lowercase
 
 
 def cmd_predict(args: argparse.Namespace, extra: list[str]) -> int:
@@ -288,7 +288,8 @@ def add_squad_commands(sub: Any) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="--out may be a non-empty directory: the old run's files are removed first, "
                         "under its lock (a live run's directory is refused)")
-    p.add_argument("--vocab", help="vocab.txt (default: the one beside --init)")
+    p.add_argument("--vocab", "--tokenizer", dest="vocab",
+                       help="vocab.txt or tokenizer.json (default: the one beside --init)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--profile", metavar="START:END", help="torch.profiler over steps START..END-1 (from 0), "
                    "into OUT/profile/ (log.profile)")
@@ -301,7 +302,8 @@ def add_squad_commands(sub: Any) -> None:
         p = commands.add_parser(name, help=helptext,
                                 epilog="--data.seq_len N and --squad.* override the saved settings.")
         p.add_argument("--model", required=True, help="a fine-tuned model directory")
-        p.add_argument("--vocab", help="vocab.txt (default: the one beside --model)")
+        p.add_argument("--vocab", "--tokenizer", dest="vocab",
+                       help="vocab.txt or tokenizer.json (default: the one beside --model)")
         p.add_argument("--batch-size", type=int, default=None)
         if name == "predict":
             p.add_argument("--predict-file", required=True)

@@ -27,6 +27,13 @@ Tokenization
     differ between Python's ``unicodedata`` (which the reference uses) and the
     ``tokenizers`` crate; none occurs in the SQuAD v1.1 files.
 
+A tokenizer.json (:class:`~bertforge.data.fast_tokenizer.FastTokenizer`)
+    Features are transformers' ``run_qa``'s instead (:func:`pipeline_features`):
+    the question whole, the context in windows that overlap by ``doc_stride``
+    tokens, answer positions from the answers' characters, and each context
+    token's character offsets, through which post-processing cuts answers out
+    of the context.
+
 SQuAD v2.0 (``version_2_with_negative``, run_squad's flag of that name)
     For training every question needs a boolean ``is_impossible``; an
     impossible one becomes an example with answer ``""`` at word -1 (the
@@ -63,6 +70,7 @@ from typing import Any, cast
 import numpy as np
 from tokenizers import Tokenizer
 
+from bertforge.data.fast_tokenizer import FastTokenizer
 from bertforge.data.tokenizer import reference_clean
 
 MAX_SEQ_LENGTH = 384
@@ -94,6 +102,8 @@ class SquadExample:
     start_word: int | None = None
     end_word: int | None = None
     is_impossible: bool = False
+    context: str = ""                 # the paragraph's text, as in the file
+    answer_start: int | None = None   # the answer's first character in it (training)
 
 
 @dataclass(frozen=True)
@@ -124,6 +134,8 @@ class SquadFeatures:
     end_positions: np.ndarray | None    # (N,) int64, training only
     vocab: list[str]                  # id → WordPiece, to show or post-process a window
     truncated_questions: int = 0      # questions longer than max_query_length WordPieces
+    offsets: np.ndarray | None = None  # (N, T, 2) int32, a tokenizer.json's: each context token's characters
+    #                                    [start, end) in its example's context, -1 off the context
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -261,7 +273,7 @@ def parse_examples(dataset: Any, is_training: bool = False, source: str = "<squa
                 if qas_id in seen:
                     raise SquadError(f"{location(source, path_q, qas_id)}: the question id is used twice")
                 seen.add(qas_id)
-                example = SquadExample(qas_id, question, words)
+                example = SquadExample(qas_id, question, words, context=context)
                 if version_2_with_negative and (is_training or "is_impossible" in qa):
                     # Training needs it (run_squad reads qa["is_impossible"]); elsewhere only checked.
                     impossible = get_field(qa, "is_impossible", bool, source, path_q, qas_id)
@@ -283,6 +295,7 @@ def parse_examples(dataset: Any, is_training: bool = False, source: str = "<squa
                         skipped.append(SkippedAnswer(qas_id, answer))
                         continue
                     example.answer_text, example.start_word, example.end_word = answer
+                    example.answer_start = qa["answers"][0]["answer_start"]
                 elif "answers" in qa:
                     answer_texts(qa, source, path_q, qas_id)
                 examples.append(example)
@@ -323,7 +336,7 @@ def example_from_text(question: str, context: str, qas_id: str = "q0") -> SquadE
     words, _ = split_context(context)
     if not words:
         raise SquadError("the context is empty")
-    return SquadExample(qas_id, question, words)
+    return SquadExample(qas_id, question, words, context=context)
 
 
 # ------------------------------------------------------------------ features
@@ -401,19 +414,22 @@ class _Plan:
     answer: tuple[int, int] | None  # WordPiece start/end of the answer (training)
 
 
-def convert_examples_to_features(examples: Sequence[SquadExample], tokenizer: Tokenizer,
+def convert_examples_to_features(examples: Sequence[SquadExample], tokenizer: Tokenizer | FastTokenizer,
                                  max_seq_length: int = MAX_SEQ_LENGTH, doc_stride: int = DOC_STRIDE,
                                  max_query_length: int = MAX_QUERY_LENGTH,
                                  is_training: bool = False) -> SquadFeatures:
     """The reference's features for ``examples``, as numpy arrays.
 
-    ``tokenizer`` is :func:`bertforge.data.tokenizer.load_tokenizer`'s; whether
+    ``tokenizer`` is :func:`bertforge.data.fast_tokenizer.task_tokenizer`'s; whether
     it lowercases is read from it. With ``is_training`` the examples need
     answers (from ``read_examples(..., is_training=True)``) and start/end
     positions are filled in (0, 0 for a window that does not hold the answer,
     and for every window of a SQuAD v2.0 ``is_impossible`` example: both as
-    in the reference, in v1.1 and v2.0 alike).
+    in the reference, in v1.1 and v2.0 alike). A ``tokenizer.json``'s
+    :class:`FastTokenizer` makes ``run_qa``'s features instead (:func:`pipeline_features`).
     """
+    if isinstance(tokenizer, FastTokenizer):
+        return pipeline_features(examples, tokenizer, max_seq_length, doc_stride, is_training)
     if max_query_length < 0 or doc_stride < 1:
         raise SquadError(f"max_query_length={max_query_length} and doc_stride={doc_stride} "
                          "must be at least 0 and 1")
@@ -538,3 +554,73 @@ def _fill_features(arrays: dict[str, Any], plans: list[_Plan], cls_id: int, sep_
                 start_positions[row] = plan.answer[0] - start + offset
                 end_positions[row] = plan.answer[1] - start + offset
             row += 1
+
+
+# ------------------------------------------------------------------ a tokenizer.json's features
+
+
+def pipeline_features(examples: Sequence[SquadExample], tokenizer: FastTokenizer, max_seq_length: int = MAX_SEQ_LENGTH,
+                      doc_stride: int = DOC_STRIDE, is_training: bool = False) -> SquadFeatures:
+    """transformers' ``run_qa`` features (``prepare_train_features`` / ``prepare_validation_features``).
+
+    ``tokenizer(question.lstrip(), context, truncation="only_second", max_length=max_seq_length,
+    stride=doc_stride, return_overflowing_tokens=True, return_offsets_mapping=True)``: the file's
+    special tokens around question and context, the context cut into windows that overlap by
+    ``doc_stride`` tokens (run_squad's windows advance by it instead), the question whole. Training
+    positions come from the answer's characters: the first and last context tokens that hold them,
+    or the classifier token (where ``[CLS]`` is, else 0) when the window does not hold the whole
+    answer, and for an unanswerable question. ``offsets`` keeps each context token's characters, from
+    which post-processing cuts the answer out of the context; every context token is scored in
+    every window that holds it (run_qa has no max-context rule).
+    """
+    if is_training:
+        missing = [x.qas_id for x in examples if not x.is_impossible and (x.answer_start is None or not x.answer_text)]
+        if missing:
+            raise SquadError(f"question {missing[0]}: training needs an answer "
+                             "(read the file with is_training=True)")
+    encodings = tokenizer.encode([x.question.lstrip() for x in examples], [x.context for x in examples],
+                                 max_length=max_seq_length, strategy="only_second", stride=doc_stride)
+    windows = [(index, k, window) for index, encoding in enumerate(encodings)
+               for k, window in enumerate([encoding, *encoding.overflowing])]
+    arrays = _feature_arrays(len(windows), max_seq_length, is_training)
+    arrays["input_ids"][:] = tokenizer.pad_id
+    offsets = np.full((len(windows), max_seq_length, 2), -1, np.int32)
+    for row, (index, k, window) in enumerate(windows):
+        example = examples[index]
+        length = len(window.ids)
+        in_context = np.array([sequence == 1 for sequence in window.sequence_ids], bool)
+        arrays["input_ids"][row, :length] = window.ids
+        arrays["input_mask"][row, :length] = 1
+        arrays["segment_ids"][row, :length] = window.type_ids
+        offsets[row, :length][in_context] = np.array(window.offsets, np.int32).reshape(-1, 2)[in_context]
+        word_starts = np.array(split_context(example.context)[1])
+        words = np.maximum(np.searchsorted(word_starts, offsets[row, :length, 0], side="right") - 1, 0)
+        arrays["token_to_orig"][row, :length] = np.where(in_context, words, -1)
+        arrays["token_is_max_context"][row, :length] = in_context
+        arrays["example_index"][row], arrays["doc_span_index"][row] = index, k
+        if is_training:
+            start, end = _answer_tokens(example, window.ids, offsets[row, :length], in_context, tokenizer.specials.cls)
+            arrays["start_positions"][row], arrays["end_positions"][row] = start, end
+    return SquadFeatures(**arrays, vocab=list(tokenizer.tokens), offsets=offsets)
+
+
+def _answer_tokens(example: SquadExample, ids: list[int], offsets: np.ndarray, in_context: np.ndarray,
+                   cls_id: int) -> tuple[int, int]:
+    """run_qa's start and end positions of the answer in one window: the context tokens holding its
+    first and last characters, or the classifier token's position where the window does not hold it."""
+    cls_index = ids.index(cls_id) if cls_id in ids else 0
+    if example.is_impossible or example.answer_start is None or example.answer_text is None:
+        return cls_index, cls_index
+    start_char = example.answer_start
+    end_char = start_char + len(example.answer_text)
+    context = np.flatnonzero(in_context)
+    first, last = int(context[0]), int(context[-1])
+    if not (offsets[first, 0] <= start_char and offsets[last, 1] >= end_char):
+        return cls_index, cls_index
+    start = first
+    while start < len(ids) and in_context[start] and offsets[start, 0] <= start_char:
+        start += 1
+    end = last
+    while offsets[end, 1] >= end_char:
+        end -= 1
+    return start - 1, end + 1

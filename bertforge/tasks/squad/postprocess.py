@@ -11,6 +11,11 @@ mapped back to the original text (:func:`get_final_text`), and the first
 probabilities. The prediction is the n-best's first text; an example with no
 valid span gets the reference's placeholder ``"empty"``.
 
+With a tokenizer.json's features (their ``offsets``) a span's text is the
+context's characters from its first token's start to its last token's end,
+as transformers' ``utils_qa.postprocess_qa_predictions`` cuts it (the same
+answers and null odds, tested); every context token may start a span.
+
 SQuAD v2.0 (``version_2_with_negative``, as run_squad with that flag): the
 null answer's score is the lowest ``start_logit[0] + end_logit[0]`` ([CLS])
 over the example's windows (the first window among equals). It joins the
@@ -300,7 +305,10 @@ def _nbest(example: SquadExample, features: SquadFeatures,
 
 def _span_text(example: SquadExample, features: SquadFeatures, row: int, start: int, end: int,
                do_lower_case: bool) -> str:
-    """The original text of WordPieces ``start..end`` of feature ``row``."""
+    """The original text of WordPieces ``start..end`` of feature ``row``: with a tokenizer.json's
+    offsets the context's characters from the first token's start to the last one's end."""
+    if features.offsets is not None:
+        return example.context[int(features.offsets[row, start, 0]):int(features.offsets[row, end, 1])]
     # WordPieces rejoined: "##" continuations glued back to their word.
     pieces = " ".join([features.vocab[i] for i in features.input_ids[row, start:end + 1].tolist()])
     tok_text = " ".join(pieces.replace(" ##", "").replace("##", "").split())

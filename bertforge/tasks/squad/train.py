@@ -70,7 +70,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertforge.config import Config, ConfigError, DataConfig, ModelConfig, use_model, validate
-from bertforge.data.tokenizer import load_tokenizer
+from bertforge.data.fast_tokenizer import task_tokenizer
 from bertforge.formats import weights
 from bertforge.formats.hf import resolve_model
 from bertforge.models.families import model_class
@@ -301,7 +301,7 @@ def finetune(cfg: Config, squad: SquadConfig, init: str | Path | None, train_fil
         squad.train_file = str(Path(train_path).resolve())
         squad.predict_file = str(Path(predict_path).resolve()) if predict_path else ""
         validate(cfg)
-        tokenizer = load_tokenizer(vocab_path, cfg.data.lowercase)
+        tokenizer = task_tokenizer(vocab_path, cfg.data.lowercase)
         features, questions, skipped = training_features(squad, cfg.data.seq_len, train_path, tokenizer)
         if resume_from is not None:
             from_main(dist, lambda: check_squad_resume(run_dir, squad, cfg.checkpoint.resume_with_changes))
