@@ -314,7 +314,8 @@ def load_records(files: list[Path], model: ModelConfig, data: DataConfig, train:
         # Every rank reads the same number of batches per epoch: none waits for another.
         stream = RecordStream(files, train.micro_batch_size, train.seed, shuffle_buffer=data.shuffle_buffer,
                               masking=masking, vocab_size=vocab_size, always_mask=always_mask, **position, **split)
-        return Prefetcher(stream, data.prefetch, pin=pin) if data.prefetch > 0 else stream
+        return (Prefetcher(stream, data.prefetch, pin=pin, threads=data.reader_threads) if data.prefetch > 0
+                else stream)
     return TrainingData(make_stream, eval_set, {"data.seq_len": seq_len, "data.max_predictions": max_predictions,
                                                 "model.vocab_size": vocab_size})
 
