@@ -426,7 +426,7 @@ def predict(model_path: str | Path, data: str | Path | None = None, task_name: s
     file (GLUE) or a CoNLL file (NER) into ``out_dir`` (default: the model's
     directory). Returns the scores and the files written.
     """
-    model_path = resolve_model(model_path)  # a directory, or a Hugging Face id in the cache
+    model_path = resolve_model(model_path)  # a directory, or a Hugging Face id (downloaded into the cache)
     task_cfg = saved_task(model_path)
     if task_name:
         task_cfg.task = task_name
