@@ -295,6 +295,9 @@ class LogConfig(Freezable):
     name: str = ""  # "" = a timestamp
     every: int = 10  # steps between logged rows (and the first and last step); at least 1
     progress: bool = True
+    # seconds between plain progress lines when the output is not a terminal (a log file, a pipe): training
+    # steps, and the batches of every evaluation and prediction pass
+    progress_every_s: float = 30.0
     tensorboard: bool = True  # when the tensorboard package is installed
     wandb: bool = False
     wandb_project: str = "bertforge"
@@ -678,7 +681,7 @@ _FLOAT_RANGES: dict[str, tuple[float, float, bool]] = {
 }
 # Divided by, or a power's base (the rotary thetas), or a cutoff: 0 is not allowed.
 _POSITIVE_FLOATS = ("model.layer_norm_eps", "model.global_rope_theta", "model.local_rope_theta",
-                    "model.initializer_cutoff_factor", "train.eps")
+                    "model.initializer_cutoff_factor", "train.eps", "log.progress_every_s")
 
 
 def _get(cfg: Config, key: str) -> Any:
