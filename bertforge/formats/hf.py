@@ -78,7 +78,8 @@ class NewlyInitializedWarning(UserWarning):
 # A Hugging Face model id: "bert-base-uncased" or "google/bert_uncased_L-4_H-256_A-4".
 HF_MODEL_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 # What a BERT or ModernBERT needs from a Hub snapshot (not its TF, Flax or ONNX copies).
-HF_MODEL_FILES = ["config.json", "vocab.txt", "tokenizer.json", "model.safetensors", "tokenizer_config.json"]
+HF_MODEL_FILES = ["config.json", "vocab.txt", "tokenizer.json", "model.safetensors", "tokenizer_config.json",
+                  SAFETENSORS_INDEX, "model-*-of-*.safetensors"]  # (a sharded upload's index and shards)
 
 
 def resolve_model(path: str | Path) -> Path:
