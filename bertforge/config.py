@@ -194,6 +194,9 @@ class DataConfig(Freezable):
     dynamic_masking: bool = False  # records: mask anew every epoch instead of the stored masks
     whole_word_mask: bool = False  # mask all WordPieces of a word or none (text input; dynamic_masking)
     prefetch: int = 4  # records: batches read ahead (and pinned, on CUDA) in a background thread; 0 = none
+    # records: threads reading and decoding batches at once, handed out in one thread's order (Graphcore's
+    # parallel_io_threads, spelt parallell_io_threads in its older configs); more than 1 needs prefetch
+    reader_threads: int = 1
 
 
 @dataclass
@@ -303,6 +306,9 @@ class LogConfig(Freezable):
     name: str = ""  # "" = a timestamp
     every: int = 10  # steps between logged rows (and the first and last step); at least 1
     progress: bool = True
+    # seconds between plain progress lines when the output is not a terminal (a log file, a pipe): training
+    # steps, and the batches of every evaluation and prediction pass
+    progress_every_s: float = 30.0
     tensorboard: bool = True  # when the tensorboard package is installed
     wandb: bool = False
     wandb_project: str = "bertforge"
@@ -640,6 +646,7 @@ _INT_RANGES: dict[str, tuple[int, int]] = {
     "data.seed": (0, _SEED_MAX),
     "data.shuffle_buffer": (0, _INT64_MAX),
     "data.prefetch": (0, _INT64_MAX),
+    "data.reader_threads": (1, 1024),
     "train.micro_batch_size": (1, _INT64_MAX),
     "train.global_batch_size": (1, _INT64_MAX),
     "train.steps": (0, _INT64_MAX),
@@ -688,7 +695,7 @@ _FLOAT_RANGES: dict[str, tuple[float, float, bool]] = {
 }
 # Divided by, or a power's base (the rotary thetas), or a cutoff: 0 is not allowed.
 _POSITIVE_FLOATS = ("model.layer_norm_eps", "model.global_rope_theta", "model.local_rope_theta",
-                    "model.initializer_cutoff_factor", "train.eps")
+                    "model.initializer_cutoff_factor", "train.eps", "log.progress_every_s")
 
 
 def _get(cfg: Config, key: str) -> Any:
@@ -766,6 +773,9 @@ def validate(cfg: Config) -> None:
         if getattr(cfg.train, key) and cfg.train.schedule != "wsd":  # as the table: else silently unused
             raise ConfigError(f"train.{key} is given but train.schedule={cfg.train.schedule}: it is read only with "
                               f"train.schedule wsd (poly and poly_tf decay over the whole run)")
+    if cfg.data.reader_threads > 1 and cfg.data.prefetch == 0:  # the readers read ahead: they would sit unused
+        raise ConfigError(f"data.reader_threads={cfg.data.reader_threads} needs data.prefetch of at least 1 "
+                          "(the reader threads read ahead; data.prefetch=0 reads in the training thread)")
     samples = cfg.train.eval_every_samples
     if samples != "mlperf" and samples < 0:
         raise ConfigError(f"train.eval_every_samples={samples} must not be negative (0 = off, or mlperf)")

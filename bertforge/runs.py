@@ -377,7 +377,8 @@ def remove_run_dir(run_dir: Path) -> None:
 # the data, the optimizer, its schedule, the batch, the precision) makes another run, which
 # --resume-with-changes (checkpoint.resume_with_changes) asks for knowingly.
 RESUMABLE_CHANGES = ("log.", "checkpoint.", "train.steps", "train.epochs", "train.eval_", "train.target_mlm_accuracy",
-                     "train.divergence_", "data.prefetch", "data.eval_input", "execution.")
+                     "train.divergence_", "data.prefetch", "data.reader_threads",
+                     "data.eval_input", "execution.")
 BREAKING_CHANGES = ("execution.precision",)  # among the above: the arithmetic of every step
 _THE_RESUME_ITSELF = ("checkpoint.resume", "checkpoint.init")  # not worth a line in the log
 

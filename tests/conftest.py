@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests import bert_reference
+# No test reaches the Hugging Face hub (a model id is looked up in a test's own cache, or on a local
+# stand-in: tests/hub_server.py); huggingface_hub reads this when first imported, and subprocesses inherit it.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("BERTFORGE_TEST_DATA", Path(__file__).parents[1] / ".." / "shared" / "data"))

@@ -425,3 +425,41 @@ def test_modernbert_configs_have_the_published_recipe():
     assert [(c.model.attention_probs_dropout_prob, c.model.attention_output_dropout_prob) for c in (short, long)] == [
         (0.0, 0.1), (0.0, 0.1)]
     assert (short.train.decay_shape, long.train.decay_shape) == ("linear", "one_minus_sqrt")
+
+
+# Graphcore's nlp/bert/tensorflow1/configs/pretrain_tiny_128_lamb.json (graphcore/examples), the values
+# that have a counterpart here, as the file holds them.
+GRAPHCORE_TINY_128_LAMB = {
+    "attention_probs_dropout_prob": 0, "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "hidden_size": 128,
+    "intermediate_size": 512, "initializer_range": 0.02, "max_position_embeddings": 512,
+    "num_attention_heads": 2, "num_hidden_layers": 2, "type_vocab_size": 2, "vocab_size": 30400,
+    "seq_length": 128, "micro_batch_size": 1, "num_train_steps": 1000, "epsilon": 1e-6,
+    "max_predictions_per_seq": 20, "lr_schedule": "polynomial_decay", "base_learning_rate": 0.001, "warmup": 10,
+    "optimizer": "lamb", "weight_decay_rate": 0.01, "parallel_io_threads": 16, "gradient_accumulation_count": 12,
+    "replicas": 1, "precision": "16", "seed": 1234, "enable_recomputation": True, "steps_per_ckpts": 100,
+    "steps_per_logs": 1, "duplicate_factor": 5, "static_mask": True,
+    "train_file": "data/tf_wikipedia/tokenised_128_dup5_mask20/*.tfrecord",
+}
+
+
+def test_graphcores_tiny_128_lamb_config_has_its_values():
+    cfg = load_config("pretrain_tiny_128_lamb")
+    m, d, t = cfg.model, cfg.data, cfg.train
+    ref = GRAPHCORE_TINY_128_LAMB
+    for key in ("attention_probs_dropout_prob", "hidden_act", "hidden_dropout_prob", "hidden_size",
+                "intermediate_size", "initializer_range", "max_position_embeddings", "num_attention_heads",
+                "num_hidden_layers", "type_vocab_size", "vocab_size"):
+        assert getattr(m, key) == ref[key], key
+    assert (d.seq_len, d.max_predictions, d.dupe_factor, d.reader_threads, d.input) == (
+        ref["seq_length"], ref["max_predictions_per_seq"], ref["duplicate_factor"], ref["parallel_io_threads"],
+        ref["train_file"])
+    assert d.dynamic_masking is not ref["static_mask"]
+    assert (t.optimizer, t.lr, t.eps, t.weight_decay, t.warmup_steps, t.steps, t.seed) == (
+        ref["optimizer"], ref["base_learning_rate"], ref["epsilon"], ref["weight_decay_rate"], ref["warmup"],
+        ref["num_train_steps"], ref["seed"])
+    assert (t.schedule, t.decay_power, t.end_lr) == ("poly", 1.0, 0.0)  # polynomial_decay at its power 1
+    assert t.micro_batch_size == ref["micro_batch_size"]
+    assert t.global_batch_size == ref["micro_batch_size"] * ref["gradient_accumulation_count"] * ref["replicas"]
+    assert cfg.accumulation_steps == ref["gradient_accumulation_count"]
+    assert (cfg.execution.precision, cfg.execution.recompute) == ("fp" + ref["precision"], "layer")
+    assert (cfg.checkpoint.every, cfg.log.every) == (ref["steps_per_ckpts"], ref["steps_per_logs"])

@@ -78,6 +78,17 @@ def remask(a: PretrainingArrays, spec: MaskingSpec, rng: np.random.Generator) ->
     return fresh
 
 
+@dataclass(frozen=True)
+class BatchPlan:
+    """One batch's place in the data: its epoch and number in the epoch (which seed its masks), and
+    its records as (file index, record index in that file)."""
+
+    epoch: int
+    index: int
+    files: np.ndarray
+    local: np.ndarray
+
+
 class RecordStream:
     """Batches of ``batch_size`` from record shards; see the module docstring for the order."""
 
@@ -161,7 +172,11 @@ class RecordStream:
 
     def read(self, sequence_ids: np.ndarray) -> Rows:
         """Records by their positions in the epoch's concatenation, in the given order."""
-        files, local = self._global_to_file(sequence_ids)
+        return self._take(*self._global_to_file(sequence_ids))
+
+    def _take(self, files: np.ndarray, local: np.ndarray) -> Rows:
+        """Records by (file index, record index in file), in the given order; reads the memory-mapped
+        files only, so several threads may take at once."""
         shards = np.unique(files)
         if len(shards) == 1:
             return self.readers[shards[0]].take(local)
@@ -170,16 +185,28 @@ class RecordStream:
         parts = [self.readers[f].take(local[rows]) for f, rows in zip(shards, where)]
         return concat_rows(parts).take(np.argsort(np.concatenate(where)))
 
-    def next(self) -> dict[str, torch.Tensor]:
+    def plan(self) -> BatchPlan:
+        """The next batch's place in the data, and the position moves past it: the cheap part of
+        :meth:`next`, which must run in order (windows and epochs are planned one after another)."""
         if self.index == self.batches_per_epoch:
             self.epoch, self.index = self.epoch + 1, 0
             self._plan_epoch(self.epoch)
-        arrays = self.read(self._batch_records(self.index))
+        files, local = self._global_to_file(self._batch_records(self.index))
+        planned = BatchPlan(self.epoch, self.index, files, local)
+        self.index += 1
+        return planned
+
+    def load(self, planned: BatchPlan) -> dict[str, torch.Tensor]:
+        """A planned batch read, masked and made tensors: the costly part of :meth:`next`, a function
+        of the plan alone, so reader threads may load several batches at once in any order."""
+        arrays = self._take(planned.files, planned.local)
         if self.masking is not None:
             assert isinstance(arrays, PretrainingArrays)  # packed records refuse masking (__init__)
-            arrays = remask(arrays, self.masking, self._rng(self.epoch, 2, self.rank, self.index))
-        self.index += 1
+            arrays = remask(arrays, self.masking, self._rng(planned.epoch, 2, self.rank, planned.index))
         return arrays.to_torch(self.always_mask)
+
+    def next(self) -> dict[str, torch.Tensor]:
+        return self.load(self.plan())
 
     def state(self) -> dict[str, int]:
         return {"epoch": self.epoch, "index": self.index}
@@ -310,21 +337,27 @@ def check_tokenizer(files: list[Path], vocab_path: str | Path) -> None:
 
 
 class Prefetcher:
-    """Reads the next batches of a stream in a background thread while the model trains.
+    """Reads the next batches of a stream in background threads while the model trains.
 
     The stream's reading (file access, numpy) overlaps with the training step
     (torch releases the GIL). ``state()`` is the position after the last batch
     handed out, not after the last one read ahead, so checkpoints stay exact.
-    With ``pin`` (training on CUDA) the thread also puts each batch in pinned
+    With ``pin`` (training on CUDA) the threads also put each batch in pinned
     memory, from which :func:`bertforge.data.feed.copied_ahead` copies it to the GPU
     without the host waiting.
+
+    ``threads`` (``data.reader_threads``) readers load that many batches at once:
+    one thread plans the batches in order (:meth:`RecordStream.plan`), the readers
+    load them (:meth:`RecordStream.load`, a function of the plan alone), and the
+    batches are handed out in the planned order, so the batches and the saved
+    positions are those of one thread whatever the number of readers.
     """
 
-    def __init__(self, stream: RecordStream, depth: int = 4, *, pin: bool = False):
+    def __init__(self, stream: RecordStream, depth: int = 4, *, pin: bool = False, threads: int = 1):
         import queue
         import threading
 
-        self.stream, self.pin = stream, pin
+        self.stream, self.pin, self.threads = stream, pin, threads
         self.batches_per_epoch = stream.batches_per_epoch
         self.num_sequences = stream.num_sequences
         self._state = stream.state()
@@ -333,13 +366,29 @@ class Prefetcher:
         self._thread = threading.Thread(target=self._fill, daemon=True, name="bertforge-prefetch")
         self._thread.start()
 
+    def _load(self, planned: BatchPlan) -> dict[str, torch.Tensor]:
+        batch = self.stream.load(planned)
+        return pinned(batch) if self.pin else batch
+
     def _fill(self) -> None:
-        try:
-            while not self._stop.is_set():
-                batch = self.stream.next()
-                self._queue.put((pinned(batch) if self.pin else batch, self.stream.state()))
-        except BaseException as err:  # handed to the consumer, which raises it
-            self._queue.put((err, None))
+        from collections import deque
+        from concurrent.futures import Future, ThreadPoolExecutor
+
+        # Loads in flight, oldest first; the pool is shut down (its loads finished) before this
+        # thread ends, so close() never unmaps a file a reader still reads.
+        loading: deque[tuple[Future, dict[str, int]]] = deque()
+        with ThreadPoolExecutor(self.threads, thread_name_prefix="bertforge-reader") as pool:
+            try:
+                while not self._stop.is_set():
+                    while len(loading) < self.threads:
+                        loading.append((pool.submit(self._load, self.stream.plan()), self.stream.state()))
+                    future, state = loading.popleft()
+                    self._queue.put((future.result(), state))
+            except BaseException as err:  # handed to the consumer, which raises it
+                self._queue.put((err, None))
+            finally:
+                for future, _ in loading:
+                    future.cancel()
 
     def next(self) -> dict[str, torch.Tensor]:
         batch, state = self._queue.get()

@@ -19,8 +19,9 @@ Pickle weights can run code when loaded, so ``pytorch_model.bin`` is read only
 when asked for (``allow_pickle=True``), and then with ``weights_only=True``.
 
 A model is named by its path or by a Hugging Face model id, which
-:func:`find_model` looks up in the local Hugging Face cache (nothing is
-downloaded); :mod:`bertforge.formats.load` reads a model from any format.
+:func:`find_model` downloads from the Hugging Face hub into the local Hugging
+Face cache, or finds there offline; :mod:`bertforge.formats.load` reads a model
+from any format.
 """
 
 from __future__ import annotations
@@ -78,27 +79,65 @@ class NewlyInitializedWarning(UserWarning):
 # A Hugging Face model id: "bert-base-uncased" or "google/bert_uncased_L-4_H-256_A-4".
 HF_MODEL_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 # What a BERT or ModernBERT needs from a Hub snapshot (not its TF, Flax or ONNX copies).
-HF_MODEL_FILES = ["config.json", "vocab.txt", "tokenizer.json", "model.safetensors", "tokenizer_config.json"]
+HF_MODEL_FILES = ["config.json", "vocab.txt", "tokenizer.json", "model.safetensors", "tokenizer_config.json",
+                  SAFETENSORS_INDEX, "model-*-of-*.safetensors"]  # (a sharded upload's index and shards)
 
 
 def resolve_model(path: str | Path) -> Path:
     """``path`` when it exists (or is a TF1 checkpoint prefix); else, when it reads as a Hugging
-    Face model id and the local Hugging Face cache (``HF_HOME``, ``HF_HUB_CACHE``) holds that
-    model, its snapshot directory. Nothing is downloaded (``hf download ID`` fetches a model into
-    the cache); anything else is returned as it is, for the caller's "not found"
-    (:func:`find_model` says it)."""
+    Face model id, that model's snapshot directory in the local Hugging Face cache (``HF_HOME``,
+    ``HF_HUB_CACHE``), downloaded from the hub first when the network is there (:func:`hub_snapshot`);
+    anything else is returned as it is, for the caller's "not found" (:func:`find_model` says it)."""
+    return _resolve(path)[0]
+
+
+def _resolve(path: str | Path) -> tuple[Path, str]:
+    """(:func:`resolve_model`'s path, and when it is not a model, why an id was not found: the end of
+    :func:`find_model`'s message; "" when no hub was asked)."""
     local = Path(path).expanduser()
     if is_model(local) or not HF_MODEL_ID.match(str(path)):
-        return local
+        return local, ""
     try:
-        from huggingface_hub import snapshot_download
-        from huggingface_hub.errors import LocalEntryNotFoundError
+        from huggingface_hub import constants
     except ImportError:  # (tokenizers brings it; without it an id is just a missing path)
-        return local
+        return local, ""
+    snapshot, why = hub_snapshot(str(path))
+    return (snapshot, "") if snapshot is not None else (local, why or (
+        f" (no such path, and no model {path} in the local Hugging Face cache {constants.HF_HUB_CACHE}: "
+        f"`hf download {path}` puts it there)"))
+
+
+# Downloads of this process, by (id, cache, hub): a run that looks a model up several times asks the hub once.
+_SNAPSHOTS: dict[tuple[str, str, str], Path] = {}
+
+
+def hub_snapshot(model_id: str) -> tuple[Path | None, str]:
+    """(the snapshot directory of Hugging Face model ``model_id`` in the local cache, "") or (None, why).
+
+    With the network there, the files a model is read from (``HF_MODEL_FILES``; never pickles)
+    are downloaded from the hub (``HF_ENDPOINT``) into the cache with huggingface_hub's progress
+    bar; an interrupted download resumes. Offline (``HF_HUB_OFFLINE=1``, or the hub unreachable)
+    the cached snapshot is used; without one, why is "" (:func:`_resolve` says it is not cached).
+    A hub that answers that it has no such model (or none we may read) gives its own why."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
+
+    key = (model_id, str(constants.HF_HUB_CACHE), constants.ENDPOINT)
+    if key in _SNAPSHOTS and _SNAPSHOTS[key].is_dir():
+        return _SNAPSHOTS[key], ""
     try:
-        return Path(snapshot_download(str(path), allow_patterns=HF_MODEL_FILES, local_files_only=True))
-    except (LocalEntryNotFoundError, ValueError):  # not cached; or not a valid id after all
-        return local
+        snapshot = Path(snapshot_download(model_id, allow_patterns=HF_MODEL_FILES))
+    except (LocalEntryNotFoundError, ValueError):  # offline and not cached; or not a valid id after all
+        return None, ""
+    except (RepositoryNotFoundError, RevisionNotFoundError):  # (a gated or private one too)
+        return None, (f" (no such path, no model {model_id} in the local Hugging Face cache {constants.HF_HUB_CACHE}, "
+                      f"and none the Hugging Face hub {constants.ENDPOINT} lets us read)")
+    except Exception as err:  # a download broken off: a new run resumes it
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        return None, (f" (no such path; downloading it from the Hugging Face hub {constants.ENDPOINT} into "
+                      f"{constants.HF_HUB_CACHE} failed: {type(err).__name__}: {first}; run again to resume)")
+    _SNAPSHOTS[key] = snapshot
+    return snapshot, ""
 
 
 def is_model(path: Path) -> bool:
@@ -108,20 +147,11 @@ def is_model(path: Path) -> bool:
 
 def find_model(path: str | Path, error: type[ValueError] = CheckpointError) -> Path:
     """:func:`resolve_model`'s path, or ``error`` saying "model not found"; for what reads as a Hugging
-    Face id, that it is not in the local Hugging Face cache either, and where that cache is."""
-    found = resolve_model(path)
+    Face id, that neither the local Hugging Face cache nor the hub has it, and where the cache is."""
+    found, why = _resolve(path)
     if is_model(found):
         return found
-    where = ""
-    if HF_MODEL_ID.match(str(path)):
-        try:
-            from huggingface_hub import constants
-        except ImportError:  # no cache was looked in
-            pass
-        else:
-            where = (f" (no such path, and no model {path} in the local Hugging Face cache {constants.HF_HUB_CACHE}: "
-                     f"`hf download {path}` puts it there)")
-    raise error(f"model not found: {path}{where}")
+    raise error(f"model not found: {path}{why}")
 
 
 # ---------------------------------------------------------------- config.json

@@ -19,6 +19,7 @@ progress bar's console, so a log line never tears the bar.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import logging
 import math
@@ -227,8 +228,9 @@ class ProgressBar(_Closing):
     When the console is not a terminal (Slurm, nohup, ``| tee``) a live bar shows nothing until
     its end, so the bar prints plain lines instead: ``<label> step S/T <status> eta H:MM:SS`` for
     the first logged step (one ``update`` with a status), the last, and otherwise at most one every
-    ``every_s`` seconds of ``clock``; :meth:`stage` adds a start and an end line to an
-    evaluation or prediction pass. ``enabled=False`` (``--no-progress``) shows neither.
+    ``every_s`` seconds of ``clock`` (``log.progress_every_s``); :meth:`stage` shows the progress of
+    an evaluation or prediction stage (:class:`Stage`). ``enabled=False`` (``--no-progress``) shows
+    neither.
     """
 
     def __init__(self, total: int, start: int, enabled: bool, main: bool = True, label: str = "pretrain",
@@ -267,22 +269,13 @@ class ProgressBar(_Closing):
 
     def eta(self, step: int, now: float) -> str:
         """The time left at the mean pace of the steps done so far, as H:MM:SS."""
-        done = step - self.start
-        left = (now - self.started) / done * (self.total - step) if done > 0 else 0.0
-        seconds = max(round(left), 0)
-        return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+        return eta(step - self.start, self.total - step, now - self.started)
 
-    @contextlib.contextmanager
-    def stage(self, name: str, count: str) -> Iterator[None]:
-        """Plain lines at the start and the end of a pass (``name``: "eval"; ``count``: what it
-        reads, "512 sequences") with its time; nothing on a terminal, where the bar stays."""
-        if not self.plain:
-            yield
-            return
-        self.print(f"{name}: {count}")
-        began = self.clock()
-        yield
-        self.print(f"{name}: done {count} in {self.clock() - began:.1f} s")
+    def stage(self, name: str, count: str) -> Stage:
+        """An evaluation or prediction :class:`Stage` (``name``: "step 4: eval"; ``count``: what it
+        reads, "512 sequences") shown as this bar is: plain lines, or its passes on this bar."""
+        return Stage(name, count, enabled=self.live, main=self.main, every_s=self.every_s, clock=self.clock,
+                     out=self.console, progress=self.progress)
 
     def print(self, message: str) -> None:
         if not self.main:
@@ -296,6 +289,106 @@ class ProgressBar(_Closing):
         progress, self.progress = self.progress, None
         if progress is not None:
             progress.stop()
+
+
+def eta(done: int, left: int, elapsed: float) -> str:
+    """The time ``left`` units take at the mean pace of the ``done`` ones (in ``elapsed`` s), as H:MM:SS."""
+    seconds = max(round(elapsed / done * left), 0) if done > 0 else 0
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+# The stage that the passes run in this context report to (pass_progress); None: they show nothing.
+_STAGE: contextvars.ContextVar[Stage | None] = contextvars.ContextVar("bertforge_stage", default=None)
+
+
+class Stage:
+    """An evaluation or prediction stage (``name``: "step 4: dev eval"; ``count``: what it reads,
+    "dev set"), a context manager; the passes over batches inside it (:func:`pass_progress`) show
+    their progress as it says.
+
+    Off a terminal (Slurm, nohup, ``| tee``), plain lines: ``<name>: <count>`` at the start,
+    ``<name>: batch B/T R batches/s eta H:MM:SS`` at most one every ``every_s`` seconds of ``clock``
+    while a pass runs, and ``<name>: done <count> in S s`` at the end. On a terminal a bar of the
+    pass's batches, added to ``progress`` (the training bar: two live displays cannot share a
+    console) or else its own, gone when the pass ends. Nothing when not ``enabled`` (``--no-progress``)
+    or not on the ``main`` rank.
+    """
+
+    def __init__(self, name: str, count: str, *, enabled: bool = True, main: bool = True, every_s: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic, out: Console | None = None,
+                 progress: Progress | None = None):
+        self.name, self.count, self.every_s, self.clock, self.progress = name, count, every_s, clock, progress
+        self.console = out or console
+        self.shown = enabled and main
+        self.plain = self.shown and not self.console.is_terminal
+        self.began = clock()
+        self._token: contextvars.Token | None = None
+
+    def __enter__(self) -> Self:
+        self._token = _STAGE.set(self)
+        self.began = self.clock()
+        if self.plain:
+            self.print(f"{self.name}: {self.count}")
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        if self._token is not None:
+            _STAGE.reset(self._token)
+        if self.plain and kind is None:
+            self.print(f"{self.name}: done {self.count} in {self.clock() - self.began:.1f} s")
+
+    def print(self, message: str) -> None:
+        self.console.print(message, soft_wrap=True, markup=False, highlight=False)
+
+    @contextlib.contextmanager
+    def track(self, total: int) -> Iterator[Callable[[int], None]]:
+        """``advance(batches)`` for a pass of ``total`` batches in this stage."""
+        if not self.shown:
+            yield lambda batches: None
+        elif self.plain:
+            yield self._lines(total)
+        else:
+            progress = self.progress or Progress(
+                TextColumn(f"[bold]{self.name}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                console=self.console, transient=True)
+            own = self.progress is None
+            if own:
+                progress.start()
+            task = progress.add_task(self.name, total=total, status=self.name)  # (the training bar shows status)
+            try:
+                yield lambda batches: progress.advance(task, batches)
+            finally:
+                progress.remove_task(task)
+                if own:
+                    progress.stop()
+
+    def _lines(self, total: int) -> Callable[[int], None]:
+        started = printed = self.clock()
+        done = 0
+
+        def advance(batches: int) -> None:
+            nonlocal done, printed
+            done += batches
+            now = self.clock()
+            if now - printed >= self.every_s and done < total:  # (the end line says the last)
+                printed = now
+                rate = done / max(now - started, 1e-9)
+                self.print(f"{self.name}: batch {done}/{total} {rate:.1f} batches/s "
+                           f"eta {eta(done, total - done, now - started)}")
+        return advance
+
+
+@contextlib.contextmanager
+def pass_progress(total: int) -> Iterator[Callable[[int], None]]:
+    """``advance(batches)`` for a pass of ``total`` batches (an evaluation, a prediction), shown as the
+    :class:`Stage` around it says; outside a stage it shows nothing."""
+    stage = _STAGE.get()
+    if stage is None:
+        yield lambda batches: None
+        return
+    with stage.track(total) as advance:
+        yield advance
 
 
 class Throughput:

@@ -50,7 +50,8 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
     set_threads(cfg.execution.threads)
     batch_size = args.batch_size or cfg.train.eval_batch_size or cfg.train.micro_batch_size
     for result in evaluate_checkpoints(args.checkpoints, cfg.data.eval_input, batch_size,
-                                       cfg.execution.device, cfg.execution.precision):
+                                       cfg.execution.device, cfg.execution.precision, progress=cfg.log.progress,
+                                       every_s=cfg.log.progress_every_s):
         print(format_result(result, args.json), flush=True)
     return 0
 

@@ -49,11 +49,15 @@ def check_fits(eval_set: PretrainingDataset, path: str | Path, model: Any, check
 
 
 def evaluate_checkpoints(checkpoints: Sequence[str | Path], eval_input: str | Path, batch_size: int,
-                         device: str = "auto", precision: str = "fp32") -> Iterator[dict[str, Any]]:
-    """One result per checkpoint, in order: its path, then ``train.evaluate``'s numbers."""
+                         device: str = "auto", precision: str = "fp32", *, progress: bool = True,
+                         every_s: float = 30.0) -> Iterator[dict[str, Any]]:
+    """One result per checkpoint, in order: its path, then ``train.evaluate``'s numbers. Each
+    evaluation shows its progress (``progress``: ``log.progress``; ``every_s``: ``log.progress_every_s``)
+    as a :class:`~bertforge.observe.log.Stage`."""
     import torch
 
     from bertforge.formats.load import load_model
+    from bertforge.observe.log import Stage
     from bertforge.parallel.dist import resolve_device
 
     from .pretrain import evaluate
@@ -63,7 +67,8 @@ def evaluate_checkpoints(checkpoints: Sequence[str | Path], eval_input: str | Pa
     for checkpoint in checkpoints:
         model = load_model(checkpoint, head="pretraining")
         check_fits(eval_set, eval_input, model, checkpoint)
-        result = evaluate(model.to(where), eval_set, batch_size, where, precision)
+        with Stage(f"eval {checkpoint}", f"{len(eval_set)} sequences", enabled=progress, every_s=every_s):
+            result = evaluate(model.to(where), eval_set, batch_size, where, precision)
         del model
         if where.type == "cuda":
             torch.cuda.empty_cache()

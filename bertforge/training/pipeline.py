@@ -74,6 +74,7 @@ from bertforge.models.bert import (
     set_attention_backends,
     set_vocab_multiple,
 )
+from bertforge.observe.log import pass_progress
 from bertforge.parallel.dist import DistContext, apply_recompute, attention_backends
 
 from .engine import Engine, autocast, micro_batch_seed, to_device
@@ -516,21 +517,23 @@ class PipelineEngine(Engine):
         if max_batches > 0:
             starts = starts[:max_batches]
         try:
-            for start in starts:
-                indices = torch.arange(start, min(start + batch_size, len(dataset))).numpy()
-                batch = widen(to_device(dataset.batch(indices), self.device))
-                shape = tuple(batch["input_ids"].shape)
-                schedule: Any = self._eval_schedules.get(shape)
-                if schedule is None:
-                    stage = PipelineStage(model, layout.stage, layout.stages, self.device, group=layout.pp_group)
-                    schedule = self._eval_schedules[shape] = ScheduleGPipe(stage, 1)
-                args = (batch["input_ids"],) if layout.is_first else ()
-                kwargs = {k: batch[k] for k in self.stage_module.inputs if k in batch}
-                outputs = schedule.step(*args, **kwargs)
-                if layout.is_last:
-                    with autocast(self.device, self.precision):
-                        out = pretraining_loss(*_logits(outputs), batch)
-                    sums += torch.tensor(eval_sums(out), dtype=torch.float64)
+            with pass_progress(len(starts)) as advance:  # shown when a Stage is around
+                for start in starts:
+                    indices = torch.arange(start, min(start + batch_size, len(dataset))).numpy()
+                    batch = widen(to_device(dataset.batch(indices), self.device))
+                    shape = tuple(batch["input_ids"].shape)
+                    schedule: Any = self._eval_schedules.get(shape)
+                    if schedule is None:
+                        stage = PipelineStage(model, layout.stage, layout.stages, self.device, group=layout.pp_group)
+                        schedule = self._eval_schedules[shape] = ScheduleGPipe(stage, 1)
+                    args = (batch["input_ids"],) if layout.is_first else ()
+                    kwargs = {k: batch[k] for k in self.stage_module.inputs if k in batch}
+                    outputs = schedule.step(*args, **kwargs)
+                    if layout.is_last:
+                        with autocast(self.device, self.precision):
+                            out = pretraining_loss(*_logits(outputs), batch)
+                        sums += torch.tensor(eval_sums(out), dtype=torch.float64)
+                    advance(1)
         finally:
             model.train(was_training)
         sums = sums.to(self.device)

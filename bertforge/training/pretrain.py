@@ -75,7 +75,7 @@ from bertforge.formats.hf import HF_MODEL_ID, is_model, resolve_model
 from bertforge.formats.load import check_weights, load_weights
 from bertforge.models.bert import compiled_pretraining_loss, eval_result, eval_sums, num_parameters, pretraining_loss
 from bertforge.models.families import build_pretraining_model
-from bertforge.observe.log import MetricsLogger, ProgressBar, Throughput
+from bertforge.observe.log import MetricsLogger, ProgressBar, Throughput, pass_progress
 from bertforge.observe.profile import RunMonitor
 from bertforge.parallel.dist import (
     DEFAULT_COMPILE_CACHE,
@@ -165,12 +165,14 @@ def evaluate(model: nn.Module, dataset: PretrainingDataset, batch_size: int, dev
     starts = range(0, len(dataset), batch_size)
     if max_batches > 0:
         starts = starts[:max_batches]
-    for start in starts:
-        indices = torch.arange(start, min(start + batch_size, len(dataset))).numpy()
-        batch = to_device(dataset.batch(indices), device)
-        with autocast(device, precision):
-            out = forward_loss(model, batch)
-        sums = [total + value for total, value in zip(sums, eval_sums(out))]
+    with pass_progress(len(starts)) as advance:  # shown when a Stage is around (the loop's, `bertforge eval`'s)
+        for start in starts:
+            indices = torch.arange(start, min(start + batch_size, len(dataset))).numpy()
+            batch = to_device(dataset.batch(indices), device)
+            with autocast(device, precision):
+                out = forward_loss(model, batch)
+            sums = [total + value for total, value in zip(sums, eval_sums(out))]
+            advance(1)
     model.train(was_training)
     return eval_result(sums, has_nsp(model))
 
@@ -316,7 +318,8 @@ def load_records(files: list[Path], model: ModelConfig, data: DataConfig, train:
         # Every rank reads the same number of batches per epoch: none waits for another.
         stream = RecordStream(files, train.micro_batch_size, train.seed, shuffle_buffer=data.shuffle_buffer,
                               masking=masking, vocab_size=vocab_size, always_mask=always_mask, **position, **split)
-        return Prefetcher(stream, data.prefetch, pin=pin) if data.prefetch > 0 else stream
+        return (Prefetcher(stream, data.prefetch, pin=pin, threads=data.reader_threads) if data.prefetch > 0
+                else stream)
     return TrainingData(make_stream, eval_set, {"data.seq_len": seq_len, "data.max_predictions": max_predictions,
                                                 "model.vocab_size": vocab_size})
 
@@ -626,7 +629,8 @@ class Pretraining:
         self.logger = stack.enter_context(MetricsLogger(run_dir, cfg.log, enabled=dist.is_main, start_step=step,
                                                         run_config=cfg.to_dict()))
         engine.preemption = self.preemption = stack.enter_context(Preemption())
-        self.bar = stack.enter_context(ProgressBar(steps, step, enabled=cfg.log.progress, main=dist.is_main))
+        self.bar = stack.enter_context(ProgressBar(steps, step, enabled=cfg.log.progress, main=dist.is_main,
+                                                   every_s=cfg.log.progress_every_s))
         self.monitor = stack.enter_context(RunMonitor(cfg.execution, cfg.log, run_dir, dist, self.logger,
                                                       self.bar.print, start_step=step, total_steps=steps,
                                                       started=started))

@@ -147,6 +147,51 @@ def test_prefetcher_hands_out_the_streams_batches_and_positions(shards):
     assert ahead.state() == {"epoch": 1, "index": 2} and DataConfig().prefetch == 4
 
 
+def test_four_reader_threads_hand_out_one_threads_batches_and_positions(shards):
+    """Reader threads load batches at once (each with its own dynamic masks), yet the batches, their
+    masks and the positions are one thread's, across an epoch's end and after a resume mid-epoch."""
+    def stream(**position):
+        return RecordStream(shards, batch_size=3, seed=7, shuffle_buffer=4, masking=BERT_SPECIALS, **position)
+
+    def batches(source, count):
+        out = []
+        for _ in range(count):
+            batch = source.next()
+            out.append(({k: v.clone() for k, v in batch.items()}, source.state()))
+        return out
+
+    one, four = Prefetcher(stream(), threads=1), Prefetcher(stream(), 2, threads=4)
+    try:
+        expected, got = batches(one, 17), batches(four, 17)  # 7 batches an epoch: into the third
+    finally:
+        one.close(), four.close()
+    for (want, want_state), (batch, state) in zip(expected, got):
+        assert state == want_state and all(torch.equal(batch[k], want[k]) for k in want)
+    assert got[-1][1] == {"epoch": 2, "index": 3}
+    assert expected[8][1] == {"epoch": 1, "index": 2}
+    resumed = Prefetcher(stream(**expected[8][1]), threads=4)
+    try:
+        rest = batches(resumed, 8)
+    finally:
+        resumed.close()
+    assert [state for _, state in rest] == [state for _, state in expected[9:]]
+    assert all(torch.equal(b[k], want[k]) for (b, _), (want, _) in zip(rest, expected[9:]) for k in want)
+
+
+@pytest.mark.parametrize("pairs, message", [
+    ({"data.reader_threads": 0}, "data.reader_threads=0 must be at least 1"),
+    ({"data.reader_threads": 4, "data.prefetch": 0},
+     "data.reader_threads=4 needs data.prefetch of at least 1 (the reader threads read ahead; data.prefetch=0 "
+     "reads in the training thread)"),
+])
+def test_a_bad_reader_thread_count_is_one_line(pairs, message):
+    from bertforge.config import load_config
+
+    with pytest.raises(ConfigError) as err:
+        load_config("tiny", list(pairs.items()))
+    assert str(err.value) == message
+
+
 def test_record_discovery(shards, tmp_path):
     assert record_files(str(shards[0].parent)) == sorted(shards)
     assert record_files(str(shards[0].parent / "shard*")) == sorted(shards)

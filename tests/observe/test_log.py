@@ -12,7 +12,7 @@ from rich.console import Console
 
 import bertforge.observe.log
 from bertforge.config import ConfigError, LogConfig
-from bertforge.observe.log import MetricsLogger, ProgressBar, rounded
+from bertforge.observe.log import MetricsLogger, ProgressBar, Stage, pass_progress, rounded
 
 
 def config(wandb: bool = False) -> LogConfig:
@@ -172,6 +172,63 @@ def test_on_a_terminal_or_without_progress_a_pass_prints_nothing():
         bar.close()
         assert "eval" not in bar.console.file.getvalue() and "step 10" not in bar.console.file.getvalue()
         assert bar.live == (bar.progress is not None)
+
+
+def test_off_a_terminal_a_pass_prints_its_batches_at_most_every_interval():
+    out, clock = plain(), FakeClock()
+    with Stage("eval ckpt", "80 sequences", every_s=30, clock=clock, out=out):
+        with pass_progress(10) as advance:
+            for _ in range(10):
+                clock.now += 8.0  # 8 s a batch: a line every 4 batches
+                advance(1)
+    assert out.file.getvalue().splitlines() == [
+        "eval ckpt: 80 sequences",
+        "eval ckpt: batch 4/10 0.1 batches/s eta 0:00:48",  # 32 s in
+        "eval ckpt: batch 8/10 0.1 batches/s eta 0:00:16",
+        "eval ckpt: done 80 sequences in 80.0 s",  # the last batch: the end line says it
+    ]
+
+
+def test_a_pass_outside_a_stage_or_off_the_main_rank_or_disabled_shows_nothing(capsys):
+    out, clock = plain(), FakeClock()
+    with pass_progress(3) as advance:
+        clock.now += 100
+        advance(3)
+    for stage in (Stage("eval", "3", main=False, every_s=1, clock=clock, out=out),
+                  Stage("eval", "3", enabled=False, every_s=1, clock=clock, out=out)):
+        with stage, pass_progress(3) as advance:
+            clock.now += 100
+            advance(1)
+    assert out.file.getvalue() == "" and capsys.readouterr().err == ""
+
+
+def test_the_training_bars_interval_and_console_reach_its_passes():
+    out, clock = plain(), FakeClock()
+    bar = ProgressBar(total=10, start=4, enabled=True, every_s=5, clock=clock, out=out)
+    with bar.stage("step 4: dev eval", "dev set"), pass_progress(4) as advance:
+        for _ in range(4):
+            clock.now += 3.0
+            advance(1)
+    assert out.file.getvalue().splitlines() == [
+        "step 4: dev eval: dev set", "step 4: dev eval: batch 2/4 0.3 batches/s eta 0:00:06",
+        "step 4: dev eval: done dev set in 12.0 s"]
+
+
+def test_on_a_terminal_a_pass_is_a_task_of_the_training_bar_while_it_runs():
+    with ProgressBar(total=10, start=0, enabled=True, out=terminal()) as bar:
+        progress = bar.progress
+        with bar.stage("step 0: eval", "8 sequences"), pass_progress(4) as advance:
+            advance(3)
+            assert [(t.description, t.total, t.completed) for t in progress.tasks[1:]] == [("step 0: eval", 4, 3)]
+        assert len(progress.tasks) == 1  # gone with the pass
+
+
+def test_on_a_terminal_without_a_training_bar_a_pass_has_its_own_bar():
+    out = terminal()
+    with Stage("squad predict", "3 questions", out=out), pass_progress(5) as advance:
+        advance(2)
+    shown = out.file.getvalue()
+    assert "squad predict" in shown and "0/5" in shown and "\x1b[?25h" in shown  # drawn, then the cursor back
 
 
 # ------------------------------------------------------------ Weights & Biases, run offline

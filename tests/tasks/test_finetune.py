@@ -157,6 +157,24 @@ def test_predict_scores_dev_and_writes_test_as_training_did(root, learned, name,
     assert (tmp_path / written).read_text() == (out / written).read_text()
 
 
+def test_predict_off_a_terminal_shows_its_batches(learned, capsys):
+    """A start line, a line per --log.progress_every_s of batches (here every batch), an end line, on
+    stderr; stdout keeps the scores alone."""
+    capsys.readouterr()
+    assert main(["finetune", "predict", "--model", str(learned["ner"]), "--split", "dev", "--batch-size", "2",
+                 "--log.progress_every_s", "1e-9"]) == 0
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert lines[0] == "predict ner dev: dev set" and json.loads(out)
+    done = [re.fullmatch(r"predict ner dev: batch (\d+)/(\d+) [\d.]+ batches/s eta \d+:\d\d:\d\d", line)
+            for line in lines[1:-1]]
+    total = int(done[0].group(2))
+    assert [int(match.group(1)) for match in done] == list(range(1, total)) and total > 2
+    assert re.fullmatch(r"predict ner dev: done dev set in [\d.]+ s", lines[-1])
+    assert main(["finetune", "predict", "--model", str(learned["ner"]), "--split", "dev", "--no-progress"]) == 0
+    assert capsys.readouterr().err == ""
+
+
 def test_an_mnli_model_predicts_the_diagnostic_set_as_the_leaderboard_takes_it(root, learned, capsys, tmp_path):
     """AX: GLUE's diagnostic pairs (``index sentence1 sentence2``, in ``diagnostic/``), predicted
     with the MNLI model and its labels; here the dev pairs, which the learned model gets right."""

@@ -73,6 +73,21 @@ def test_predict_writes_only_the_files_named(tiny, tmp_path, capsys):
     assert not (out / "c.json").exists()
 
 
+def test_predict_off_a_terminal_shows_its_batches(tiny, tmp_path, capsys):
+    """A start line, a line per log.progress_every_s of batches (here every batch), an end line, on stderr."""
+    argv = ["squad", "predict", "--model", str(tiny), "--predict-file", str(tmp_path / "dev.json"),
+            "--out", str(tmp_path / "p.json"), "--data.seq_len", "32", "--squad.max_query_length", "8",
+            "--squad.predict_batch_size", "1"]
+    assert main([*argv, "--log.progress_every_s", "1e-9"]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "squad predict: 2 questions"
+    assert re.fullmatch(r"squad predict: batch 1/2 [\d.]+ batches/s eta \d+:\d\d:\d\d", lines[1])
+    assert re.fullmatch(r"squad predict: done 2 questions in [\d.]+ s", lines[2]) and len(lines) == 3
+    assert main([*argv, "--log.progress", "false"]) == 0 and capsys.readouterr().err == ""
+    assert main([*argv, "--log.progress_every_s", "0"]) == 2
+    assert capsys.readouterr().err == "error: log.progress_every_s=0.0 must be positive\n"
+
+
 def test_predict_of_a_file_without_questions_is_one_line(tiny, tmp_path, capsys):
     (tmp_path / "empty.json").write_text(json.dumps({"data": []}))
     assert main(["squad", "predict", "--model", str(tiny), "--predict-file", str(tmp_path / "empty.json"),
@@ -86,7 +101,8 @@ def test_predict_into_a_read_only_directory_is_one_line(tiny, tmp_path, capsys, 
     out.mkdir()
     make_read_only(out)
     assert main(["squad", "predict", "--model", str(tiny), "--predict-file", str(tmp_path / "dev.json"),
-                 "--data.seq_len", "32", "--squad.max_query_length", "8", "--out", str(out / "p.json")]) == 2
+                 "--data.seq_len", "32", "--squad.max_query_length", "8", "--out", str(out / "p.json"),
+                 "--log.progress", "false"]) == 2  # (the error alone on stderr)
     err = capsys.readouterr().err
     assert err.startswith(f"error: cannot write {out / 'p.json'}: {out} is not writable (") and err.count("\n") == 1
     assert list(out.iterdir()) == []

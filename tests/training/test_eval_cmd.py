@@ -2,6 +2,8 @@
 their Hugging Face export; the masked-LM accuracy is the weighted mean over every real prediction."""
 
 import json
+import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +41,25 @@ def run(tmp_path_factory):
 def eval_cli(capsys, *args: str) -> list[dict]:
     assert main(["eval", *args, "--execution.threads", "1", "--json"]) == 0
     return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+
+def test_eval_off_a_terminal_prints_a_line_per_interval_of_batches(run, capsys):
+    """Output to a file or a pipe: a start line, a line per log.progress_every_s of batches (here
+    every batch), an end line, on stderr; stdout keeps the results alone."""
+    root, run_dir, _ = run
+    step = run_dir / "checkpoints" / "step_00000006"
+    sequences = len(read_records(root / "eval.tfrecord"))
+    batches = math.ceil(sequences / 8)
+    assert main(["eval", str(step), "--data.eval_input", str(root / "eval.tfrecord"), "--batch-size", "8",
+                 "--execution.threads", "1", "--json", "--log.progress_every_s", "1e-9"]) == 0
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert lines[0] == f"eval {step}: {sequences} sequences" and batches > 2
+    done = [re.fullmatch(rf"eval {re.escape(str(step))}: batch (\d+)/{batches} [\d.]+ batches/s eta \d+:\d\d:\d\d",
+                         line) for line in lines[1:-1]]
+    assert [int(match.group(1)) for match in done if match] == list(range(1, batches))
+    assert re.fullmatch(rf"eval {re.escape(str(step))}: done {sequences} sequences in [\d.]+ s", lines[-1])
+    assert len(lines) == batches + 1 and json.loads(out)["checkpoint"] == str(step)
 
 
 def test_eval_reproduces_the_runs_evaluations_exactly(run, capsys):

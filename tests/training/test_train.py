@@ -287,3 +287,33 @@ def test_pretrain_into_a_file_prints_step_lines_before_the_end(tmp_path, capsys)
     # the first logged step and the last (steps 2 take far less than 30 s)
     assert [lines[i].split()[2] for i in steps] == ["1/3", "3/3"] and steps[0] < done
     assert lines[steps[-1]].endswith("eta 0:00:00") and " seq/s " in lines[steps[0]]
+
+
+def test_pretrain_evaluations_into_a_file_print_their_batches(tmp_path, capsys):
+    """Off a terminal every evaluation prints a start line, a line per log.progress_every_s of its
+    batches (here every batch) and an end line; the step lines follow the same interval."""
+    import math
+    import re
+
+    from tiny_corpus import write_corpus
+
+    from bertforge.cli import main
+    from bertforge.data.record_reader import read_records
+
+    write_corpus(tmp_path)
+    assert main(["pretrain", "--config", "tiny", "--data.input", str(tmp_path / "train.tfrecord"),
+                 "--data.eval_input", str(tmp_path / "eval.tfrecord"), "--data.vocab", str(tmp_path / "vocab.txt"),
+                 "--data.seq_len", "32", "--data.max_predictions", "4", "--steps", "2",
+                 "--train.micro_batch_size", "8", "--train.global_batch_size", "8", "--train.eval_every", "2",
+                 "--train.eval_batch_size", "8", "--execution.threads", "2", "--log.every", "1",
+                 "--log.progress_every_s", "1e-9", "--log.tensorboard", "false",
+                 "--run-dir", str(tmp_path / "runs"), "--name", "evals"]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    sequences = len(read_records(tmp_path / "eval.tfrecord"))
+    batches = math.ceil(sequences / 8)
+    assert [line.split()[2] for line in lines if line.startswith("pretrain step ")] == ["1/2", "2/2"]
+    first = lines.index(f"step 2: eval: {sequences} sequences")
+    done = [re.fullmatch(rf"step 2: eval: batch (\d+)/{batches} [\d.]+ batches/s eta \d+:\d\d:\d\d", line)
+            for line in lines[first + 1:first + batches]]
+    assert [int(match.group(1)) for match in done if match] == list(range(1, batches)) and batches > 2
+    assert re.fullmatch(rf"step 2: eval: done {sequences} sequences in [\d.]+ s", lines[first + batches])

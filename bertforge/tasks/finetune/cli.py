@@ -191,10 +191,15 @@ def _median(values: list[float]) -> float:
 
 
 def cmd_predict(args: argparse.Namespace, extra: list[str]) -> int:
+    from bertforge.config import ConfigError
+
     from .train import predict
 
+    if not args.progress_every_s > 0:
+        raise ConfigError(f"log.progress_every_s={args.progress_every_s} must be positive")
     result = predict(args.model, args.data, args.task, args.split, args.out, args.vocab,
-                     batch_size=args.batch_size)
+                     batch_size=args.batch_size, progress=not args.no_progress,
+                     progress_every_s=args.progress_every_s)
     if "scores" in result:
         print(json.dumps(result["scores"]))
     else:
@@ -212,6 +217,8 @@ def cmd_download_glue(args: argparse.Namespace, extra: list[str]) -> int:
 
 def add_finetune_commands(sub: Any) -> None:
     """Add ``finetune`` with its subcommands to an argparse subparsers object."""
+    from bertforge.config import LogConfig
+
     from .glue import TASKS
 
     finetune = sub.add_parser("finetune", help="GLUE and NER fine-tuning, prediction and the GLUE download")
@@ -249,6 +256,9 @@ def add_finetune_commands(sub: Any) -> None:
     p.add_argument("--vocab", "--tokenizer", dest="vocab",
                        help="vocab.txt or tokenizer.json (default: the one beside --model)")
     p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar or lines (log.progress)")
+    p.add_argument("--log.progress_every_s", dest="progress_every_s", type=float, default=LogConfig.progress_every_s,
+                   metavar="S", help="seconds between progress lines when the output is not a terminal")
     p.set_defaults(func=cmd_predict)
 
     p = commands.add_parser("download-glue", help="download the GLUE task archives (checksummed, resumable)")

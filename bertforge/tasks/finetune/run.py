@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import shutil
 import time
 import typing
@@ -79,7 +80,7 @@ from bertforge.fileio import LOCK, atomic_file, atomic_files, refuse_live_runs, 
 from bertforge.formats import tf1, weights
 from bertforge.formats.hf import find_model, hf_config_from_model_config, hf_head_config, resolve_model
 from bertforge.formats.load import load_model
-from bertforge.observe.log import MetricsLogger, ProgressBar, Throughput
+from bertforge.observe.log import MetricsLogger, ProgressBar, Throughput, pass_progress
 from bertforge.observe.profile import RunMonitor
 from bertforge.parallel.dist import (
     DistContext,
@@ -423,14 +424,16 @@ def forward_in_batches(model: nn.Module, features: Any, batch_size: int, device:
     lengths = features.input_mask.sum(axis=1)
     order = np.argsort(-lengths, kind="stable") if trim_padding else np.arange(count)
     try:
-        for first in range(0, count, batch_size):
-            rows = order[first:first + batch_size]
-            width = max(int(lengths[rows].max()), 1) if trim_padding else full
-            with torch.inference_mode(), autocast(device, precision):
-                output = model(torch.from_numpy(features.input_ids[rows, :width]).to(device),
-                               torch.from_numpy(features.segment_ids[rows, :width]).to(device),
-                               torch.from_numpy(features.input_mask[rows, :width]).to(device))
-            yield rows, width, output
+        with pass_progress(math.ceil(count / batch_size)) as advance:  # shown when a Stage is around
+            for first in range(0, count, batch_size):
+                rows = order[first:first + batch_size]
+                width = max(int(lengths[rows].max()), 1) if trim_padding else full
+                with torch.inference_mode(), autocast(device, precision):
+                    output = model(torch.from_numpy(features.input_ids[rows, :width]).to(device),
+                                   torch.from_numpy(features.segment_ids[rows, :width]).to(device),
+                                   torch.from_numpy(features.input_mask[rows, :width]).to(device))
+                yield rows, width, output
+                advance(1)
     finally:
         model.train(was_training)
 
@@ -535,7 +538,7 @@ def train(cfg: Config, job: Job, dist: DistContext, out_dir: Path, resume_from: 
                                                    run_config=cfg.to_dict()))
         engine.preemption = preemption = stack.enter_context(Preemption())
         bar = stack.enter_context(ProgressBar(total, step, enabled=cfg.log.progress, main=dist.is_main,
-                                              label=job.kind))
+                                              label=job.kind, every_s=cfg.log.progress_every_s))
         monitor = stack.enter_context(RunMonitor(cfg.execution, cfg.log, out_dir, dist, logger, bar.print,
                                                  start_step=step, total_steps=total, started=started))
         view = RunView(logger, bar, monitor, preemption, log)

@@ -41,6 +41,7 @@ from bertforge.fileio import atomic_file
 from bertforge.formats import weights
 from bertforge.formats.hf import hf_labels, resolve_model
 from bertforge.models.families import model_class
+from bertforge.observe.log import Stage
 from bertforge.parallel.dist import DistContext
 
 from . import FinetuneError, glue, ner
@@ -419,14 +420,16 @@ def saved_task(model_dir: str | Path) -> TaskConfig:
 
 def predict(model_path: str | Path, data: str | Path | None = None, task_name: str | None = None,
             split: str = "test", out_dir: str | Path | None = None, vocab: str | Path | None = None,
-            device: str = "cpu", precision: str = "fp32", batch_size: int | None = None) -> dict[str, Any]:
-    """Predict ``split`` of a task with a fine-tuned model (ours, or a Hugging Face classifier).
+            device: str = "cpu", precision: str = "fp32", batch_size: int | None = None, *, progress: bool = True,
+            progress_every_s: float = 30.0) -> dict[str, Any]:
+    """Predict ``split`` of a task with a fine-tuned model (ours, or a Hugging Face classifier), its
+    progress shown as a :class:`~bertforge.observe.log.Stage` (``progress``, ``progress_every_s``).
 
     A labelled split is scored; a test split is written as the leaderboard's
     file (GLUE) or a CoNLL file (NER) into ``out_dir`` (default: the model's
     directory). Returns the scores and the files written.
     """
-    model_path = resolve_model(model_path)  # a directory, or a Hugging Face id in the cache
+    model_path = resolve_model(model_path)  # a directory, or a Hugging Face id (downloaded into the cache)
     task_cfg = saved_task(model_path)
     if task_name:
         task_cfg.task = task_name
@@ -448,11 +451,12 @@ def predict(model_path: str | Path, data: str | Path | None = None, task_name: s
         raise FinetuneError(f"{model_path}: no label names (finetune.yaml or config.json's id2label)")
     model = load_classifier(model_path, task, vocab_path).to(device)
     result: dict[str, Any] = {"task": task_cfg.task, "split": split}
-    if split in task.dev_splits():
-        scores, _ = task.score(model, split, device, precision)
-        result["scores"] = {k: float(v) for k, v in scores.items()}
-    elif split in task.test_splits():
-        result["file"] = str(task.write_test(model, split, Path(out_dir or model_path), device, precision))
-    else:
+    if split not in (*task.dev_splits(), *task.test_splits()):
         raise FinetuneError(f"{task_cfg.data}: no {split} split for {task_cfg.task}")
+    with Stage(f"predict {task_cfg.task} {split}", f"{split} set", enabled=progress, every_s=progress_every_s):
+        if split in task.dev_splits():
+            scores, _ = task.score(model, split, device, precision)
+            result["scores"] = {k: float(v) for k, v in scores.items()}
+        else:
+            result["file"] = str(task.write_test(model, split, Path(out_dir or model_path), device, precision))
     return result

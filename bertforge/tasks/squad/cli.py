@@ -87,9 +87,16 @@ def resolved_config(name: str, overrides: list[tuple[str, str]]) -> str:
 
 
 def _predict_settings(args: argparse.Namespace, extra: list[str]) -> tuple[Any, ...]:
+<<<<<<< HEAD
     """(model, tokenizer, seq_len, SquadConfig, lowercase) for a fine-tuned model directory."""
     from bertforge.config import ConfigError, parse_overrides
     from bertforge.data.fast_tokenizer import task_tokenizer
+=======
+    """(model, tokenizer, seq_len, SquadConfig, lowercase, LogConfig) for a fine-tuned model directory;
+    of the log section only what shows progress is read (log.progress, log.progress_every_s)."""
+    from bertforge.config import ConfigError, LogConfig, parse_overrides
+    from bertforge.data.tokenizer import load_tokenizer
+>>>>>>> wt-ops
     from bertforge.tasks.finetune.run import find_vocab, set_section
 
     from .data import MAX_SEQ_LENGTH
@@ -103,13 +110,19 @@ def _predict_settings(args: argparse.Namespace, extra: list[str]) -> tuple[Any, 
     model = load_qa_model(args.model, vocab)
     lowercase, squad, seq_len = saved_settings(args.model)
     seq_len = seq_len or MAX_SEQ_LENGTH
+    log = LogConfig()
     for key, value in parse_overrides(extra):
         if key == "data.seq_len":
             seq_len = int(value)
         elif key.startswith("squad."):
             set_section(squad, "squad", key[len("squad."):], value)
+        elif key in ("log.progress", "log.progress_every_s"):
+            set_section(log, "log", key[len("log."):], value)
         else:
-            raise ConfigError(f"{key}: only data.seq_len and squad.* can be set here")
+            raise ConfigError(f"{key}: only data.seq_len, squad.*, log.progress and log.progress_every_s can be "
+                              "set here")
+    if not log.progress_every_s > 0:
+        raise ConfigError(f"log.progress_every_s={log.progress_every_s} must be positive")
     if getattr(args, "batch_size", None):
         squad.predict_batch_size = args.batch_size
     if getattr(args, "version", None) is not None:  # else the model's saved setting
@@ -117,10 +130,16 @@ def _predict_settings(args: argparse.Namespace, extra: list[str]) -> tuple[Any, 
     if getattr(args, "null_threshold", None) is not None:
         squad.null_score_diff_threshold = args.null_threshold
     validate_squad(squad, seq_len)
+<<<<<<< HEAD
     return model, task_tokenizer(vocab, lowercase), seq_len, squad, lowercase
+=======
+    return model, load_tokenizer(vocab, lowercase), seq_len, squad, lowercase, log
+>>>>>>> wt-ops
 
 
 def cmd_predict(args: argparse.Namespace, extra: list[str]) -> int:
+    from bertforge.observe.log import Stage
+
     from .data import SquadError, read_examples
     from .postprocess import write_predictions
     from .train import predict
@@ -131,7 +150,7 @@ def cmd_predict(args: argparse.Namespace, extra: list[str]) -> int:
     nbest_file = Path(args.nbest_out) if args.nbest_out else None
     if nbest_file is not None and nbest_file.resolve() == out.resolve():
         raise SquadError(f"--out and --nbest-out are the same file: {out}")
-    model, tokenizer, seq_len, squad, lowercase = _predict_settings(args, extra)
+    model, tokenizer, seq_len, squad, lowercase, log = _predict_settings(args, extra)
     null_file = None
     if squad.version_2_with_negative:
         null_file = Path(args.null_odds_out) if args.null_odds_out else out.parent / "null_odds.json"
@@ -142,7 +161,8 @@ def cmd_predict(args: argparse.Namespace, extra: list[str]) -> int:
     examples, _ = read_examples(args.predict_file, version_2_with_negative=squad.version_2_with_negative)
     if not examples:
         raise SquadError(f"{args.predict_file}: no questions to predict")
-    result = predict(model, examples, tokenizer, seq_len, squad, lowercase, precision=args.precision)
+    with Stage("squad predict", f"{len(examples)} questions", enabled=log.progress, every_s=log.progress_every_s):
+        result = predict(model, examples, tokenizer, seq_len, squad, lowercase, precision=args.precision)
     write_predictions(result.predictions, out, result.nbest if nbest_file else None, nbest_file,
                       result.null_odds, null_file)
     print(f"{len(result.predictions)} predictions: {out}" + (f" (n-best: {nbest_file})" if nbest_file else "")
@@ -237,7 +257,7 @@ def cmd_ask(args: argparse.Namespace, extra: list[str]) -> int:
 
     if args.compare_hf:
         require_transformers("--compare-hf")
-    model, tokenizer, seq_len, squad, lowercase = _predict_settings(args, extra)
+    model, tokenizer, seq_len, squad, lowercase, _ = _predict_settings(args, extra)
     if args.context is None:
         from .data import SquadError
         raise SquadError("ask needs --context")
