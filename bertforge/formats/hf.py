@@ -97,10 +97,8 @@ def _resolve(path: str | Path) -> tuple[Path, str]:
     local = Path(path).expanduser()
     if is_model(local) or not HF_MODEL_ID.match(str(path)):
         return local, ""
-    try:
-        from huggingface_hub import constants
-    except ImportError:  # (tokenizers brings it; without it an id is just a missing path)
-        return local, ""
+    from huggingface_hub import constants
+
     snapshot, why = hub_snapshot(str(path))
     return (snapshot, "") if snapshot is not None else (local, why or (
         f" (no such path, and no model {path} in the local Hugging Face cache {constants.HF_HUB_CACHE}: "

@@ -87,16 +87,10 @@ def resolved_config(name: str, overrides: list[tuple[str, str]]) -> str:
 
 
 def _predict_settings(args: argparse.Namespace, extra: list[str]) -> tuple[Any, ...]:
-<<<<<<< HEAD
-    """(model, tokenizer, seq_len, SquadConfig, lowercase) for a fine-tuned model directory."""
-    from bertforge.config import ConfigError, parse_overrides
-    from bertforge.data.fast_tokenizer import task_tokenizer
-=======
     """(model, tokenizer, seq_len, SquadConfig, lowercase, LogConfig) for a fine-tuned model directory;
     of the log section only what shows progress is read (log.progress, log.progress_every_s)."""
     from bertforge.config import ConfigError, LogConfig, parse_overrides
-    from bertforge.data.tokenizer import load_tokenizer
->>>>>>> wt-ops
+    from bertforge.data.fast_tokenizer import task_tokenizer
     from bertforge.tasks.finetune.run import find_vocab, set_section
 
     from .data import MAX_SEQ_LENGTH
@@ -130,11 +124,7 @@ def _predict_settings(args: argparse.Namespace, extra: list[str]) -> tuple[Any, 
     if getattr(args, "null_threshold", None) is not None:
         squad.null_score_diff_threshold = args.null_threshold
     validate_squad(squad, seq_len)
-<<<<<<< HEAD
-    return model, task_tokenizer(vocab, lowercase), seq_len, squad, lowercase
-=======
-    return model, load_tokenizer(vocab, lowercase), seq_len, squad, lowercase, log
->>>>>>> wt-ops
+    return model, task_tokenizer(vocab, lowercase), seq_len, squad, lowercase, log
 
 
 def cmd_predict(args: argparse.Namespace, extra: list[str]) -> int:
