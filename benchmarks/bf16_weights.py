@@ -132,6 +132,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--eval-batches", type=int, default=16, help="held-out batches at the end")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--json", action="store_true", help="also print the results as one JSON object, last")
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "bertforge-bf16-weights")
     args = parser.parse_args()
     if not DUMP.exists():
@@ -151,15 +152,20 @@ def main() -> int:
                       f"{' '.join(f'{x:.3f}' for x in r['curve'])}; eval loss {r['eval_loss']:.4f}, "
                       f"mlm acc {r['eval_mlm_accuracy']:.4f} ({r['seconds']:.0f} s)", flush=True)
     print()
+    modes = {}
     for mode in args.modes:
         runs = [r for r in results if r["mode"] == mode]
         finals = [r["curve"][-1] for r in runs]
         evals = [r["eval_loss"] for r in runs]
+        modes[mode] = {"train_loss_last": statistics.fmean(finals), "eval_loss": statistics.fmean(evals),
+                       "eval_loss_seeds": evals, "runs": runs}
         print(f"{mode:9} first {statistics.fmean(r['curve'][0] for r in runs):.3f} → last "
               f"{statistics.fmean(finals):.3f} (seeds {min(finals):.3f}..{max(finals):.3f}); eval loss "
               f"{statistics.fmean(evals):.4f} (seeds {min(evals):.4f}..{max(evals):.4f})")
     print()
     print("\n".join(state_bytes()))
+    if args.json:
+        print(json.dumps({"modes": modes, "steps": args.steps, "lr": args.lr, "seeds": args.seeds}))
     return 0
 
 
