@@ -831,8 +831,8 @@ def _check_weights(cfg: Config) -> None:
         for key, value, off in (("parallel", ex.parallel, "fsdp"), ("offload", ex.offload, True),
                                 ("pipeline_stages", ex.pipeline_stages > 1, True)):
             if value == off:
-                raise ConfigError(f"train.weights=bf16 cannot be used with execution.{key}="
-                                  f"{getattr(ex, key)} (it keeps fp32 weights of its own); use fp32 weights")
+                raise ConfigError(f"train.weights=bf16 cannot be used with execution.{key}={getattr(ex, key)} "
+                                  f"(not supported: the optimizer rounds whole local tensors); use fp32 weights")
         if tr.optimizer == "sgd" or (tr.optimizer == "adamw" and tr.bias_correction):
             what = "sgd" if tr.optimizer == "sgd" else "adamw with train.bias_correction=true"
             raise ConfigError(f"train.weights=bf16 cannot be used with train.optimizer={what} (torch's, which "
