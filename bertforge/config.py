@@ -42,6 +42,9 @@ PipelineSchedule = Literal["1f1b", "gpipe"]  # torch.distributed.pipelining sche
 Optimizer = Literal["lamb", "adamw", "sgd", "stableadamw"]
 Objective = Literal["mlm_nsp", "mlm"]  # mlm: masked LM alone, no NSP head (BertForMaskedLM)
 LambVariant = Literal["bertforge", "mlperf", "nvidia", "paper"]  # see bertforge/training/optim.py
+# What weights (and, separately, optimizer moments) are stored as: bf16 halves their bytes; the update is
+# computed in fp32 and rounded back (training/optim.py, "bf16 weights")
+WeightsDtype = Literal["fp32", "bf16"]
 Schedule = Literal["poly", "poly_tf", "exp", "exp_staircase", "table", "constant", "wsd"]
 DecayShape = Literal["linear", "one_minus_sqrt"]  # wsd's decay: see training/optim.py lr_at
 HiddenAct = Literal["gelu", "relu", "gelu_new"]
@@ -219,6 +222,13 @@ class TrainConfig(Freezable):
     nesterov: bool = False  # sgd: Nesterov momentum (needs momentum > 0)
     # stableadamw: weight decay scaled by lr / train.lr, not by the lr (ModernBERT's decoupled_stableadamw)
     decouple_lr: bool = True
+    # bf16: parameters (and their gradients) stored in bf16, PopXL's `precision` for the weights; needs
+    # execution.precision bf16 and one of our optimizers (lamb, stableadamw, adamw without bias correction)
+    weights: WeightsDtype = "fp32"
+    optimizer_state: WeightsDtype = "fp32"  # the moments' dtype; bf16 only with bf16 weights
+    # bf16 weights: round each update stochastically (unbiased: P(up) = the distance to the lower neighbour),
+    # PopXL's stochastic_rounding; false: to nearest, which loses every update under half a bf16 ulp
+    stochastic_rounding: bool = False
     micro_batch_size: int = 32
     global_batch_size: int = 32
     # ModernBERT's batch-size warm-up (its sequence packer's BatchSizeWarmupScheduler): each rank starts at
@@ -241,6 +251,12 @@ class TrainConfig(Freezable):
     exp_decay_steps: int = 1000
     lr_table: dict[int, float] = field(default_factory=dict)  # table: step → lr from that step
     grad_clip: float = 1.0  # global-norm clip; 0 = off
+    # A static loss scale, PopXL's execution.loss_scaling: the loss × this before backward, the gradients
+    # × 1/this (in fp32) before clipping and the update. 1 = none (fp16 then keeps torch's dynamic scaler)
+    loss_scale: float = 1.0
+    # PopART's Adam scaled_optimizer_state: the gradients stay scaled into the moments and eps is × loss_scale
+    # instead, the same update up to rounding (lamb, adamw, stableadamw)
+    scaled_optimizer_state: bool = False
     # Stop a run whose loss explodes but stays finite: above divergence_factor × the median of the
     # last 100 normal steps' losses for divergence_steps steps in a row (engine.DivergenceGuard).
     # 0 = off. No checkpoint is written during a spike, so the newest one is from before it.
@@ -690,12 +706,13 @@ _FLOAT_RANGES: dict[str, tuple[float, float, bool]] = {
     "train.decay_proportion": (0.0, 1.0, True),
     "train.exp_decay_rate": (0.0, float("inf"), False),
     "train.grad_clip": (0.0, float("inf"), False),
+    "train.loss_scale": (0.0, float("inf"), False),
     "train.divergence_factor": (0.0, float("inf"), False),
     "train.target_mlm_accuracy": (0.0, 1.0, True),
 }
 # Divided by, or a power's base (the rotary thetas), or a cutoff: 0 is not allowed.
 _POSITIVE_FLOATS = ("model.layer_norm_eps", "model.global_rope_theta", "model.local_rope_theta",
-                    "model.initializer_cutoff_factor", "train.eps", "log.progress_every_s")
+                    "model.initializer_cutoff_factor", "train.eps", "train.loss_scale", "log.progress_every_s")
 
 
 def _get(cfg: Config, key: str) -> Any:
@@ -783,6 +800,7 @@ def validate(cfg: Config) -> None:
     _check_batch_warmup(cfg)
     _check_family(cfg)
     _check_pipeline(cfg)
+    _check_weights(cfg)
 
 
 def _check_batch_warmup(cfg: Config) -> None:
@@ -843,3 +861,33 @@ def _check_pipeline(cfg: Config) -> None:
     if ex.compile is True:
         raise ConfigError(f"execution.pipeline_stages={stages} cannot be used with execution.compile=true "
                           f"(stages run eager; compile: auto does so)")
+
+
+def _check_weights(cfg: Config) -> None:
+    """The combinations of train.weights, train.optimizer_state, stochastic rounding and the loss scale
+    that make sense."""
+    tr, ex = cfg.train, cfg.execution
+    if tr.weights == "fp32":
+        if tr.optimizer_state != "fp32":
+            raise ConfigError(f"train.optimizer_state={tr.optimizer_state} needs train.weights bf16")
+        if tr.stochastic_rounding:
+            raise ConfigError("train.stochastic_rounding=true rounds bf16 weights: it needs train.weights bf16")
+    else:
+        if ex.precision != "bf16":
+            raise ConfigError(f"train.weights=bf16 computes in bf16: execution.precision={ex.precision} "
+                              f"cannot be used with it; set execution.precision bf16")
+        for key, value, off in (("parallel", ex.parallel, "fsdp"), ("offload", ex.offload, True),
+                                ("pipeline_stages", ex.pipeline_stages > 1, True)):
+            if value == off:
+                raise ConfigError(f"train.weights=bf16 cannot be used with execution.{key}={getattr(ex, key)} "
+                                  f"(not supported: the optimizer rounds whole local tensors); use fp32 weights")
+        if tr.optimizer == "sgd" or (tr.optimizer == "adamw" and tr.bias_correction):
+            what = "sgd" if tr.optimizer == "sgd" else "adamw with train.bias_correction=true"
+            raise ConfigError(f"train.weights=bf16 cannot be used with train.optimizer={what} (torch's, which "
+                              f"rounds to nearest); use lamb, stableadamw or adamw without bias correction")
+    if tr.scaled_optimizer_state and tr.optimizer == "sgd":
+        raise ConfigError("train.scaled_optimizer_state=true needs an Adam-style optimizer (its eps absorbs "
+                          "the scale); train.optimizer=sgd has none")
+    if (tr.loss_scale != 1 or tr.scaled_optimizer_state) and ex.pipeline_stages > 1:
+        raise ConfigError(f"train.loss_scale={tr.loss_scale:g} (or train.scaled_optimizer_state) cannot be used "
+                          f"with execution.pipeline_stages={ex.pipeline_stages}; use 1")

@@ -191,6 +191,8 @@ def test_choices_are_the_literal_types_of_the_fields():
         "train.objective": ("mlm_nsp", "mlm"),
         "train.optimizer": ("lamb", "adamw", "sgd", "stableadamw"),
         "train.lamb": ("bertforge", "mlperf", "nvidia", "paper"),
+        "train.weights": ("fp32", "bf16"),
+        "train.optimizer_state": ("fp32", "bf16"),
         "train.schedule": ("poly", "poly_tf", "exp", "exp_staircase", "table", "constant", "wsd"),
         "train.decay_shape": ("linear", "one_minus_sqrt"),
         "execution.precision": ("fp32", "bf16", "fp16"),

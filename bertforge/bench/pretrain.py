@@ -54,7 +54,7 @@ from bertforge.parallel.dist import (
     unwrap,
 )
 from bertforge.training.engine import Engine, set_threads, to_device
-from bertforge.training.optim import build_optimizer, build_scheduler
+from bertforge.training.optim import build_optimizer, build_scheduler, cast_weights
 from bertforge.training.pretrain import training_loss
 
 
@@ -198,10 +198,11 @@ def _time_steps(m: ModelConfig, tr: TrainConfig, ex: ExecutionConfig, device: to
     dist = DistContext(device=device)
     try:
         # The execution settings (recompute, fsdp, offload, compile) as pretrain applies them.
-        model = prepare_model(build_pretraining_model(m, tr.objective).train(), ex, dist)
+        model = prepare_model(cast_weights(build_pretraining_model(m, tr.objective).train(), tr), ex, dist)
         optimizer = build_optimizer(unwrap(model), tr, compiled=compiles_optimizer(ex, device))
         engine = Engine(model, optimizer, build_scheduler(optimizer, tr, len(order)), training_loss,
-                        ex.precision, tr.grad_clip, dist, grad_sync=ex.grad_sync)
+                        ex.precision, tr.grad_clip, dist, grad_sync=ex.grad_sync,
+                        loss_scale=tr.loss_scale, scaled_state=tr.scaled_optimizer_state)
         for indices in order[:warmup]:
             engine.step([micro_batches[i] for i in indices], accumulation)
         synchronize(device)

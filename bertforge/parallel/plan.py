@@ -6,17 +6,20 @@
 The counterpart of the IPU applications' compile-only memory report, computed
 from the config alone (nothing is allocated). Per rank, in bytes:
 
-* parameters: fp32 master weights (autocast keeps fp32 weights);
-* gradients: fp32, one per parameter;
-* optimizer state: LAMB, AdamW and StableAdamW keep two fp32 moments per
-  parameter;
+* parameters: fp32 master weights (autocast keeps fp32 weights), or bf16 with
+  ``train.weights: bf16``;
+* gradients: one per parameter, of the parameters' dtype;
+* optimizer state: LAMB, AdamW and StableAdamW keep two moments per
+  parameter, fp32 or (``train.optimizer_state: bf16``) bf16;
 * activations: the peak of what autograd keeps for the backward pass of one
   micro-batch, counted op by op from models/bert.py or models/modernbert.py (see
   ``_layer_activations`` and ``_modernbert_layer_activations``), plus the
   layer being recomputed and the gradients in flight in the backward;
 * workspace: optimizer temporaries (training/optim.py's LAMB makes three
-  parameter-sized lists per step), FSDP's gathered layers (DDP's buckets are
-  the gradients themselves);
+  parameter-sized lists per step; with bf16 weights, fp32 copies of the weights,
+  gradients, bf16 moments and the update of ``ROUNDED_CHUNK_ELEMENTS`` elements
+  or of the largest tensor), FSDP's gathered layers (DDP's buckets are the
+  gradients themselves);
 * overhead: what the runtime holds besides tensors (CUDA context and library
   workspaces on a GPU; interpreter and kernel libraries on the CPU).
 
@@ -86,6 +89,10 @@ FP32 = 4
 # libraries and autograd machinery loaded on the first step, calibrated against
 # the peak resident set of a training step (benchmarks/memory.py).
 RUNTIME_OVERHEAD = {"cuda": 1 << 30, "cpu": 64 << 20}
+DTYPE_BYTES = {"fp32": FP32, "bf16": 2}
+# bf16 weights (training/optim.py): the update is computed on fp32 copies of this many elements at a
+# time (a larger tensor is a chunk of its own).
+ROUNDED_CHUNK_ELEMENTS = 1 << 22
 
 
 # ------------------------------------------------------------ parameter counts
@@ -419,6 +426,7 @@ def plan_memory(cfg: Config, world_size: int = 1, device: str | None = None) -> 
               "offload": ex.offload, "precision": ex.precision, "device": device,
               "micro_batch_size": s.B, "seq_len": s.T, "max_predictions": s.P, "accumulation": accumulation,
               "optimizer": tr.optimizer, "layers": m.num_hidden_layers, "hidden_size": s.H,
+              "weights": tr.weights, "optimizer_state_dtype": tr.optimizer_state,
               "fsdp_grad_sync": dp.grad_sync,
               "reshard_after_forward": ex.reshard_after_forward if dp.fsdp else None,
               "gathered_dtype": ("bf16" if gathered_bytes == 2 else "fp32") if dp.fsdp else ""}
@@ -433,7 +441,7 @@ class _DataParallelMemory:
     n_params: int
     shard: int
     fsdp: bool
-    params: int  # fp32 parameters; the gradients take as much
+    params: int  # parameters (train.weights' dtype); the gradients take as much
     optimizer_state: int
     optimizer_workspace: int
     ddp_buckets: int
@@ -442,6 +450,7 @@ class _DataParallelMemory:
     accumulated: int
     grad_sync: str
     tied_grad: int  # the word embeddings' gradient
+    grad_bytes: int = FP32  # of one gradient element
 
     def grads_live(self, n_grad_params: int) -> int:
         """Gradients on this rank while activations are live, once ``n_grad_params`` have one."""
@@ -451,7 +460,7 @@ class _DataParallelMemory:
             return self.tied_grad if n_grad_params else 0
         if self.accumulated:  # all of them held already
             return self.accumulated + self.grads_in_flight
-        return math.ceil(n_grad_params / self.shard) * FP32 + self.grads_in_flight
+        return math.ceil(n_grad_params / self.shard) * self.grad_bytes + self.grads_in_flight
 
 
 def _data_parallel_memory(m: ModelConfig, tr: TrainConfig, ex: ExecutionConfig, parallel: str, world_size: int,
@@ -461,13 +470,17 @@ def _data_parallel_memory(m: ModelConfig, tr: TrainConfig, ex: ExecutionConfig, 
     per_layer = layer_parameters(m) * gathered_bytes
     root = (embedding_parameters(m) + head_parameters(m)) * gathered_bytes  # embeddings and heads: FSDP's root unit
     shard = world_size if fsdp else 1
-    params = math.ceil(n_params / shard) * FP32
+    weight_bytes = DTYPE_BYTES[tr.weights]
+    params = math.ceil(n_params / shard) * weight_bytes
     # Optimizer temporaries, per bucket (the decay group is by far the largest): one
     # list of tensors, the update that training/optim.py builds in place, or torch AdamW's sqrt(v).
     optimizer_workspace = math.ceil(decayed_parameters(m) / shard) * FP32
+    if tr.weights == "bf16":  # fp32 copies of a chunk: weights, gradients, the update (and bf16 moments)
+        chunk = min(n_params, max(ROUNDED_CHUNK_ELEMENTS, m.vocab_size * m.hidden_size))
+        optimizer_workspace = chunk * FP32 * (3 + (2 if tr.optimizer_state == "bf16" else 0))
     # DDP's all-reduce buckets, made with the model and held through the step: the
     # gradients are views into them (gradient_as_bucket_view), not a second copy.
-    ddp_buckets = n_params * FP32 if parallel == "ddp" else 0
+    ddp_buckets = n_params * weight_bytes if parallel == "ddp" else 0
     # FSDP2: the root stays unsharded from forward to backward; encoder layers are
     # gathered one at a time with the next one prefetched, or all kept from their
     # forward to their backward (reshard_after_forward false); in the backward the
@@ -481,9 +494,10 @@ def _data_parallel_memory(m: ModelConfig, tr: TrainConfig, ex: ExecutionConfig, 
     accumulated = n_params * FP32 if grad_sync == "step" and accumulation > 1 else 0
     return _DataParallelMemory(
         n_params=n_params, shard=shard, fsdp=fsdp, params=params,
-        optimizer_state=_optimizer_states(tr) * params, optimizer_workspace=optimizer_workspace,
+        optimizer_state=_optimizer_states(tr) * math.ceil(n_params / shard) * DTYPE_BYTES[tr.optimizer_state],
+        optimizer_workspace=optimizer_workspace,
         ddp_buckets=ddp_buckets, gathered=gathered, grads_in_flight=grads_in_flight, accumulated=accumulated,
-        grad_sync=grad_sync, tied_grad=m.vocab_size * m.hidden_size * FP32)
+        grad_sync=grad_sync, tied_grad=m.vocab_size * m.hidden_size * weight_bytes, grad_bytes=weight_bytes)
 
 
 def _backward_moments(s: _Shapes, m: ModelConfig, recompute: str, dp: _DataParallelMemory
@@ -817,9 +831,10 @@ def format_plan(plan: MemoryPlan, device_memory: int | None = None) -> str:
     if c["note"]:
         lines.append(f"note: {c['note']}")
     lines.append("")
-    rows = [("parameters (fp32)", plan.parameters, plan.location["parameters"]),
-            ("gradients (fp32)", plan.gradients, plan.location["gradients"]),
-            ("optimizer state", plan.optimizer_state, plan.location["optimizer_state"]),
+    weights, state = c.get("weights", "fp32"), c.get("optimizer_state_dtype", "fp32")
+    rows = [(f"parameters ({weights})", plan.parameters, plan.location["parameters"]),
+            (f"gradients ({weights})", plan.gradients, plan.location["gradients"]),
+            (f"optimizer state ({state})", plan.optimizer_state, plan.location["optimizer_state"]),
             ("activations (peak)", plan.activations, "device"),
             ("workspace", plan.workspace, plan.location["workspace"]),
             ("runtime overhead", plan.overhead, "device")]

@@ -196,9 +196,10 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
     return torch.autocast(device.type, dtype=dtype)
 
 
-def grad_scaler(device: torch.device, precision: str) -> torch.amp.GradScaler | None:
-    """A loss scaler for fp16 (whose gradients underflow without one); None otherwise."""
-    return torch.amp.GradScaler(device.type) if precision == "fp16" else None
+def grad_scaler(device: torch.device, precision: str, loss_scale: float = 1.0) -> torch.amp.GradScaler | None:
+    """A loss scaler for fp16 (whose gradients underflow without one) unless a static ``loss_scale``
+    (``train.loss_scale``) is given; None otherwise."""
+    return torch.amp.GradScaler(device.type) if precision == "fp16" and loss_scale == 1 else None
 
 
 def micro_batch_seed(seed: int, step: int, index: int) -> int:
@@ -352,14 +353,16 @@ class Engine:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                  scheduler: torch.optim.lr_scheduler.LRScheduler, loss_fn: LossFn, precision: str,
                  grad_clip: float, dist: DistContext | None = None, seed: int | None = None,
-                 grad_sync: str = "step"):
+                 grad_sync: str = "step", loss_scale: float = 1.0, scaled_state: bool = False):
         self.model, self.optimizer, self.scheduler, self.loss_fn = model, optimizer, scheduler, loss_fn
         self.precision, self.grad_clip = precision, grad_clip
+        # train.loss_scale and train.scaled_optimizer_state (see _unscale)
+        self.loss_scale, self.scaled_state = loss_scale, scaled_state
         self.grad_sync = grad_sync  # execution.grad_sync: when FSDP2 reduce-scatters (dist.gradient_sync)
         self.dist = dist or DistContext()
         self.device = self.dist.device
         self.seed = seed  # seed dropout per micro-batch; None leaves the RNG alone (benchmarks)
-        self.scaler = grad_scaler(self.device, precision)
+        self.scaler = grad_scaler(self.device, precision, loss_scale)
         self.preemption: Preemption | None = None  # set by a job that stops cleanly on SIGTERM
         self.stop_requested = False  # some rank was signalled; all ranks agree, after the same step
         self.report: StepReport | None = None  # the step before the newest, read during the newest
@@ -393,7 +396,7 @@ class Engine:
                 with autocast(self.device, self.precision):
                     out = self.loss_fn(self.model, to_device(batch, self.device))
                 loss = out["loss"] / accumulation
-                (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+                (self.scaler.scale(loss) if self.scaler is not None else loss * self.loss_scale).backward()
             for key, value in out.items():
                 totals[key] = totals.get(key, 0.0) + value.detach().float() / accumulation
             count += 1
@@ -415,11 +418,11 @@ class Engine:
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         params = [p for p in self.model.parameters() if p.grad is not None]
-        grad_norm = self._total_norm(params)
+        grad_norm, kept_norm, clip = self._unscale(params)
         finite = torch.isfinite(totals["loss"]) & torch.isfinite(grad_norm)
         self._send(step, {**totals, "grad_norm": grad_norm}, finite, stop)
         if self.grad_clip > 0:
-            torch.nn.utils.clip_grads_with_norm_(params, self.grad_clip, grad_norm)
+            torch.nn.utils.clip_grads_with_norm_(params, clip, kept_norm)
         if self.scaler is not None:  # fp16: the scaler skips non-finite steps itself and lowers its scale
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -438,6 +441,22 @@ class Engine:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
+
+    def _unscale(self, params: list[nn.Parameter]) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """The global norm of the unscaled gradients; the norm and the clip threshold of the gradients as
+        they stay.
+
+        A static loss scale S (``train.loss_scale``, PopXL's ``loss_scaling``) is undone as PopXL's BERT does
+        (popxl_addons' AdamOptimizerStep): gradients × 1/S, in fp32, before clipping and the update. With
+        ``scaled_state`` (PopART's ``scaled_optimizer_state``) they stay scaled: the clip threshold is × S and
+        the optimizer's eps × S (build_optimizer), which gives the same update."""
+        if self.scaled_state and self.loss_scale != 1:
+            kept = self._total_norm(params)
+            return kept / self.loss_scale, kept, self.grad_clip * self.loss_scale
+        if self.loss_scale != 1:  # (foreach ops compute in fp32 for bf16 tensors)
+            torch._foreach_mul_([cast(torch.Tensor, p.grad) for p in params], 1.0 / self.loss_scale)
+        grad_norm = self._total_norm(params)
+        return grad_norm, grad_norm, self.grad_clip
 
     def _total_norm(self, params: list[nn.Parameter]) -> torch.Tensor:
         """The global norm of the gradients of ``params`` (all of the model's on this rank)."""

@@ -69,6 +69,7 @@ import torch
 from torch import nn
 
 from bertforge.config import ConfigError, LambVariant, Optimizer, Schedule, TrainConfig
+from bertforge.parallel.plan import ROUNDED_CHUNK_ELEMENTS  # (what the memory planner counts)
 
 try:  # the parameters of a model sharded by FSDP2
     from torch.distributed.tensor import DTensor, Shard
@@ -186,6 +187,7 @@ class _AdamMoments(torch.optim.Optimizer):
         # Not a group setting: a state dict saved by either step loads into either.
         self.compiled = compiled
         self.found_inf: torch.Tensor | None = None  # set by the engine before a step (see above)
+        self.rounding: Bf16Rounding | None = None  # bf16 weights: how updates round back (build_optimizer)
 
     def _apply(self, group: dict, params: list[torch.Tensor], updates: list[torch.Tensor],
                scale: Scalars, shard_group, keep: torch.Tensor | None) -> None:
@@ -210,8 +212,55 @@ class _AdamMoments(torch.optim.Optimizer):
             with_grad = [p for p in group["params"] if p.grad is not None]
             for bucket in _by_device_and_dtype(with_grad):
                 keep = None if self.found_inf is None else (self.found_inf == 0).to(bucket[0].device)
-                self._step_bucket(group, bucket, keep)
+                if self.rounding is not None and bucket[0].dtype == torch.bfloat16:
+                    self._step_rounded(group, bucket, keep, self.rounding)
+                else:
+                    self._step_bucket(group, bucket, keep)
         return loss
+
+    def _step_rounded(self, group: dict, params: list[torch.Tensor], keep: torch.Tensor | None,
+                      rounding: Bf16Rounding) -> None:
+        """bf16 weights: the update of fp32 copies of a few tensors at a time (weights, gradients, moments),
+        each rounded back by ``rounding``; the same step as fp32 weights would take from these values."""
+        for chunk in _chunks(params, ROUNDED_CHUNK_ELEMENTS):
+            masters = [p.detach().float() for p in chunk]
+            for p, master in zip(chunk, masters):
+                master.grad = typing.cast(torch.Tensor, p.grad).float()
+                self.state[master] = {k: v.float() if _is_moment(k, v) else v for k, v in self.state[p].items()}
+            self._step_bucket(group, masters, keep)
+            for p, master in zip(chunk, masters):
+                work, stored = self.state.pop(master), self.state[p]
+                for key, value in work.items():
+                    if not _is_moment(key, value):
+                        stored[key] = value
+                    elif rounding.state_dtype == torch.float32:
+                        stored[key] = value
+                    else:
+                        if key not in stored:
+                            stored[key] = torch.empty_like(value, dtype=torch.bfloat16)
+                        rounding.round_(stored[key], value)
+                rounding.round_(p.data, master)
+
+    def state_dict(self) -> dict[str, typing.Any]:
+        state = super().state_dict()
+        if self.rounding is not None:
+            state["rounding"] = self.rounding.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, typing.Any]) -> None:
+        state_dict = dict(state_dict)
+        rounding = state_dict.pop("rounding", None)
+        super().load_state_dict(state_dict)
+        if self.rounding is None:
+            return
+        # torch casts floating-point state to its parameter's dtype: fp32 moments of bf16 weights stay fp32.
+        params = [p for group in self.param_groups for p in group["params"]]
+        for index, saved in state_dict["state"].items():
+            for key, value in saved.items():
+                if _is_moment(key, value):
+                    self.state[params[index]][key] = value.to(params[index].device, self.rounding.state_dtype)
+        if rounding is not None:
+            self.rounding.load_state_dict(rounding)
 
     def _state_lists(self, params: list[torch.Tensor]) -> tuple[list[torch.Tensor], ...]:
         """Gradients, first and second moments (local shards) of ``params``; counts this step."""
@@ -656,6 +705,78 @@ def _fused_adam(grads: list[torch.Tensor], exp_avgs: list[torch.Tensor], exp_avg
     torch._foreach_add_(params, torch._foreach_mul(updates, coeff * keep))
 
 
+# ------------------------------------------------------------ bf16 weights
+#
+# PopXL's half-precision weights with stochastic rounding, on any device: parameters, gradients and
+# (optionally) the moments stored in bf16, each update computed in fp32 and rounded back. Rounding to
+# nearest drops every update smaller than half a bf16 ulp (2^-8 of the weight), so small learning rates
+# stall; stochastic rounding rounds up with probability equal to the distance from the lower
+# neighbour, so the rounded weight equals the fp32 one in expectation.
+
+
+
+def stochastic_round_(target: torch.Tensor, value: torch.Tensor, generator: torch.Generator | None = None) -> None:
+    """``target`` (bf16) = ``value`` (fp32) rounded stochastically: uniform random bits added to the 16 bits
+    bf16 drops, then truncated. For x between neighbours a < b, P(b) = (x - a) / (b - a): E[round(x)] = x."""
+    noise = torch.randint(0, 1 << 16, value.shape, dtype=torch.int32, device=value.device, generator=generator)
+    # -65536 is 0xFFFF0000: the sign, exponent and the 7 bits of mantissa that bf16 keeps. A carry from the
+    # low bits raises the magnitude by one bf16 ulp; the sign bit never changes (the pattern is sign-magnitude).
+    truncated = (value.view(torch.int32) + noise).bitwise_and_(-65536).view(torch.float32)
+    target.copy_(truncated)  # exact: nothing below bf16's bits is left
+
+
+class Bf16Rounding:
+    """How an optimizer writes bf16 weights (and bf16 moments) back: stochastically, from a generator per
+    device seeded with ``seed`` (its state is in the optimizer's ``state_dict``, so a resumed run draws the
+    same bits), or to nearest."""
+
+    def __init__(self, stochastic: bool, seed: int, state_dtype: torch.dtype = torch.float32):
+        self.stochastic, self.seed, self.state_dtype = stochastic, seed, state_dtype
+        self._generators: dict[str, torch.Generator] = {}
+
+    def _generator(self, device: torch.device) -> torch.Generator:
+        key = str(device)
+        if key not in self._generators:
+            self._generators[key] = torch.Generator(device).manual_seed(self.seed)
+        return self._generators[key]
+
+    def round_(self, target: torch.Tensor, value: torch.Tensor) -> None:
+        if self.stochastic:
+            stochastic_round_(target, value, self._generator(value.device))
+        else:
+            target.copy_(value)  # round to nearest, ties to even
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {device: generator.get_state() for device, generator in self._generators.items()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        for device, generator_state in state.items():
+            self._generator(torch.device(device)).set_state(generator_state)
+
+
+def _is_moment(key: str, value: typing.Any) -> bool:
+    return key != "step" and isinstance(value, torch.Tensor) and value.is_floating_point()
+
+
+def _chunks(params: list[torch.Tensor], elements: int) -> Iterable[list[torch.Tensor]]:
+    """``params`` in runs of at most ``elements`` elements (or one larger tensor)."""
+    chunk: list[torch.Tensor] = []
+    size = 0
+    for p in params:
+        if chunk and size + p.numel() > elements:
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(p)
+        size += p.numel()
+    if chunk:
+        yield chunk
+
+
+def cast_weights(model: nn.Module, train: TrainConfig) -> nn.Module:
+    """The model with ``train.weights``' dtype (before DDP wraps it and the optimizer is built)."""
+    return model.to(torch.bfloat16) if train.weights == "bf16" else model
+
+
 OPTIMIZERS: tuple[str, ...] = typing.get_args(Optimizer)
 LAMB_VARIANTS: tuple[LambVariant, ...] = typing.get_args(LambVariant)
 _ALWAYS_BIAS_CORRECTED = ("mlperf", "paper")
@@ -672,6 +793,9 @@ def _check_train_optimizer(train: TrainConfig) -> None:
         value = getattr(train, key)
         if value < 0:
             raise ConfigError(f"train.{key}={value} must not be negative")
+    if train.scaled_optimizer_state and train.optimizer == "sgd":
+        raise ConfigError("train.scaled_optimizer_state=true needs an Adam-style optimizer (its eps absorbs "
+                          "the scale); train.optimizer=sgd has none")
     if train.optimizer == "stableadamw":
         if not train.bias_correction:
             raise ConfigError("train.bias_correction=false: train.optimizer=stableadamw always corrects the bias")
@@ -712,21 +836,35 @@ def build_optimizer(model: nn.Module, train: TrainConfig, compiled: bool = False
 
     ``compiled``: our LAMB, AdamW without bias correction and StableAdamW take the compiled step (training
     passes ``dist.compiles_optimizer``: where the model compiles on CUDA); torch's AdamW and
-    SGD are as torch makes them.
+    SGD are as torch makes them. ``train.scaled_optimizer_state``: eps × ``train.loss_scale``, for
+    gradients that stay scaled (PopART's Adam: m / (sqrt(v) + eps) is then the same). ``train.weights``
+    bf16: our optimizers round their updates back as ``train.stochastic_rounding`` says (``Bf16Rounding``).
     """
     _check_train_optimizer(train)
+    eps = train.eps * train.loss_scale if train.scaled_optimizer_state else train.eps
+    optimizer = _build(model, train, compiled, eps)
+    if train.weights == "bf16":
+        if not isinstance(optimizer, _AdamMoments):
+            raise ConfigError(f"train.weights=bf16 needs one of our optimizers (lamb, stableadamw, adamw with "
+                              f"train.bias_correction=false), not torch's {type(optimizer).__name__}")
+        state_dtype = torch.bfloat16 if train.optimizer_state == "bf16" else torch.float32
+        optimizer.rounding = Bf16Rounding(train.stochastic_rounding, train.seed, state_dtype)
+    return optimizer
+
+
+def _build(model: nn.Module, train: TrainConfig, compiled: bool, eps: float) -> torch.optim.Optimizer:
     betas = (train.beta1, train.beta2)
     if train.optimizer == "lamb":
-        return Lamb(lamb_groups(model, train), lr=train.lr, betas=betas, eps=train.eps,
+        return Lamb(lamb_groups(model, train), lr=train.lr, betas=betas, eps=eps,
                     weight_decay=train.weight_decay, bias_correction=train.bias_correction, compiled=compiled)
     groups = param_groups(model, train.weight_decay)
     # torch's fused kernels (CUDA and CPU): one pass over the state, and a step that a non-finite
     # gradient skips on the device (found_inf, see engine.skips_on_device) without a host sync.
     if train.optimizer == "adamw":
         if train.bias_correction:
-            return torch.optim.AdamW(groups, lr=train.lr, betas=betas, eps=train.eps,
+            return torch.optim.AdamW(groups, lr=train.lr, betas=betas, eps=eps,
                                      weight_decay=train.weight_decay, fused=True)
-        return AdamWNoBiasCorrection(groups, lr=train.lr, betas=betas, eps=train.eps,
+        return AdamWNoBiasCorrection(groups, lr=train.lr, betas=betas, eps=eps,
                                      weight_decay=train.weight_decay, compiled=compiled)
     if train.optimizer == "sgd":
         if train.nesterov and train.momentum <= 0:
@@ -734,7 +872,7 @@ def build_optimizer(model: nn.Module, train: TrainConfig, compiled: bool = False
         return torch.optim.SGD(groups, lr=train.lr, momentum=train.momentum, nesterov=train.nesterov,
                                weight_decay=train.weight_decay, fused=True)
     if train.optimizer == "stableadamw":  # max_lr: train.lr, the peak the schedules scale
-        return StableAdamW(groups, lr=train.lr, betas=betas, eps=train.eps, weight_decay=train.weight_decay,
+        return StableAdamW(groups, lr=train.lr, betas=betas, eps=eps, weight_decay=train.weight_decay,
                            decouple_lr=train.decouple_lr, compiled=compiled)
     raise ConfigError(f"train.optimizer: {train.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
 

@@ -111,7 +111,7 @@ from .engine import (
     to_device,
 )
 from .mlperf import eval_due, eval_every_samples, open_log
-from .optim import build_optimizer, build_scheduler
+from .optim import build_optimizer, build_scheduler, cast_weights
 
 
 def forward_loss(model: nn.Module, batch: dict[str, torch.Tensor], accuracy: bool = True) -> dict[str, torch.Tensor]:
@@ -593,10 +593,11 @@ def build_engine(model: nn.Module, execution: ExecutionConfig, train: TrainConfi
     schedule: with pipeline stages this rank's stage (training/pipeline.py)."""
     if execution.pipeline_stages > 1:
         return pipeline.build_engine(model, execution, train, dist, steps)
-    model = prepare_model(model, execution, dist)
+    model = prepare_model(cast_weights(model, train), execution, dist)
     optimizer = build_optimizer(unwrap(model), train, compiled=compiles_optimizer(execution, dist.device))
     return Engine(model, optimizer, build_scheduler(optimizer, train, steps), training_loss,
-                  execution.precision, train.grad_clip, dist, seed=train.seed, grad_sync=execution.grad_sync)
+                  execution.precision, train.grad_clip, dist, seed=train.seed, grad_sync=execution.grad_sync,
+                  loss_scale=train.loss_scale, scaled_state=train.scaled_optimizer_state)
 
 
 def restore_guard(guard: DivergenceGuard, state: Any, checkpoint: Path) -> None:

@@ -106,7 +106,7 @@ from bertforge.training.engine import (
     due,
     set_threads,
 )
-from bertforge.training.optim import build_optimizer, build_scheduler
+from bertforge.training.optim import build_optimizer, build_scheduler, cast_weights
 
 from . import FinetuneError
 
@@ -564,10 +564,11 @@ def step_counts(t: TrainConfig, rows: int, data_files: Sequence[Path], world_siz
 def finetuning_engine(job: Job, t: TrainConfig, execution: ExecutionConfig, dist: DistContext,
                       total: int) -> Engine:
     """The job's model as this rank trains it (DDP or FSDP applied), its optimizer and schedule."""
-    wrapped = prepare_model(job.model.train(), execution, dist)
+    wrapped = prepare_model(cast_weights(job.model.train(), t), execution, dist)
     optimizer = build_optimizer(unwrap(wrapped), t)
     return Engine(wrapped, optimizer, build_scheduler(optimizer, t, total), job.loss_fn,
-                  execution.precision, t.grad_clip, dist, seed=t.seed, grad_sync=execution.grad_sync)
+                  execution.precision, t.grad_clip, dist, seed=t.seed, grad_sync=execution.grad_sync,
+                  loss_scale=t.loss_scale, scaled_state=t.scaled_optimizer_state)
 
 
 def ranks_of(dist: DistContext, execution: ExecutionConfig) -> str:
