@@ -1,8 +1,9 @@
-"""Peak memory of pre-training steps with and without recomputation and offload, beside
-the planner's prediction (bertforge/parallel/plan.py).
+"""Peak memory of pre-training steps with and without recomputation, offload and the optimizer
+step in the backward, beside the planner's prediction (bertforge/parallel/plan.py).
 
     python benchmarks/memory.py                          # base, seq 512, batch 4, 80 predictions
     python benchmarks/memory.py --preset mini --batch-size 4 --rows none layer
+    python benchmarks/memory.py --rows none in_backward  # train.optimizer_in_backward against the step
     python benchmarks/memory.py --json
 
 Each row runs in a fresh subprocess (peak RSS is per process) on the CPU with
@@ -19,7 +20,9 @@ its device total for the CPU, which includes its calibrated CPU runtime
 overhead. The offload row runs FSDP2 with CPU offload on a one-rank process
 group through bertforge.parallel.dist (as pretrain does); on a CPU machine the device
 and the host are the same memory, so it is compared with the planner's joint
-peak of device and host memory (``combined_peak``).
+peak of device and host memory (``combined_peak``). The ``in_backward`` row steps each
+tensor in the backward (``train.optimizer_in_backward``, which needs ``train.grad_clip 0``;
+the other rows clip, which makes no tensor larger than a gradient's norm).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import os
 import subprocess
 import sys
 
-ROWS = ("none", "layer", "attention", "offload")
+ROWS = ("none", "layer", "attention", "offload", "in_backward")
 
 
 def make_config(args: argparse.Namespace, row: str):
@@ -40,7 +43,9 @@ def make_config(args: argparse.Namespace, row: str):
                  ("train.micro_batch_size", args.batch_size), ("train.global_batch_size", args.batch_size),
                  ("train.optimizer", "lamb"), ("train.schedule", "constant"),
                  ("execution.device", "cpu"), ("execution.precision", "fp32"),
-                 ("execution.recompute", "none" if row == "offload" else row)]
+                 ("execution.recompute", "none" if row in ("offload", "in_backward") else row)]
+    if row == "in_backward":
+        overrides += [("train.optimizer_in_backward", True), ("train.grad_clip", 0.0)]
     if row == "offload":
         overrides += [("execution.parallel", "fsdp"), ("execution.offload", True)]
     return load_config(args.preset, overrides)

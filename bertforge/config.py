@@ -227,6 +227,9 @@ class TrainConfig(Freezable):
     exp_decay_steps: int = 1000
     lr_table: dict[int, float] = field(default_factory=dict)  # table: step → lr from that step
     grad_clip: float = 1.0  # global-norm clip; 0 = off
+    # Step each parameter in the backward as soon as its gradient is made, then free the gradient
+    # (PopXL SQuAD's per-layer update; training/in_backward.py): the step never holds every gradient.
+    optimizer_in_backward: bool = False
     # Stop a run whose loss explodes but stays finite: above divergence_factor × the median of the
     # last 100 normal steps' losses for divergence_steps steps in a row (engine.DivergenceGuard).
     # 0 = off. No checkpoint is written during a spike, so the newest one is from before it.
@@ -755,6 +758,7 @@ def validate(cfg: Config) -> None:
     accumulation_steps(cfg.train, world_size=1)
     _check_family(cfg)
     _check_pipeline(cfg)
+    _check_optimizer_in_backward(cfg)
 
 
 def _check_family(cfg: Config) -> None:
@@ -775,6 +779,25 @@ def _check_family(cfg: Config) -> None:
     if cfg.execution.pipeline_stages > 1:
         raise ConfigError(f"execution.pipeline_stages={cfg.execution.pipeline_stages} cannot be used with "
                           f"model.family=modernbert (pipeline stages split BERT's encoder only); use 1")
+
+
+def _check_optimizer_in_backward(cfg: Config) -> None:
+    """What needs every gradient before the first update, or a reduced one, cannot step in the backward."""
+    if not cfg.train.optimizer_in_backward:
+        return
+    ex, why = cfg.execution, ""
+    if cfg.train.grad_clip > 0:
+        why = (f"train.grad_clip={cfg.train.grad_clip:g} (global-norm clipping, as MLPerf's and NVIDIA's LAMB "
+               f"do, needs every gradient before the first update); set train.grad_clip 0")
+    elif ex.precision == "fp16":
+        why = "execution.precision=fp16 (its loss scaler checks every gradient before the step); use bf16"
+    elif ex.parallel != "none":
+        why = (f"execution.parallel={ex.parallel} (the hook would step before the gradient is reduced); "
+               f"use none")
+    elif ex.pipeline_stages > 1:
+        why = f"execution.pipeline_stages={ex.pipeline_stages} (stages step after the schedule's backward); use 1"
+    if why:
+        raise ConfigError(f"train.optimizer_in_backward=true cannot be used with {why}")
 
 
 def _check_pipeline(cfg: Config) -> None:

@@ -418,7 +418,7 @@ def plan_memory(cfg: Config, world_size: int = 1, device: str | None = None) -> 
               "offload": ex.offload, "precision": ex.precision, "device": device,
               "micro_batch_size": s.B, "seq_len": s.T, "max_predictions": s.P, "accumulation": accumulation,
               "optimizer": tr.optimizer, "layers": m.num_hidden_layers, "hidden_size": s.H,
-              "fsdp_grad_sync": dp.grad_sync,
+              "fsdp_grad_sync": dp.grad_sync, "optimizer_in_backward": tr.optimizer_in_backward,
               "reshard_after_forward": ex.reshard_after_forward if dp.fsdp else None,
               "gathered_dtype": ("bf16" if gathered_bytes == 2 else "fp32") if dp.fsdp else ""}
     return _data_parallel_plan(config, dp, moments, saved, ex.offload, RUNTIME_OVERHEAD[device])
@@ -441,10 +441,13 @@ class _DataParallelMemory:
     accumulated: int
     grad_sync: str
     tied_grad: int  # the word embeddings' gradient
+    in_backward: bool = False  # train.optimizer_in_backward: each gradient freed once its tensor steps
 
     def grads_live(self, n_grad_params: int) -> int:
         """Gradients on this rank while activations are live, once ``n_grad_params`` have one."""
-        if self.ddp_buckets:
+        if self.ddp_buckets or self.in_backward:
+            # In the backward each tensor steps and drops its gradient as it is made; only the
+            # tied word embedding's waits, in autograd, from the decoder's backward to the embedding's.
             # All are in the buckets already but the tied word embedding's: autograd holds its
             # gradient from the decoder's backward to the embedding's, then DDP copies it in.
             return self.tied_grad if n_grad_params else 0
@@ -482,7 +485,9 @@ def _data_parallel_memory(m: ModelConfig, tr: TrainConfig, ex: ExecutionConfig, 
         n_params=n_params, shard=shard, fsdp=fsdp, params=params,
         optimizer_state=_optimizer_states(tr) * params, optimizer_workspace=optimizer_workspace,
         ddp_buckets=ddp_buckets, gathered=gathered, grads_in_flight=grads_in_flight, accumulated=accumulated,
-        grad_sync=grad_sync, tied_grad=m.vocab_size * m.hidden_size * FP32)
+        grad_sync=grad_sync, tied_grad=m.vocab_size * m.hidden_size * FP32,
+        # (several micro-batches: the gradients are held across them)
+        in_backward=tr.optimizer_in_backward and accumulation == 1)
 
 
 def _backward_moments(s: _Shapes, m: ModelConfig, recompute: str, dp: _DataParallelMemory
@@ -525,6 +530,8 @@ def _data_parallel_plan(config: dict[str, Any], dp: _DataParallelMemory, moments
     device_fb = (0 if offload else resident + dp.ddp_buckets) + dp.gathered + (
         max(a + t + dp.grads_in_flight for a, _, t in moments) if offload else backward_peak)
     optimizer_peak = resident + dp.params + dp.optimizer_workspace  # DDP's gradients are its buckets
+    if dp.in_backward:  # no step of its own: the last, the word embeddings', has its gradient and update
+        optimizer_peak = resident + 2 * dp.tied_grad
     if offload:
         device_total = device_fb + overhead
         # The sharded state, its gradients (copied out after each reduce-scatter)
@@ -540,9 +547,9 @@ def _data_parallel_plan(config: dict[str, Any], dp: _DataParallelMemory, moments
     return MemoryPlan(
         config=config,
         num_parameters=dp.n_params,
-        parameters=dp.params, gradients=dp.params, optimizer_state=dp.optimizer_state,
-        activations=activations,
-        workspace=dp.optimizer_workspace + dp.gathered,
+        parameters=dp.params, gradients=dp.tied_grad if dp.in_backward else dp.params,
+        optimizer_state=dp.optimizer_state, activations=activations,
+        workspace=(dp.tied_grad if dp.in_backward else dp.optimizer_workspace) + dp.gathered,
         overhead=overhead, device_total=device_total, host_total=host_total,
         combined_peak=combined_peak,
         location={"parameters": where, "gradients": where, "optimizer_state": where,
@@ -551,6 +558,7 @@ def _data_parallel_plan(config: dict[str, Any], dp: _DataParallelMemory, moments
         details={"optimizer_workspace": dp.optimizer_workspace, "ddp_buckets": dp.ddp_buckets,
                  "fsdp_gathered_parameters": dp.gathered, "fsdp_unsharded_gradients": dp.grads_in_flight,
                  "fsdp_accumulated_gradients": dp.accumulated,
+                 "gradients_dropped": dp.params - dp.tied_grad if dp.in_backward else 0,
                  "saved_activations": saved["saved_activations"],
                  "layer_saved": saved["layer_saved"], "layer_full": saved["layer_full"]},
     )
@@ -792,6 +800,16 @@ def format_bytes(n: int) -> str:
     return f"{n} B"
 
 
+def _in_backward_line(plan: MemoryPlan) -> str:
+    dropped = plan.details["gradients_dropped"]
+    if not dropped:
+        return ("optimizer in backward: steps in the last micro-batch's backward; the gradients are held "
+                f"across the {plan.config['accumulation']} micro-batches, so none are dropped")
+    return (f"optimizer in backward: each tensor steps as its gradient is made; gradients held "
+            f"{format_bytes(plan.gradients)} (the word embeddings', the largest) instead of "
+            f"{format_bytes(plan.parameters)}: {format_bytes(dropped)} less")
+
+
 def format_plan(plan: MemoryPlan, device_memory: int | None = None) -> str:
     c = plan.config
     lines = [(f"memory per rank: {plan.num_parameters / 1e6:.1f}M parameters, {c['layers']} layers, "
@@ -813,6 +831,8 @@ def format_plan(plan: MemoryPlan, device_memory: int | None = None) -> str:
             lines.append(f"  stage {st['stage']}: {st['layers']} layers, {st['parameters'] / 1e6:.1f}M parameters, "
                          f"{st['in_flight']} in flight, activations {format_bytes(st['activations'])}, "
                          f"total {format_bytes(st['device_total'])}")
+    if c.get("optimizer_in_backward"):
+        lines.append(_in_backward_line(plan))
     if c["note"]:
         lines.append(f"note: {c['note']}")
     lines.append("")

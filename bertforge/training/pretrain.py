@@ -566,9 +566,12 @@ def build_engine(model: nn.Module, execution: ExecutionConfig, train: TrainConfi
     if execution.pipeline_stages > 1:
         return pipeline.build_engine(model, execution, train, dist, steps)
     model = prepare_model(model, execution, dist)
-    optimizer = build_optimizer(unwrap(model), train, compiled=compiles_optimizer(execution, dist.device))
+    # (In the backward each tensor steps alone: the compiled step would compile once per shape.)
+    compiled = compiles_optimizer(execution, dist.device) and not train.optimizer_in_backward
+    optimizer = build_optimizer(unwrap(model), train, compiled=compiled)
     return Engine(model, optimizer, build_scheduler(optimizer, train, steps), training_loss,
-                  execution.precision, train.grad_clip, dist, seed=train.seed, grad_sync=execution.grad_sync)
+                  execution.precision, train.grad_clip, dist, seed=train.seed, grad_sync=execution.grad_sync,
+                  optimizer_in_backward=train.optimizer_in_backward)
 
 
 def restore_guard(guard: DivergenceGuard, state: Any, checkpoint: Path) -> None:

@@ -560,7 +560,8 @@ def finetuning_engine(job: Job, t: TrainConfig, execution: ExecutionConfig, dist
     wrapped = prepare_model(job.model.train(), execution, dist)
     optimizer = build_optimizer(unwrap(wrapped), t)
     return Engine(wrapped, optimizer, build_scheduler(optimizer, t, total), job.loss_fn,
-                  execution.precision, t.grad_clip, dist, seed=t.seed, grad_sync=execution.grad_sync)
+                  execution.precision, t.grad_clip, dist, seed=t.seed, grad_sync=execution.grad_sync,
+                  optimizer_in_backward=t.optimizer_in_backward)
 
 
 def ranks_of(dist: DistContext, execution: ExecutionConfig) -> str:
