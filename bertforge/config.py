@@ -39,6 +39,10 @@ Parallel = Literal["none", "ddp", "fsdp"]
 Recompute = Literal["none", "layer", "attention"]
 FsdpGradSync = Literal["auto", "step", "micro_batch"]  # when FSDP2 reduce-scatters accumulated gradients
 PipelineSchedule = Literal["1f1b", "gpipe"]  # torch.distributed.pipelining schedules, see training/pipeline.py
+# Where pipeline stages put the embeddings, as Graphcore's TF1 BERT names it: with the first layers, on
+# a stage of their own, or the word embeddings and the rest (positions, segments, LayerNorm) on one each.
+EmbeddingsPlacement = Literal["same_as_hidden_layers", "same_ipu", "two_ipus"]
+EMBEDDING_STAGES: dict[str, int] = {"same_as_hidden_layers": 0, "same_ipu": 1, "two_ipus": 2}
 Optimizer = Literal["lamb", "adamw", "sgd", "stableadamw"]
 Objective = Literal["mlm_nsp", "mlm"]  # mlm: masked LM alone, no NSP head (BertForMaskedLM)
 LambVariant = Literal["bertforge", "mlperf", "nvidia", "paper"]  # see bertforge/training/optim.py
@@ -270,6 +274,10 @@ class ExecutionConfig(Freezable):
     # gpipe (all forwards, then all backwards). With parallel ddp, world / stages pipelines are replicas.
     pipeline_stages: int = 1
     pipeline_schedule: PipelineSchedule = "1f1b"
+    # Graphcore TF1 BERT's placement: encoder layers of each stage that holds layers ([] = as even as
+    # possible), after the embeddings' own stages (embeddings_placement; see training/pipeline.py).
+    hidden_layers_per_stage: list[int] = field(default_factory=list)
+    embeddings_placement: EmbeddingsPlacement = "same_as_hidden_layers"
 
     @property
     def grad_sync(self) -> str:
@@ -800,15 +808,45 @@ def _check_optimizer_in_backward(cfg: Config) -> None:
         raise ConfigError(f"train.optimizer_in_backward=true cannot be used with {why}")
 
 
+def pipeline_layer_counts(ex: ExecutionConfig, num_layers: int) -> list[int]:
+    """Encoder layers of each pipeline stage, the embeddings' own stages (0 layers) first: as
+    ``hidden_layers_per_stage`` gives them, else as even as possible over the stages that hold layers,
+    the first ``num_layers % stages`` of them one more. A ConfigError names what does not add up."""
+    stages, placement, given = ex.pipeline_stages, ex.embeddings_placement, ex.hidden_layers_per_stage
+    own = EMBEDDING_STAGES[placement]
+    if given:
+        if any(n < 1 for n in given) or sum(given) != num_layers:
+            raise ConfigError(f"execution.hidden_layers_per_stage={given} must be counts of at least 1 that sum "
+                              f"to model.num_hidden_layers={num_layers}")
+        if own + len(given) != stages:
+            extra = f" plus {own} of embeddings (execution.embeddings_placement={placement})" if own else ""
+            raise ConfigError(f"execution.hidden_layers_per_stage={given} makes {len(given)} stages{extra}, "
+                              f"but execution.pipeline_stages={stages}")
+        return [0] * own + list(given)
+    if own == 0 and stages > num_layers:
+        raise ConfigError(f"execution.pipeline_stages={stages} exceeds model.num_hidden_layers={num_layers}: "
+                          f"each stage needs at least one encoder layer")
+    if not 1 <= stages - own <= num_layers:
+        extra = f" after execution.embeddings_placement={placement}'s {own}" if own else ""
+        raise ConfigError(f"execution.pipeline_stages={stages} leaves {stages - own} stages for "
+                          f"model.num_hidden_layers={num_layers}{extra}: each needs at least one encoder layer")
+    base, more = divmod(num_layers, stages - own)
+    return [0] * own + [base + (1 if s < more else 0) for s in range(stages - own)]
+
+
 def _check_pipeline(cfg: Config) -> None:
     """What execution.pipeline_stages cannot be combined with (the world size is checked at launch,
     by dist.check_execution)."""
     ex, stages = cfg.execution, cfg.execution.pipeline_stages
     if stages == 1:
+        placed = {"hidden_layers_per_stage": ex.hidden_layers_per_stage,
+                  "embeddings_placement": ex.embeddings_placement != "same_as_hidden_layers"}
+        for key, value in placed.items():
+            if value:  # else silently unused
+                raise ConfigError(f"execution.{key}={getattr(ex, key)} needs execution.pipeline_stages > 1 "
+                                  f"(it places pipeline stages)")
         return
-    if stages > cfg.model.num_hidden_layers:
-        raise ConfigError(f"execution.pipeline_stages={stages} exceeds model.num_hidden_layers="
-                          f"{cfg.model.num_hidden_layers}: each stage needs at least one encoder layer")
+    pipeline_layer_counts(ex, cfg.model.num_hidden_layers)
     if ex.parallel == "fsdp":
         raise ConfigError(f"execution.pipeline_stages={stages} cannot be used with execution.parallel=fsdp; "
                           f"use ddp (pipelines as data-parallel replicas) or none")

@@ -77,6 +77,7 @@ from bertforge.config import (
     ExecutionConfig,
     ModelConfig,
     TrainConfig,
+    pipeline_layer_counts,
 )
 from bertforge.runs import config_from_args
 
@@ -581,20 +582,29 @@ def stage_layer_counts(num_layers: int, stages: int) -> list[int]:
     return [base + (1 if s < extra else 0) for s in range(stages)]
 
 
-def stage_parameters(m: ModelConfig, stages: int) -> list[int]:
-    """Parameters each pipeline stage holds: its encoder layers; the embeddings on the first; the
-    pooler, the heads and a copy of the word embeddings (the decoder's tied weight) on the last."""
-    counts = [n * layer_parameters(m) for n in stage_layer_counts(m.num_hidden_layers, stages)]
-    counts[0] += embedding_parameters(m)
-    counts[-1] += head_parameters(m) + (m.vocab_size * m.hidden_size if stages > 1 else 0)
+def stage_parameters(m: ModelConfig, stages: int, layer_counts: list[int] | None = None,
+                     placement: str = "same_as_hidden_layers") -> list[int]:
+    """Parameters each pipeline stage holds: its encoder layers (``layer_counts``, by default the even
+    split); the word embeddings on the first, the rest of the embeddings there too or, with
+    ``placement`` two_ipus, on the second; the pooler, the heads and a copy of the word embeddings
+    (the decoder's tied weight) on the last."""
+    layer_counts = layer_counts or stage_layer_counts(m.num_hidden_layers, stages)
+    counts = [n * layer_parameters(m) for n in layer_counts]
+    word = m.vocab_size * m.hidden_size
+    counts[0] += word
+    counts[1 if placement == "two_ipus" else 0] += embedding_parameters(m) - word
+    counts[-1] += head_parameters(m) + (word if stages > 1 else 0)
     return counts
 
 
-def stage_decayed_parameters(m: ModelConfig, stages: int) -> list[int]:
+def stage_decayed_parameters(m: ModelConfig, stages: int, layer_counts: list[int] | None = None,
+                             placement: str = "same_as_hidden_layers") -> list[int]:
     """``decayed_parameters`` of each stage (the word embeddings' copy on the last is decayed too)."""
     H, I = m.hidden_size, m.intermediate_size
-    counts = [n * (4 * H * H + 2 * H * I) for n in stage_layer_counts(m.num_hidden_layers, stages)]
-    counts[0] += (m.vocab_size + m.max_position_embeddings + m.type_vocab_size) * H
+    layer_counts = layer_counts or stage_layer_counts(m.num_hidden_layers, stages)
+    counts = [n * (4 * H * H + 2 * H * I) for n in layer_counts]
+    counts[0] += m.vocab_size * H
+    counts[1 if placement == "two_ipus" else 0] += (m.max_position_embeddings + m.type_vocab_size) * H
     counts[-1] += 2 * H * H + 2 * H + (m.vocab_size * H if stages > 1 else 0)
     return counts
 
@@ -661,10 +671,12 @@ def _plan_pipeline(m: ModelConfig, data: DataConfig, tr: TrainConfig, ex: Execut
         raise ConfigError(f"execution.pipeline_schedule=1f1b needs at least execution.pipeline_stages={stages} "
                           f"micro-batches per step and pipeline, got {micro_batches}")
     step = _pipeline_step(m, data, tr, ex, device, micro_batches, averaged=replicas > 1)
-    layer_counts = stage_layer_counts(m.num_hidden_layers, stages)
-    decayed = stage_decayed_parameters(m, stages)
+    layer_counts, placement = pipeline_layer_counts(ex, m.num_hidden_layers), ex.embeddings_placement
+    decayed = stage_decayed_parameters(m, stages, layer_counts, placement)
+    held = stage_parameters(m, stages, layer_counts, placement)
+    # (The embeddings' activations are planned on the first stage, under two_ipus too.)
     plans = [_plan_stage(step, stage, n_params, layers, decayed[stage])
-             for stage, (n_params, layers) in enumerate(zip(stage_parameters(m, stages), layer_counts))]
+             for stage, (n_params, layers) in enumerate(zip(held, layer_counts))]
     worst = max(plans, key=lambda p: p["device_total"])
     s = step.s
     config = {"world_size": world_size, "parallel": "ddp" if step.averaged else ex.parallel, "note": note,
