@@ -10,7 +10,10 @@ one batch in, a dict of 0-dim tensors with ``"loss"`` out) and its data. The
 engine runs each micro-batch forward and backward under autocast (scaled when
 fp16), lets DDP synchronise gradients only on the last one, averages the
 losses over micro-batches and ranks, then unscales, checks that the step is
-finite, clips by global norm, steps the optimizer and the schedule.
+finite, clips by global norm, steps the optimizer and the schedule. With
+``optimizer_in_backward`` (``train.optimizer_in_backward``) the last
+micro-batch's backward steps each parameter as its gradient is made
+(``in_backward.py``); the step then only reports and schedules.
 
 No step waits for the device. A step's losses, gradient norm and flags go to
 the host in a copy that is read during the next step (``engine.report``):
