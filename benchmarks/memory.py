@@ -1,8 +1,9 @@
-"""Peak memory of pre-training steps with and without recomputation and offload, beside
-the planner's prediction (bertforge/parallel/plan.py).
+"""Peak memory of pre-training steps with and without recomputation, offload and the optimizer
+step in the backward, beside the planner's prediction (bertforge/parallel/plan.py).
 
     python benchmarks/memory.py                          # base, seq 512, batch 4, 80 predictions
     python benchmarks/memory.py --preset mini --batch-size 4 --rows none layer
+    python benchmarks/memory.py --rows none in_backward layer layer_in_backward  # the step in the backward
     python benchmarks/memory.py --json
 
 Each row runs in a fresh subprocess (peak RSS is per process) on the CPU with
@@ -19,7 +20,10 @@ its device total for the CPU, which includes its calibrated CPU runtime
 overhead. The offload row runs FSDP2 with CPU offload on a one-rank process
 group through bertforge.parallel.dist (as pretrain does); on a CPU machine the device
 and the host are the same memory, so it is compared with the planner's joint
-peak of device and host memory (``combined_peak``).
+peak of device and host memory (``combined_peak``). The ``in_backward`` rows step each
+tensor in the backward (``train.optimizer_in_backward``, which needs ``train.grad_clip 0``;
+the other rows clip, which makes no tensor larger than a gradient's norm), without and with
+layer recomputation.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import os
 import subprocess
 import sys
 
-ROWS = ("none", "layer", "attention", "offload")
+ROWS = ("none", "layer", "attention", "offload", "in_backward", "layer_in_backward")
 
 
 def make_config(args: argparse.Namespace, row: str):
@@ -40,7 +44,10 @@ def make_config(args: argparse.Namespace, row: str):
                  ("train.micro_batch_size", args.batch_size), ("train.global_batch_size", args.batch_size),
                  ("train.optimizer", "lamb"), ("train.schedule", "constant"),
                  ("execution.device", "cpu"), ("execution.precision", "fp32"),
-                 ("execution.recompute", "none" if row == "offload" else row)]
+                 ("execution.recompute", "layer" if row == "layer_in_backward" else
+                  "none" if row in ("offload", "in_backward") else row)]
+    if row.endswith("in_backward"):
+        overrides += [("train.optimizer_in_backward", True), ("train.grad_clip", 0.0)]
     if row == "offload":
         overrides += [("execution.parallel", "fsdp"), ("execution.offload", True)]
     return load_config(args.preset, overrides)
@@ -100,7 +107,7 @@ def main() -> None:
     print(f"{args.preset}, seq {args.seq_len}, micro-batch {args.batch_size}, {args.predictions} "
           f"predictions, LAMB, fp32, CPU, {args.threads} thread(s), {args.steps} steps per row")
     extra = f"{'default malloc MB':>19}" if args.default_malloc else ""
-    print(f"{'row':<10}{'measured MB':>12}{'planned MB':>12}{'ratio':>8}{'step s':>9}"
+    print(f"{'row':<18}{'measured MB':>12}{'planned MB':>12}{'ratio':>8}{'step s':>9}"
           f"{'plan: fwd/bwd':>15}{'optimizer':>11}{extra}  compared")
     results = []
     for row in args.rows:
@@ -120,7 +127,7 @@ def main() -> None:
         if args.json:
             print(json.dumps(result))
         else:
-            print(f"{row:<10}{measured['peak_mb']:>12.1f}{planned / MiB:>12.1f}{ratio:>8.3f}"
+            print(f"{row:<18}{measured['peak_mb']:>12.1f}{planned / MiB:>12.1f}{ratio:>8.3f}"
                   f"{measured['step_s']:>9.2f}{phases['forward_backward']:>15.1f}{phases['optimizer_step']:>11.1f}"
                   + (f"{result['default_malloc_peak_mb']:>19.1f}" if args.default_malloc else "")
                   + f"  {compared}", flush=True)

@@ -39,6 +39,10 @@ Parallel = Literal["none", "ddp", "fsdp"]
 Recompute = Literal["none", "layer", "attention"]
 FsdpGradSync = Literal["auto", "step", "micro_batch"]  # when FSDP2 reduce-scatters accumulated gradients
 PipelineSchedule = Literal["1f1b", "gpipe"]  # torch.distributed.pipelining schedules, see training/pipeline.py
+# Where pipeline stages put the embeddings, as Graphcore's TF1 BERT names it: with the first layers, on
+# a stage of their own, or the word embeddings and the rest (positions, segments, LayerNorm) on one each.
+EmbeddingsPlacement = Literal["same_as_hidden_layers", "same_ipu", "two_ipus"]
+EMBEDDING_STAGES: dict[str, int] = {"same_as_hidden_layers": 0, "same_ipu": 1, "two_ipus": 2}
 Optimizer = Literal["lamb", "adamw", "sgd", "stableadamw"]
 Objective = Literal["mlm_nsp", "mlm"]  # mlm: masked LM alone, no NSP head (BertForMaskedLM)
 LambVariant = Literal["bertforge", "mlperf", "nvidia", "paper"]  # see bertforge/training/optim.py
@@ -257,6 +261,9 @@ class TrainConfig(Freezable):
     # PopART's Adam scaled_optimizer_state: the gradients stay scaled into the moments and eps is × loss_scale
     # instead, the same update up to rounding (lamb, adamw, stableadamw)
     scaled_optimizer_state: bool = False
+    # Step each parameter in the backward as soon as its gradient is made, then free the gradient
+    # (PopXL SQuAD's per-layer update; training/in_backward.py): the step never holds every gradient.
+    optimizer_in_backward: bool = False
     # Stop a run whose loss explodes but stays finite: above divergence_factor × the median of the
     # last 100 normal steps' losses for divergence_steps steps in a row (engine.DivergenceGuard).
     # 0 = off. No checkpoint is written during a spike, so the newest one is from before it.
@@ -297,6 +304,10 @@ class ExecutionConfig(Freezable):
     # gpipe (all forwards, then all backwards). With parallel ddp, world / stages pipelines are replicas.
     pipeline_stages: int = 1
     pipeline_schedule: PipelineSchedule = "1f1b"
+    # Graphcore TF1 BERT's placement: encoder layers of each stage that holds layers ([] = as even as
+    # possible), after the embeddings' own stages (embeddings_placement; see training/pipeline.py).
+    hidden_layers_per_stage: list[int] = field(default_factory=list)
+    embeddings_placement: EmbeddingsPlacement = "same_as_hidden_layers"
 
     @property
     def grad_sync(self) -> str:
@@ -801,6 +812,7 @@ def validate(cfg: Config) -> None:
     _check_family(cfg)
     _check_pipeline(cfg)
     _check_weights(cfg)
+    _check_optimizer_in_backward(cfg)
 
 
 def _check_batch_warmup(cfg: Config) -> None:
@@ -843,15 +855,68 @@ def _check_family(cfg: Config) -> None:
                           f"model.family=modernbert (pipeline stages split BERT's encoder only); use 1")
 
 
+def _check_optimizer_in_backward(cfg: Config) -> None:
+    """What needs every gradient before the first update, or a reduced one, cannot step in the backward."""
+    if not cfg.train.optimizer_in_backward:
+        return
+    ex, why = cfg.execution, ""
+    if cfg.train.grad_clip > 0:
+        why = (f"train.grad_clip={cfg.train.grad_clip:g} (global-norm clipping, as MLPerf's and NVIDIA's LAMB "
+               f"do, needs every gradient before the first update); set train.grad_clip 0")
+    elif ex.precision == "fp16":
+        why = "execution.precision=fp16 (its loss scaler checks every gradient before the step); use bf16"
+    elif ex.parallel != "none":
+        why = (f"execution.parallel={ex.parallel} (the hook would step before the gradient is reduced); "
+               f"use none")
+    elif ex.pipeline_stages > 1:
+        why = f"execution.pipeline_stages={ex.pipeline_stages} (stages step after the schedule's backward); use 1"
+    elif cfg.train.loss_scale != 1.0:
+        why = f"train.loss_scale={cfg.train.loss_scale:g} (the gradients are unscaled in the ordinary step); use 1"
+    elif cfg.train.weights != "fp32":
+        why = f"train.weights={cfg.train.weights} (not supported yet: the hooks step fp32 weights); use fp32"
+    if why:
+        raise ConfigError(f"train.optimizer_in_backward=true cannot be used with {why}")
+
+
+def pipeline_layer_counts(ex: ExecutionConfig, num_layers: int) -> list[int]:
+    """Encoder layers of each pipeline stage, the embeddings' own stages (0 layers) first: as
+    ``hidden_layers_per_stage`` gives them, else as even as possible over the stages that hold layers,
+    the first ``num_layers % stages`` of them one more. A ConfigError names what does not add up."""
+    stages, placement, given = ex.pipeline_stages, ex.embeddings_placement, ex.hidden_layers_per_stage
+    own = EMBEDDING_STAGES[placement]
+    if given:
+        if any(n < 1 for n in given) or sum(given) != num_layers:
+            raise ConfigError(f"execution.hidden_layers_per_stage={given} must be counts of at least 1 that sum "
+                              f"to model.num_hidden_layers={num_layers}")
+        if own + len(given) != stages:
+            extra = f" plus {own} of embeddings (execution.embeddings_placement={placement})" if own else ""
+            raise ConfigError(f"execution.hidden_layers_per_stage={given} makes {len(given)} stages{extra}, "
+                              f"but execution.pipeline_stages={stages}")
+        return [0] * own + list(given)
+    if own == 0 and stages > num_layers:
+        raise ConfigError(f"execution.pipeline_stages={stages} exceeds model.num_hidden_layers={num_layers}: "
+                          f"each stage needs at least one encoder layer")
+    if not 1 <= stages - own <= num_layers:
+        extra = f" after execution.embeddings_placement={placement}'s {own}" if own else ""
+        raise ConfigError(f"execution.pipeline_stages={stages} leaves {stages - own} stages for "
+                          f"model.num_hidden_layers={num_layers}{extra}: each needs at least one encoder layer")
+    base, more = divmod(num_layers, stages - own)
+    return [0] * own + [base + (1 if s < more else 0) for s in range(stages - own)]
+
+
 def _check_pipeline(cfg: Config) -> None:
     """What execution.pipeline_stages cannot be combined with (the world size is checked at launch,
     by dist.check_execution)."""
     ex, stages = cfg.execution, cfg.execution.pipeline_stages
     if stages == 1:
+        placed = {"hidden_layers_per_stage": ex.hidden_layers_per_stage,
+                  "embeddings_placement": ex.embeddings_placement != "same_as_hidden_layers"}
+        for key, value in placed.items():
+            if value:  # else silently unused
+                raise ConfigError(f"execution.{key}={getattr(ex, key)} needs execution.pipeline_stages > 1 "
+                                  f"(it places pipeline stages)")
         return
-    if stages > cfg.model.num_hidden_layers:
-        raise ConfigError(f"execution.pipeline_stages={stages} exceeds model.num_hidden_layers="
-                          f"{cfg.model.num_hidden_layers}: each stage needs at least one encoder layer")
+    pipeline_layer_counts(ex, cfg.model.num_hidden_layers)
     if ex.parallel == "fsdp":
         raise ConfigError(f"execution.pipeline_stages={stages} cannot be used with execution.parallel=fsdp; "
                           f"use ddp (pipelines as data-parallel replicas) or none")

@@ -199,10 +199,12 @@ def _time_steps(m: ModelConfig, tr: TrainConfig, ex: ExecutionConfig, device: to
     try:
         # The execution settings (recompute, fsdp, offload, compile) as pretrain applies them.
         model = prepare_model(cast_weights(build_pretraining_model(m, tr.objective).train(), tr), ex, dist)
-        optimizer = build_optimizer(unwrap(model), tr, compiled=compiles_optimizer(ex, device))
+        compiled = compiles_optimizer(ex, device) and not tr.optimizer_in_backward
+        optimizer = build_optimizer(unwrap(model), tr, compiled=compiled)
         engine = Engine(model, optimizer, build_scheduler(optimizer, tr, len(order)), training_loss,
                         ex.precision, tr.grad_clip, dist, grad_sync=ex.grad_sync,
-                        loss_scale=tr.loss_scale, scaled_state=tr.scaled_optimizer_state)
+                        loss_scale=tr.loss_scale, scaled_state=tr.scaled_optimizer_state,
+                        optimizer_in_backward=tr.optimizer_in_backward)
         for indices in order[:warmup]:
             engine.step([micro_batches[i] for i in indices], accumulation)
         synchronize(device)

@@ -80,6 +80,7 @@ from bertforge.config import (
     ExecutionConfig,
     ModelConfig,
     TrainConfig,
+    pipeline_layer_counts,
 )
 from bertforge.runs import config_from_args
 
@@ -427,7 +428,7 @@ def plan_memory(cfg: Config, world_size: int = 1, device: str | None = None) -> 
               "micro_batch_size": s.B, "seq_len": s.T, "max_predictions": s.P, "accumulation": accumulation,
               "optimizer": tr.optimizer, "layers": m.num_hidden_layers, "hidden_size": s.H,
               "weights": tr.weights, "optimizer_state_dtype": tr.optimizer_state,
-              "fsdp_grad_sync": dp.grad_sync,
+              "fsdp_grad_sync": dp.grad_sync, "optimizer_in_backward": tr.optimizer_in_backward,
               "reshard_after_forward": ex.reshard_after_forward if dp.fsdp else None,
               "gathered_dtype": ("bf16" if gathered_bytes == 2 else "fp32") if dp.fsdp else ""}
     return _data_parallel_plan(config, dp, moments, saved, ex.offload, RUNTIME_OVERHEAD[device])
@@ -451,12 +452,14 @@ class _DataParallelMemory:
     grad_sync: str
     tied_grad: int  # the word embeddings' gradient
     grad_bytes: int = FP32  # of one gradient element
+    in_backward: bool = False  # train.optimizer_in_backward: each gradient freed once its tensor steps
 
     def grads_live(self, n_grad_params: int) -> int:
         """Gradients on this rank while activations are live, once ``n_grad_params`` have one."""
-        if self.ddp_buckets:
-            # All are in the buckets already but the tied word embedding's: autograd holds its
-            # gradient from the decoder's backward to the embedding's, then DDP copies it in.
+        if self.ddp_buckets or self.in_backward:
+            # DDP: all are in the buckets already; in the backward: each tensor steps and drops its
+            # gradient as it is made. Either way the tied word embedding's waits: autograd holds it
+            # from the decoder's backward to the embedding's (then DDP copies it in).
             return self.tied_grad if n_grad_params else 0
         if self.accumulated:  # all of them held already
             return self.accumulated + self.grads_in_flight
@@ -497,7 +500,9 @@ def _data_parallel_memory(m: ModelConfig, tr: TrainConfig, ex: ExecutionConfig, 
         optimizer_state=_optimizer_states(tr) * math.ceil(n_params / shard) * DTYPE_BYTES[tr.optimizer_state],
         optimizer_workspace=optimizer_workspace,
         ddp_buckets=ddp_buckets, gathered=gathered, grads_in_flight=grads_in_flight, accumulated=accumulated,
-        grad_sync=grad_sync, tied_grad=m.vocab_size * m.hidden_size * weight_bytes, grad_bytes=weight_bytes)
+        grad_sync=grad_sync, tied_grad=m.vocab_size * m.hidden_size * weight_bytes, grad_bytes=weight_bytes,
+        # (several micro-batches: the gradients are held across them)
+        in_backward=tr.optimizer_in_backward and accumulation == 1)
 
 
 def _backward_moments(s: _Shapes, m: ModelConfig, recompute: str, dp: _DataParallelMemory
@@ -540,6 +545,8 @@ def _data_parallel_plan(config: dict[str, Any], dp: _DataParallelMemory, moments
     device_fb = (0 if offload else resident + dp.ddp_buckets) + dp.gathered + (
         max(a + t + dp.grads_in_flight for a, _, t in moments) if offload else backward_peak)
     optimizer_peak = resident + dp.params + dp.optimizer_workspace  # DDP's gradients are its buckets
+    if dp.in_backward:  # no step of its own: the last, the word embeddings', has its gradient and update
+        optimizer_peak = resident + 2 * dp.tied_grad
     if offload:
         device_total = device_fb + overhead
         # The sharded state, its gradients (copied out after each reduce-scatter)
@@ -555,9 +562,9 @@ def _data_parallel_plan(config: dict[str, Any], dp: _DataParallelMemory, moments
     return MemoryPlan(
         config=config,
         num_parameters=dp.n_params,
-        parameters=dp.params, gradients=dp.params, optimizer_state=dp.optimizer_state,
-        activations=activations,
-        workspace=dp.optimizer_workspace + dp.gathered,
+        parameters=dp.params, gradients=dp.tied_grad if dp.in_backward else dp.params,
+        optimizer_state=dp.optimizer_state, activations=activations,
+        workspace=(dp.tied_grad if dp.in_backward else dp.optimizer_workspace) + dp.gathered,
         overhead=overhead, device_total=device_total, host_total=host_total,
         combined_peak=combined_peak,
         location={"parameters": where, "gradients": where, "optimizer_state": where,
@@ -566,6 +573,7 @@ def _data_parallel_plan(config: dict[str, Any], dp: _DataParallelMemory, moments
         details={"optimizer_workspace": dp.optimizer_workspace, "ddp_buckets": dp.ddp_buckets,
                  "fsdp_gathered_parameters": dp.gathered, "fsdp_unsharded_gradients": dp.grads_in_flight,
                  "fsdp_accumulated_gradients": dp.accumulated,
+                 "gradients_dropped": dp.params - dp.tied_grad if dp.in_backward else 0,
                  "saved_activations": saved["saved_activations"],
                  "layer_saved": saved["layer_saved"], "layer_full": saved["layer_full"]},
     )
@@ -588,20 +596,29 @@ def stage_layer_counts(num_layers: int, stages: int) -> list[int]:
     return [base + (1 if s < extra else 0) for s in range(stages)]
 
 
-def stage_parameters(m: ModelConfig, stages: int) -> list[int]:
-    """Parameters each pipeline stage holds: its encoder layers; the embeddings on the first; the
-    pooler, the heads and a copy of the word embeddings (the decoder's tied weight) on the last."""
-    counts = [n * layer_parameters(m) for n in stage_layer_counts(m.num_hidden_layers, stages)]
-    counts[0] += embedding_parameters(m)
-    counts[-1] += head_parameters(m) + (m.vocab_size * m.hidden_size if stages > 1 else 0)
+def stage_parameters(m: ModelConfig, stages: int, layer_counts: list[int] | None = None,
+                     placement: str = "same_as_hidden_layers") -> list[int]:
+    """Parameters each pipeline stage holds: its encoder layers (``layer_counts``, by default the even
+    split); the word embeddings on the first, the rest of the embeddings there too or, with
+    ``placement`` two_ipus, on the second; the pooler, the heads and a copy of the word embeddings
+    (the decoder's tied weight) on the last."""
+    layer_counts = layer_counts or stage_layer_counts(m.num_hidden_layers, stages)
+    counts = [n * layer_parameters(m) for n in layer_counts]
+    word = m.vocab_size * m.hidden_size
+    counts[0] += word
+    counts[1 if placement == "two_ipus" else 0] += embedding_parameters(m) - word
+    counts[-1] += head_parameters(m) + (word if stages > 1 else 0)
     return counts
 
 
-def stage_decayed_parameters(m: ModelConfig, stages: int) -> list[int]:
+def stage_decayed_parameters(m: ModelConfig, stages: int, layer_counts: list[int] | None = None,
+                             placement: str = "same_as_hidden_layers") -> list[int]:
     """``decayed_parameters`` of each stage (the word embeddings' copy on the last is decayed too)."""
     H, I = m.hidden_size, m.intermediate_size
-    counts = [n * (4 * H * H + 2 * H * I) for n in stage_layer_counts(m.num_hidden_layers, stages)]
-    counts[0] += (m.vocab_size + m.max_position_embeddings + m.type_vocab_size) * H
+    layer_counts = layer_counts or stage_layer_counts(m.num_hidden_layers, stages)
+    counts = [n * (4 * H * H + 2 * H * I) for n in layer_counts]
+    counts[0] += m.vocab_size * H
+    counts[1 if placement == "two_ipus" else 0] += (m.max_position_embeddings + m.type_vocab_size) * H
     counts[-1] += 2 * H * H + 2 * H + (m.vocab_size * H if stages > 1 else 0)
     return counts
 
@@ -668,10 +685,12 @@ def _plan_pipeline(m: ModelConfig, data: DataConfig, tr: TrainConfig, ex: Execut
         raise ConfigError(f"execution.pipeline_schedule=1f1b needs at least execution.pipeline_stages={stages} "
                           f"micro-batches per step and pipeline, got {micro_batches}")
     step = _pipeline_step(m, data, tr, ex, device, micro_batches, averaged=replicas > 1)
-    layer_counts = stage_layer_counts(m.num_hidden_layers, stages)
-    decayed = stage_decayed_parameters(m, stages)
+    layer_counts, placement = pipeline_layer_counts(ex, m.num_hidden_layers), ex.embeddings_placement
+    decayed = stage_decayed_parameters(m, stages, layer_counts, placement)
+    held = stage_parameters(m, stages, layer_counts, placement)
+    # (The embeddings' activations are planned on the first stage, under two_ipus too.)
     plans = [_plan_stage(step, stage, n_params, layers, decayed[stage])
-             for stage, (n_params, layers) in enumerate(zip(stage_parameters(m, stages), layer_counts))]
+             for stage, (n_params, layers) in enumerate(zip(held, layer_counts))]
     worst = max(plans, key=lambda p: p["device_total"])
     s = step.s
     config = {"world_size": world_size, "parallel": "ddp" if step.averaged else ex.parallel, "note": note,
@@ -807,6 +826,16 @@ def format_bytes(n: int) -> str:
     return f"{n} B"
 
 
+def _in_backward_line(plan: MemoryPlan) -> str:
+    dropped = plan.details["gradients_dropped"]
+    if not dropped:
+        return ("optimizer in backward: steps in the last micro-batch's backward; the gradients are held "
+                f"across the {plan.config['accumulation']} micro-batches, so none are dropped")
+    return (f"optimizer in backward: each tensor steps as its gradient is made; gradients held "
+            f"{format_bytes(plan.gradients)} (the word embeddings', the largest) instead of "
+            f"{format_bytes(plan.parameters)}: {format_bytes(dropped)} less")
+
+
 def format_plan(plan: MemoryPlan, device_memory: int | None = None) -> str:
     c = plan.config
     lines = [(f"memory per rank: {plan.num_parameters / 1e6:.1f}M parameters, {c['layers']} layers, "
@@ -828,6 +857,8 @@ def format_plan(plan: MemoryPlan, device_memory: int | None = None) -> str:
             lines.append(f"  stage {st['stage']}: {st['layers']} layers, {st['parameters'] / 1e6:.1f}M parameters, "
                          f"{st['in_flight']} in flight, activations {format_bytes(st['activations'])}, "
                          f"total {format_bytes(st['device_total'])}")
+    if c.get("optimizer_in_backward"):
+        lines.append(_in_backward_line(plan))
     if c["note"]:
         lines.append(f"note: {c['note']}")
     lines.append("")

@@ -10,7 +10,10 @@ one batch in, a dict of 0-dim tensors with ``"loss"`` out) and its data. The
 engine runs each micro-batch forward and backward under autocast (scaled when
 fp16), lets DDP synchronise gradients only on the last one, averages the
 losses over micro-batches and ranks, then unscales, checks that the step is
-finite, clips by global norm, steps the optimizer and the schedule.
+finite, clips by global norm, steps the optimizer and the schedule. With
+``optimizer_in_backward`` (``train.optimizer_in_backward``) the last
+micro-batch's backward steps each parameter as its gradient is made
+(``in_backward.py``); the step then only reports and schedules.
 
 No step waits for the device. A step's losses, gradient norm and flags go to
 the host in a copy that is read during the next step (``engine.report``):
@@ -59,6 +62,8 @@ from torch import nn
 from bertforge.config import ConfigError
 from bertforge.data.feed import HostCopy, to_device  # (to_device also imported from here by the jobs)
 from bertforge.parallel.dist import DistContext, gradient_sync, mean_and_any
+
+from .in_backward import OptimizerInBackward
 
 LossFn = Callable[[nn.Module, dict[str, torch.Tensor]], dict[str, torch.Tensor]]
 
@@ -346,6 +351,17 @@ def real_tokens(batch: dict[str, torch.Tensor]) -> int:
     return batch["input_ids"].numel()
 
 
+def _in_backward(optimizer: torch.optim.Optimizer, precision: str, grad_clip: float,
+                 dist: DistContext) -> OptimizerInBackward:
+    """The hooks of train.optimizer_in_backward, where the step allows them (config.validate says
+    why in a job's terms; this guards the engine's other callers)."""
+    if grad_clip > 0 or precision == "fp16" or dist.world_size > 1 or not skips_on_device(optimizer):
+        raise ConfigError(f"train.optimizer_in_backward needs train.grad_clip 0 (got {grad_clip:g}), no fp16 "
+                          f"(got {precision}), one process (got {dist.world_size}) and an optimizer that "
+                          f"skips on the device (got {type(optimizer).__name__})")
+    return OptimizerInBackward(optimizer)
+
+
 class Engine:
     """The model as training runs it (wrapped by ``dist.prepare_model``), its optimizer,
     schedule and loss scaler, and the step that uses them."""
@@ -353,7 +369,8 @@ class Engine:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                  scheduler: torch.optim.lr_scheduler.LRScheduler, loss_fn: LossFn, precision: str,
                  grad_clip: float, dist: DistContext | None = None, seed: int | None = None,
-                 grad_sync: str = "step", loss_scale: float = 1.0, scaled_state: bool = False):
+                 grad_sync: str = "step", loss_scale: float = 1.0, scaled_state: bool = False,
+                 optimizer_in_backward: bool = False):
         self.model, self.optimizer, self.scheduler, self.loss_fn = model, optimizer, scheduler, loss_fn
         self.precision, self.grad_clip = precision, grad_clip
         # train.loss_scale and train.scaled_optimizer_state (see _unscale)
@@ -368,6 +385,8 @@ class Engine:
         self.report: StepReport | None = None  # the step before the newest, read during the newest
         self._healthy: torch.Tensor | None = None  # on the device: no step so far was non-finite
         self._pending: tuple[int, list[str], HostCopy] | None = None  # the newest step, on its way
+        # train.optimizer_in_backward: each parameter steps in the last micro-batch's backward (in_backward.py)
+        self.in_backward = _in_backward(optimizer, precision, grad_clip, self.dist) if optimizer_in_backward else None
 
     @property
     def lr(self) -> float:
@@ -395,10 +414,12 @@ class Engine:
             with gradient_sync(self.model, enabled=i == accumulation - 1, grad_sync=self.grad_sync):
                 with autocast(self.device, self.precision):
                     out = self.loss_fn(self.model, to_device(batch, self.device))
+                for key, value in out.items():
+                    totals[key] = totals.get(key, 0.0) + value.detach().float() / accumulation
+                if self.in_backward is not None and i == accumulation - 1:
+                    self._arm_in_backward(totals["loss"])
                 loss = out["loss"] / accumulation
                 (self.scaler.scale(loss) if self.scaler is not None else loss * self.loss_scale).backward()
-            for key, value in out.items():
-                totals[key] = totals.get(key, 0.0) + value.detach().float() / accumulation
             count += 1
         if count != accumulation:
             raise ValueError(f"step {step}: got {count} micro-batches, expected {accumulation}")
@@ -406,8 +427,30 @@ class Engine:
         totals, stop = mean_and_any(self.dist, totals, signalled)
         if world_size == 1:
             self.stop_requested = signalled  # this process's own flag: nothing to wait for
-        totals["grad_norm"] = self._apply_gradients(totals, step, stop if world_size > 1 else None)
+        if self.in_backward is not None:
+            totals["grad_norm"] = self._finish_in_backward(totals, step)
+        else:
+            totals["grad_norm"] = self._apply_gradients(totals, step, stop if world_size > 1 else None)
         return totals
+
+    def _arm_in_backward(self, loss: torch.Tensor) -> None:
+        """Before the last backward of a step: the hooks step each parameter unless this step's
+        loss so far, or any step before, was not finite."""
+        assert self.in_backward is not None
+        finite = torch.isfinite(loss)
+        self.in_backward.arm(finite if self._healthy is None else self._healthy & finite)
+
+    def _finish_in_backward(self, totals: dict[str, torch.Tensor], step: int) -> torch.Tensor:
+        """After the backward that stepped every parameter: report, schedule, clear (as
+        :meth:`_apply_gradients` does after its step); the gradient norm."""
+        assert self.in_backward is not None
+        grad_norm, healthy = self.in_backward.finish()
+        finite = torch.isfinite(totals["loss"]) & torch.isfinite(grad_norm)
+        self._send(step, {**totals, "grad_norm": grad_norm}, finite, None)
+        self._healthy = healthy & finite
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm
 
     def _apply_gradients(self, totals: dict[str, torch.Tensor], step: int,
                          stop: torch.Tensor | None = None) -> torch.Tensor:

@@ -8,8 +8,14 @@ stages of consecutive encoder layers (:func:`stage_layers`: as even as
 possible, the first stages take one layer more when S does not divide the
 layers); stage 0 also holds the embeddings, the last stage the pooler, the
 heads and its own copy of the word embeddings (the MLM decoder's tied
-weight). The W ranks form W / S pipelines (data-parallel replicas): rank r
-runs stage r mod S of replica r // S (a ``DeviceMesh`` of dims dp × pp).
+weight). Graphcore's TF1 BERT placement (``config.pipeline_layer_counts``):
+``execution.hidden_layers_per_stage`` gives the layers of each stage that holds
+layers, and ``execution.embeddings_placement`` puts the embeddings with the
+first layers (``same_as_hidden_layers``), on a stage of their own
+(``same_ipu``) or the word lookup on stage 0 and the rest of the embeddings
+on stage 1 (``two_ipus``, :class:`EmbeddingsAfterLookup`). The W ranks
+form W / S pipelines (data-parallel replicas): rank r runs stage r mod S of
+replica r // S (a ``DeviceMesh`` of dims dp × pp).
 With ``execution.parallel: ddp`` the replicas average each stage's gradients
 over its dp group after the schedule's backward, in all-reduces of 25 MiB
 buckets (DDP itself is not used: torch's pipelining runs a metadata forward
@@ -59,7 +65,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from bertforge.config import ConfigError, ExecutionConfig, PipelineSchedule, TrainConfig
+from bertforge.config import ConfigError, ExecutionConfig, PipelineSchedule, TrainConfig, pipeline_layer_counts
 from bertforge.data.feed import widen
 from bertforge.models.bert import (
     BertEmbeddings,
@@ -193,6 +199,27 @@ class WordEmbeddings(nn.Module):
         self.word_embeddings = word_embeddings
 
 
+class EmbeddingsAfterLookup(nn.Module):
+    """What ``BertEmbeddings`` does after the word lookup (two_ipus' second stage), named as in the model:
+    the same sum in the same order, LayerNorm and dropout."""
+
+    def __init__(self, embeddings: BertEmbeddings):
+        super().__init__()
+        self.position_embeddings = embeddings.position_embeddings
+        self.token_type_embeddings = embeddings.token_type_embeddings
+        self.LayerNorm = embeddings.LayerNorm
+        self.dropout = embeddings.dropout
+
+    def forward(self, words: torch.Tensor, token_type_ids: torch.Tensor,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        if position_ids is None:
+            positions = self.position_embeddings.weight[:words.shape[1]]
+        else:
+            positions = self.position_embeddings(position_ids)
+        x = words + self.token_type_embeddings(token_type_ids) + positions
+        return self.dropout(self.LayerNorm(x))
+
+
 class StageTrunk(nn.Module):
     """What a stage holds of ``BertModel``, under the same names."""
 
@@ -231,7 +258,8 @@ class BertStage(nn.Module):
     last return ``(hidden states, RNG state)``, the last ``(mlm_logits, nsp_logits)`` as the model does.
     """
 
-    def __init__(self, model: BertForPreTraining, index: int, stages: int):
+    def __init__(self, model: BertForPreTraining, index: int, stages: int, layer_counts: list[int] | None = None,
+                 placement: str = "same_as_hidden_layers"):
         super().__init__()
         if not 0 <= index < stages:
             raise ValueError(f"stage {index} of {stages}")
@@ -240,11 +268,17 @@ class BertStage(nn.Module):
         self.next_sentence: bool = getattr(model, "next_sentence", True)  # False: BertForMaskedLM
         self.index, self.stages = index, stages
         self.is_first, self.is_last = index == 0, index == stages - 1
-        self.layers = stage_layers(model.config.num_hidden_layers, stages)[index]
+        counts = layer_counts or [len(r) for r in stage_layers(model.config.num_hidden_layers, stages)]
+        start = sum(counts[:index])
+        self.layers = range(start, start + counts[index])
+        # two_ipus: the word embeddings alone on stage 0, the positions, segments and LayerNorm on stage 1.
+        self.finishes_embeddings = index == (1 if placement == "two_ipus" else 0)
         bert = model.bert
-        embeddings: nn.Module | None = bert.embeddings if self.is_first else None
-        if self.is_last and not self.is_first:
+        embeddings: nn.Module | None = bert.embeddings if self.is_first and self.finishes_embeddings else None
+        if (self.is_last or self.is_first) and embeddings is None:
             embeddings = WordEmbeddings(bert.embeddings.word_embeddings)
+        elif self.finishes_embeddings and not self.is_first:
+            embeddings = EmbeddingsAfterLookup(bert.embeddings)
         encoder = StageEncoder({i: bert.encoder.layer[i] for i in self.layers})
         self.bert = StageTrunk(embeddings, encoder, bert.pooler if self.is_last else None)
         # The heads keep their tie: cls.predictions reads the word embeddings module held above.
@@ -257,7 +291,7 @@ class BertStage(nn.Module):
     @property
     def inputs(self) -> tuple[str, ...]:
         """The batch fields this stage takes as keyword arguments."""
-        return ((_FIRST_INPUTS if self.is_first else ()) + _EVERY_INPUTS
+        return ((_FIRST_INPUTS if self.finishes_embeddings else ()) + (_EVERY_INPUTS if self.layers else ())
                 + (_LAST_INPUTS if self.is_last else ()))
 
     def forward(self, x: torch.Tensor, rng: torch.Tensor | None = None, *,
@@ -277,12 +311,24 @@ class BertStage(nn.Module):
         if self.is_first:
             if seeds is not None:  # this micro-batch's dropout seed, as Engine.step sets it
                 torch.manual_seed(int(seeds[0]))
-            assert isinstance(self.bert.embeddings, BertEmbeddings)
-            x = self.bert.embeddings(x, torch.zeros_like(x) if token_type_ids is None else token_type_ids,
-                                     position_ids)
+            input_ids = x
+            if not self.finishes_embeddings:  # two_ipus: the lookup alone
+                assert isinstance(self.bert.embeddings, WordEmbeddings)
+                x = self.bert.embeddings.word_embeddings(x)
         elif rng is not None:
             _set_rng_state(rng, x.device)
-        x = self.bert.encoder(x, layers_mask(x, attention_mask, sequence_ids, self.config, self.flex, self.training))
+        if self.finishes_embeddings:
+            token_types = torch.zeros_like(x if self.is_first else x[..., 0], dtype=torch.long) \
+                if token_type_ids is None else token_type_ids
+            if self.is_first:
+                assert isinstance(self.bert.embeddings, BertEmbeddings)
+                x = self.bert.embeddings(input_ids, token_types, position_ids)
+            else:
+                assert isinstance(self.bert.embeddings, EmbeddingsAfterLookup)
+                x = self.bert.embeddings(x, token_types, position_ids)
+        if self.layers:
+            x = self.bert.encoder(x, layers_mask(x, attention_mask, sequence_ids, self.config, self.flex,
+                                                 self.training))
         if not self.is_last:
             return x, _rng_state(x.device)
         assert self.cls is not None
@@ -653,7 +699,9 @@ def build_engine(model: nn.Module, execution: ExecutionConfig, train: TrainConfi
         raise TypeError(f"pipeline stages are made of a BertForPreTraining, not a {type(model).__name__}")
 
     layout = make_layout(ctx, execution.pipeline_stages)
-    stage = prepare_stage(BertStage(model, layout.stage, layout.stages), execution, ctx)
+    counts = pipeline_layer_counts(execution, model.config.num_hidden_layers)
+    stage = prepare_stage(BertStage(model, layout.stage, layout.stages, counts, execution.embeddings_placement),
+                          execution, ctx)
     optimizer = build_optimizer(stage, train)
     return PipelineEngine(stage, layout, execution.pipeline_schedule, optimizer,
                           build_scheduler(optimizer, train, total_steps), execution.precision,

@@ -594,10 +594,13 @@ def build_engine(model: nn.Module, execution: ExecutionConfig, train: TrainConfi
     if execution.pipeline_stages > 1:
         return pipeline.build_engine(model, execution, train, dist, steps)
     model = prepare_model(cast_weights(model, train), execution, dist)
-    optimizer = build_optimizer(unwrap(model), train, compiled=compiles_optimizer(execution, dist.device))
+    # (In the backward each tensor steps alone: the compiled step would compile once per shape.)
+    compiled = compiles_optimizer(execution, dist.device) and not train.optimizer_in_backward
+    optimizer = build_optimizer(unwrap(model), train, compiled=compiled)
     return Engine(model, optimizer, build_scheduler(optimizer, train, steps), training_loss,
                   execution.precision, train.grad_clip, dist, seed=train.seed, grad_sync=execution.grad_sync,
-                  loss_scale=train.loss_scale, scaled_state=train.scaled_optimizer_state)
+                  loss_scale=train.loss_scale, scaled_state=train.scaled_optimizer_state,
+                  optimizer_in_backward=train.optimizer_in_backward)
 
 
 def restore_guard(guard: DivergenceGuard, state: Any, checkpoint: Path) -> None:

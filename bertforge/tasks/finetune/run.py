@@ -568,7 +568,8 @@ def finetuning_engine(job: Job, t: TrainConfig, execution: ExecutionConfig, dist
     optimizer = build_optimizer(unwrap(wrapped), t)
     return Engine(wrapped, optimizer, build_scheduler(optimizer, t, total), job.loss_fn,
                   execution.precision, t.grad_clip, dist, seed=t.seed, grad_sync=execution.grad_sync,
-                  loss_scale=t.loss_scale, scaled_state=t.scaled_optimizer_state)
+                  loss_scale=t.loss_scale, scaled_state=t.scaled_optimizer_state,
+                  optimizer_in_backward=t.optimizer_in_backward)
 
 
 def ranks_of(dist: DistContext, execution: ExecutionConfig) -> str:
