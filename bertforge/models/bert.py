@@ -147,8 +147,6 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask, backen
     # Called inside the attention's forward, which recomputation checkpoints as a whole,
     # so that a recomputation runs the kernel (and draws the dropout) the forward did.
     with sdpa_kernel(backends, set_priority=True) if backends else contextlib.nullcontext():
-        if isinstance(mask, Documents):
-            return mask.attend(q, k, v, dropout_p)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
 
 
@@ -225,64 +223,7 @@ class BertPooler(nn.Module):
         return torch.tanh(self.dense(cls))  # (B, S, H): each packed sequence's own [CLS]
 
 
-class Documents:
-    """Packed rows' attention as one attention per document (the tokens of one sequence id, padding
-    included: padding sees padding, as the rule): on the CPU, where FlexAttention cannot skip blocks,
-    this computes the scores inside documents alone (a row of three documents of about T/3: a third
-    of the row's T²) and runs SDPA without a bias. A row's queries, keys and values are split into its
-    documents (a split's backward is one concatenation, where slices would each add a row-sized
-    gradient), after a gather where a document's tokens are not consecutive (Graphcore's BERT packing
-    puts each sequence's [CLS] at the row's end). ``window`` (ModernBERT's local layers): keys at most
-    that far in the row, as a bias per document, made once per batch and shared by the layers."""
-
-    def __init__(self, sequence_ids: torch.Tensor, window: int | None, dtype: torch.dtype):
-        self.window, self.dtype = window, dtype
-        # Per row: its documents' lengths, each one's positions, and the gather that makes them
-        # consecutive (None: they are) with its inverse.
-        self.rows: list[tuple[list[int], list[torch.Tensor], tuple[torch.Tensor, torch.Tensor] | None]] = []
-        self.biases: dict[tuple[int, ...], torch.Tensor | None] = {}
-        T = sequence_ids.shape[1]
-        for row in sequence_ids.cpu():
-            changes = (row[1:] != row[:-1]).nonzero().flatten() + 1
-            if len(changes) + 1 == len(row.unique()):  # each sequence one run: the row in order
-                bounds = [0, *changes.tolist(), T]
-                positions = [torch.arange(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
-                gather = None
-            else:
-                positions = [(row == sequence).nonzero().flatten() for sequence in row.unique().tolist()]
-                order = torch.cat(positions)
-                gather = (order, order.argsort())
-            self.rows.append(([len(p) for p in positions], positions, gather))
-
-    def bias(self, positions: torch.Tensor, device: torch.device) -> torch.Tensor | None:
-        """The window's additive bias over a document's tokens (None: the window holds them all)."""
-        if self.window is None:
-            return None
-        consecutive = bool(positions[-1] - positions[0] + 1 == len(positions))
-        key = (len(positions),) if consecutive else tuple(positions.tolist())  # a run's depends on its length
-        if key not in self.biases:
-            distance = (positions[:, None] - positions[None, :]).abs()
-            far = distance > self.window
-            self.biases[key] = torch.zeros(far.shape, dtype=self.dtype).masked_fill_(
-                far, torch.finfo(self.dtype).min).to(device) if bool(far.any()) else None
-        return self.biases[key]
-
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
-        rows = []
-        for (lengths, positions, gather), qb, kb, vb in zip(self.rows, q.split(1), k.split(1), v.split(1)):
-            if gather is not None:  # its documents made consecutive
-                qb, kb, vb = (x.index_select(2, gather[0].to(x.device)) for x in (qb, kb, vb))
-            # (1, heads, length, head size) each: the CPU's flash kernel takes four dimensions
-            out = torch.cat([F.scaled_dot_product_attention(qd, kd, vd, attn_mask=self.bias(p, q.device),
-                                                            dropout_p=dropout_p)
-                             for qd, kd, vd, p in zip(qb.split(lengths, 2), kb.split(lengths, 2),
-                                                      vb.split(lengths, 2), positions)], dim=2)
-            rows.append(out if gather is None else out.index_select(2, gather[1].to(out.device)))
-        return torch.cat(rows)
-
-
-# What attention takes: an additive bias, a block mask, documents of packed rows, or none.
-Mask = torch.Tensor | BlockMask | Documents | None
+Mask = torch.Tensor | BlockMask | None  # what attention takes: an additive bias, a block mask, or none
 
 
 MaskRule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -374,8 +315,6 @@ def layers_mask(x: torch.Tensor, attention_mask: torch.Tensor | None, sequence_i
     if flex:
         return block_mask(rule, rows, T, x.device)
     dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
-    if sequence_ids is not None and x.device.type == "cpu":
-        return Documents(sequence_ids, window, dtype)
     return dense_bias(rule, rows or 1, T, dtype, x.device)
 
 
