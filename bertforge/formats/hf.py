@@ -45,10 +45,11 @@ from bertforge.config import (
     ModelConfig,
     model_dict,
 )
+from bertforge.data.vocab import load_vocab
 from bertforge.fileio import atomic_directory
 from bertforge.models.bert import ACTIVATIONS
 from bertforge.models.families import ENCODER_PREFIX, MODELS, head_of
-from bertforge.runs import CheckpointError, vocab_file_name, vocab_in
+from bertforge.runs import CheckpointError, saved_data_settings, vocab_file_name, vocab_in
 
 from . import tf1
 from .weights import (
@@ -65,6 +66,10 @@ from .weights import (
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 PICKLE = "pytorch_model.bin"
 PICKLE_INDEX = "pytorch_model.bin.index.json"
+
+
+# The attribute of a model that load_model / load_hf set to the directory read: where export_hf finds its vocab.
+LOADED_FROM = "loaded_from"
 
 
 class NewlyInitializedWarning(UserWarning):
@@ -413,6 +418,7 @@ def load_hf(path: Path | str, head: str = "pretraining", allow_pickle: bool = Fa
     if missing:
         warnings.warn(f"{path}: not in the checkpoint, newly initialised: "
                       f"{', '.join(missing)}", NewlyInitializedWarning, stacklevel=2)
+    setattr(model, LOADED_FROM, path)
     return model.eval()
 
 
@@ -460,10 +466,66 @@ def hf_labels(path: Path | str) -> list[str] | None:
     return [name for _, name in ordered] if [i for i, _ in ordered] == list(range(len(ordered))) else None
 
 
+# transformers' names of the special tokens, by our roles (SpecialIds' fields).
+HF_SPECIAL_TOKENS = {"cls": "cls_token", "sep": "sep_token", "pad": "pad_token", "unk": "unk_token",
+                     "mask": "mask_token"}
+# What ModernBERT's forward takes (no token types); a tokenizer that returned token_type_ids would break pipelines.
+HF_MODEL_INPUTS = {"modernbert": ["input_ids", "attention_mask"]}
+
+
+def hf_tokenizer_files(vocab_path: Path | str, cfg: ModelConfig, lowercase: bool) -> dict[str, dict]:
+    """``tokenizer_config.json`` (:func:`hf_tokenizer_config`) and ``special_tokens_map.json`` of an export."""
+    config = hf_tokenizer_config(vocab_path, cfg, lowercase)
+    return {"tokenizer_config.json": config,
+            "special_tokens_map.json": {name: config[name] for name in HF_SPECIAL_TOKENS.values() if name in config}}
+
+
+def hf_tokenizer_config(vocab_path: Path | str, cfg: ModelConfig, lowercase: bool) -> dict:
+    """The ``tokenizer_config.json`` that makes ``AutoTokenizer`` read an export's vocab as we do: a vocab.txt
+    as ``BertTokenizer`` (``do_lower_case`` as the model was trained), a tokenizer.json as
+    ``PreTrainedTokenizerFast``; the special tokens named, ``model_max_length`` the model's positions.
+    A vocab larger than the model, or without [CLS], [SEP] or [MASK], is refused."""
+    vocab = load_vocab(vocab_path)
+    if vocab.size > cfg.vocab_size:
+        raise ConversionError(f"{vocab_path}: {vocab.size} tokens, more than the model's "
+                              f"vocab_size={cfg.vocab_size}: give the vocab the model was trained with")
+    roles = vocab.special_ids(" (transformers' tokenizer must name them)")
+    special = {name: vocab.tokens[token_id] for role, name in HF_SPECIAL_TOKENS.items()
+               if (token_id := getattr(roles, role)) is not None}
+    config: dict = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.max_position_embeddings,
+                    **special}
+    if vocab.tokenizer is None:  # BertTokenizer's normalizer is ours: strip accents when lowercasing
+        config.update(tokenizer_class="BertTokenizer", do_lower_case=lowercase, tokenize_chinese_chars=True,
+                      strip_accents=None)
+    if cfg.family in HF_MODEL_INPUTS:
+        config["model_input_names"] = HF_MODEL_INPUTS[cfg.family]
+    return config
+
+
+def saved_lowercase(directory: Path) -> bool:
+    """Whether the model at ``directory`` was trained on lowercased text: a Hugging Face directory's
+    ``tokenizer_config.json`` says (``do_lower_case``), ours its ``config.yaml`` (``data.lowercase``);
+    True (BERT uncased) where neither does."""
+    tokenizer_config = directory / "tokenizer_config.json"
+    if is_hf_directory(directory) and tokenizer_config.is_file():
+        try:
+            return bool(json.loads(tokenizer_config.read_text(encoding="utf-8")).get("do_lower_case", True))
+        except (OSError, ValueError, AttributeError):  # unreadable: the default, as transformers' BertTokenizer
+            return True
+    return saved_data_settings(directory)[0]
+
+
 def export_hf(model: nn.Module, out_dir: Path | str, vocab_path: Path | str | None = None,
-              overwrite: bool = False, labels: list[str] | None = None) -> Path:
-    """Write ``model`` as a Hugging Face directory: config.json, model.safetensors
-    (and vocab.txt when ``vocab_path`` is given). A classifier's ``labels`` name its outputs.
+              overwrite: bool = False, labels: list[str] | None = None, lowercase: bool | None = None,
+              without_tokenizer: bool = False) -> Path:
+    """Write ``model`` as a Hugging Face directory that transformers' ``from_pretrained``, ``AutoTokenizer``
+    and ``pipeline`` use as it is: config.json, model.safetensors, the vocab (vocab.txt or tokenizer.json),
+    tokenizer_config.json and special_tokens_map.json. A classifier's ``labels`` name its outputs.
+
+    ``vocab_path`` defaults to the vocab beside the checkpoint the model was loaded from
+    (``load_model`` records it), ``lowercase`` to how that checkpoint was trained; a model with
+    no vocab is refused (``AutoTokenizer`` would build a tokenizer of 5 tokens), unless
+    ``without_tokenizer`` (the weights alone, for ``from_pretrained``).
 
     The files are written into a hidden sibling directory that is renamed to
     ``out_dir`` only when complete, so a crash never leaves a partial export
@@ -473,30 +535,39 @@ def export_hf(model: nn.Module, out_dir: Path | str, vocab_path: Path | str | No
     model = getattr(model, "_orig_mod", model)  # torch.compile wrapper
     out_dir = Path(out_dir)
     check_export_target(out_dir, overwrite)
-    architecture = hf_architecture(model)
+    cfg = typing.cast(ModelConfig, model.config)
+    config = {**hf_config_from_model_config(cfg, [hf_architecture(model)]), **hf_head_config(model, labels)}
+    source = getattr(model, LOADED_FROM, None)
+    vocab = None if without_tokenizer else vocab_path or (vocab_in(source) if source is not None else None)
+    if vocab is None and not without_tokenizer:
+        where = f"none in {source}" if source is not None else "the model was not loaded from a checkpoint"
+        raise ConversionError(f"{out_dir}: no vocab to export with the model ({where}): give the vocab it was "
+                              "trained with (vocab_path=, or --vocab of `bertforge export`), or export the weights "
+                              "alone (without_tokenizer=True, --without-tokenizer)")
+    files = {} if vocab is None else hf_tokenizer_files(vocab, cfg, lowercase if lowercase is not None else
+                                                         saved_lowercase(source) if source is not None else True)
     # Cloned, contiguous CPU tensors: safetensors refuses views and shared storage.
     state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
-    config = {**hf_config_from_model_config(typing.cast(ModelConfig, model.config), [architecture]),
-              **hf_head_config(model, labels)}
     # transformers reads the weights' dtype from here (it otherwise logs a notice and guesses).
-    config["dtype"] = str(next(iter(state.values())).dtype).removeprefix("torch.")
+    files["config.json"] = {**config, "dtype": str(next(iter(state.values())).dtype).removeprefix("torch.")}
 
     with atomic_directory(out_dir) as tmp:
         save_file(state, tmp / SAFETENSORS, metadata={"format": "pt"})  # transformers checks "format"
-        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-        if vocab_path is not None:
-            shutil.copyfile(vocab_path, tmp / vocab_file_name(vocab_path))
+        for name, content in files.items():
+            (tmp / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
+        if vocab is not None:
+            shutil.copyfile(vocab, tmp / vocab_file_name(vocab))
     return out_dir
 
 
 def import_hf(path: str | Path, out_dir: Path | str, overwrite: bool = False) -> Path:
     """Write a Hugging Face BERT or ModernBERT directory (or a model id in the local Hugging Face
-    cache) as our model directory, with the head its ``config.json``'s architecture names and its
-    ``vocab.txt`` or ``tokenizer.json``; returns the directory."""
+    cache) as our model directory, with the head its ``config.json``'s architecture names, its
+    ``vocab.txt`` or ``tokenizer.json`` and its ``do_lower_case``; returns the directory."""
     source, out_dir = find_model(path, ConversionError), Path(out_dir)
     if not is_hf_directory(source):
         raise ConversionError(f"{path}: not a Hugging Face model directory (no config.json)")
     check_export_target(out_dir, overwrite)
     model = load_hf(source, head=hf_head(source))
-    write_model_dir(model, typing.cast(ModelConfig, model.config), out_dir, vocab_in(source))
+    write_model_dir(model, typing.cast(ModelConfig, model.config), out_dir, vocab_in(source), saved_lowercase(source))
     return out_dir
