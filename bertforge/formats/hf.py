@@ -160,8 +160,41 @@ MODERNBERT_KEYS = {"layer_norm_eps": ("norm_eps",), "hidden_act": ("hidden_activ
                    "attention_probs_dropout_prob": ("attention_dropout",)}
 # ModernBertConfig's switches, with the one value our ModernBERT is built for (every published model's).
 MODERNBERT_FIXED = {"attention_bias": False, "mlp_bias": False, "norm_bias": False, "classifier_bias": False,
-                    "decoder_bias": True, "tie_word_embeddings": True}
+                    "decoder_bias": True, "tie_word_embeddings": True, "is_encoder_decoder": False}
+# BertConfig's switches we do not model: absolute positions, an encoder, the MLM decoder tied to the embeddings.
+BERT_FIXED = {"position_embedding_type": "absolute", "is_decoder": False, "add_cross_attention": False,
+              "is_encoder_decoder": False, "tie_word_embeddings": True}
 MODERNBERT_LAYER_TYPES = {True: "full_attention", False: "sliding_attention"}  # transformers' name of a global layer
+
+# What an import does with every key transformers' BertConfig and ModernBertConfig (5.24) read or write
+# (tests/formats/test_hf_config_keys.py holds the lists to transformers' own):
+# - modelled (HF_MODELLED_KEYS): read into ModelConfig and honoured by our model (a value we cannot honour
+#   is refused in one line);
+# - fixed (BERT_FIXED, MODERNBERT_FIXED): refused in one line when not the one value we model;
+# - ignored (HF_IGNORED_KEYS): what does not change the model's outputs, with why.
+# Any other key (an older transformers' or a tool's) is ignored, as transformers ignores what it does not read.
+HF_MODELLED_KEYS = {
+    "bert": {f.name for f in dataclasses.fields(ModelConfig) if f.name not in LEFT_OUT["bert"]}
+    | {"classifier_dropout", "problem_type"},
+    "modernbert": {key for f in dataclasses.fields(ModelConfig) if f.name not in (*LEFT_OUT["modernbert"], "family",
+                                                                                  "rope_scaling_factor")
+                   for key in MODERNBERT_KEYS.get(f.name, (f.name,))}
+    | {"layer_types", "rope_parameters", "rope_scaling", "problem_type"},
+}
+HF_IGNORED_KEYS = {
+    "_name_or_path": "where transformers read it from", "transformers_version": "who wrote it",
+    "model_type": "read first: which family", "architectures": "read by hf_head: which head",
+    "id2label": "read by hf_labels: the label names", "label2id": "id2label reversed",
+    "dtype": "the weights' own dtype is read, and they are cast to fp32",
+    "output_attentions": "what forward returns, not what it computes", "output_hidden_states": "the same",
+    "return_dict": "the same", "chunk_size_feed_forward": "the feed-forward in chunks: the same numbers",
+    "bos_token_id": "the tokenizer's ids, which the model does not read", "eos_token_id": "the same",
+    "cls_token_id": "the same", "sep_token_id": "the same",
+    "use_cache": "a decoder's key/value cache (is_decoder is refused)",
+    "sparse_prediction": "which positions reach the MLM head in training: the logits of those that do are the same",
+    "sparse_pred_ignore_index": "the label of positions sparse_prediction leaves out",
+    "deterministic_flash_attn": "whether flash-attn's backward is deterministic",
+}
 
 
 def model_config_from_hf(config_json: dict, source: str) -> ModelConfig:
@@ -171,15 +204,17 @@ def model_config_from_hf(config_json: dict, source: str) -> ModelConfig:
     if model_type == "modernbert":
         ours = modernbert_keys(config_json, source)
     elif model_type == "bert":
-        pos_type = config_json.get("position_embedding_type", "absolute")
-        if pos_type != "absolute":
-            raise ConversionError(f"{source}: position_embedding_type={pos_type!r} is not supported "
-                                  "(only 'absolute')")
-        if config_json.get("is_decoder"):  # causal attention, which our encoder does not do
-            raise ConversionError(f"{source}: is_decoder=true is not supported (only encoders)")
+        refuse_unmodelled(config_json, BERT_FIXED, source)
+        dropout = config_json.get("classifier_dropout")
+        if dropout is not None and dropout != config_json.get("hidden_dropout_prob", ModelConfig.hidden_dropout_prob):
+            raise ConversionError(f"{source}: classifier_dropout={dropout} is not supported (bertforge's BERT heads "
+                                  "drop with hidden_dropout_prob; null or that value)")
         ours = {k: v for k, v in config_json.items() if k not in LEFT_OUT["bert"]}  # a BERT config.json is BERT's
     else:
         raise ConversionError(f"{source}: model_type={model_type!r} is not supported (only 'bert' and 'modernbert')")
+    if config_json.get("problem_type") == "multi_label_classification":  # sigmoids, not our softmax
+        raise ConversionError(f"{source}: problem_type='multi_label_classification' is not supported (bertforge's "
+                              "classifiers are single-label, or regression with one output)")
     hints = typing.get_type_hints(ModelConfig)
     values = {}
     for f in dataclasses.fields(ModelConfig):
@@ -210,10 +245,7 @@ def modernbert_keys(config_json: dict, source: str) -> dict:
     """A ModernBERT ``config.json``'s values under our field names (``family`` modernbert); what we do
     not model (biases where the published models have none, another pattern of layers, scaled
     rotary positions) is refused, naming the key."""
-    for key, want in MODERNBERT_FIXED.items():
-        if config_json.get(key, want) != want:
-            raise ConversionError(f"{source}: {key}={json.dumps(config_json[key])} is not supported "
-                                  f"(bertforge's ModernBERT has {key}={json.dumps(want)}, as the published models)")
+    refuse_unmodelled(config_json, MODERNBERT_FIXED, source)
     ours: dict = {"family": "modernbert"}
     for f in dataclasses.fields(ModelConfig):
         if f.name in LEFT_OUT["modernbert"] or f.name == "family":
@@ -234,15 +266,46 @@ def modernbert_keys(config_json: dict, source: str) -> dict:
                                                    for i in range(len(layer_types))]:
         raise ConversionError(f"{source}: layer_types={layer_types} is not supported (bertforge's ModernBERT has a "
                               f"full_attention layer every global_attn_every_n_layers, from the first)")
-    for kind, field in (("full_attention", "global_rope_theta"), ("sliding_attention", "local_rope_theta")):
-        rope = (config_json.get("rope_parameters") or {}).get(kind)
+    return {**ours, **modernbert_rope(config_json, source)}
+
+
+def refuse_unmodelled(config_json: dict, fixed: dict, source: str) -> None:
+    """Refuse, naming the key, a switch of ``fixed`` (BERT_FIXED, MODERNBERT_FIXED) that is not the one
+    value we model."""
+    model = "ModernBERT" if fixed is MODERNBERT_FIXED else "BERT"
+    for key, want in fixed.items():
+        if config_json.get(key, want) != want:
+            raise ConversionError(f"{source}: {key}={json.dumps(config_json[key])} is not supported "
+                                  f"(bertforge's {model} has {key}={json.dumps(want)}, as the published models)")
+
+
+def modernbert_rope(config_json: dict, source: str) -> dict:
+    """The rotary fields of a ModernBERT ``config.json``: the thetas of transformers 5's ``rope_parameters``
+    (per kind of layer) and linear scaling, there (rope_type linear, its factor) or in ``rope_scaling``
+    (the older key, for every layer); another rope type, or factors that differ, are refused."""
+    ours: dict = {}
+    factors: dict[str, float] = {}
+    parameters = config_json.get("rope_parameters") or {}
+    for key, rope in [("rope_scaling", config_json.get("rope_scaling")),
+                      *((f"rope_parameters.{kind}", parameters.get(kind)) for kind in MODERNBERT_LAYER_TYPES.values())]:
         if rope is None:
             continue
-        if rope.get("rope_type", "default") != "default":
-            raise ConversionError(f"{source}: rope_parameters.{kind}.rope_type={rope['rope_type']!r} is not "
-                                  f"supported (only 'default')")
-        if rope.get("rope_theta") is not None:
-            ours[field] = rope["rope_theta"]
+        kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else rope
+        factor = rope.get("factor") if isinstance(rope, dict) else None
+        if kind == "linear" and isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor > 0:
+            factors[key] = float(factor)
+        elif kind == "default":
+            factors[key] = 1.0
+        else:
+            raise ConversionError(f"{source}: {key}={json.dumps(rope)} is not supported (rope_type 'default', or "
+                                  "'linear' with a positive factor)")
+        if key != "rope_scaling" and rope.get("rope_theta") is not None:
+            ours["global_rope_theta" if key.endswith("full_attention") else "local_rope_theta"] = rope["rope_theta"]
+    if len(set(factors.values())) > 1:
+        raise ConversionError(f"{source}: {', '.join(f'{k} factor {v}' for k, v in factors.items())} differ; "
+                              "bertforge's ModernBERT scales every layer's positions alike (model.rope_scaling_factor)")
+    if factors:
+        ours["rope_scaling_factor"] = next(iter(factors.values()))
     return ours
 
 
@@ -251,6 +314,8 @@ def hf_config_from_model_config(cfg: ModelConfig, architectures: list[str]) -> d
     if cfg.family == "modernbert":  # ModernBertConfig's names; the layers' pattern and thetas as the published
         values = model_dict(cfg)  # config.json's, which transformers 4 and 5 both read
         values.pop("family")
+        factor = values.pop("rope_scaling_factor")
+        scaling = {"rope_scaling": {"rope_type": "linear", "factor": factor}} if factor != 1.0 else {}
         return {
             "architectures": list(architectures),
             "model_type": "modernbert",
@@ -258,6 +323,7 @@ def hf_config_from_model_config(cfg: ModelConfig, architectures: list[str]) -> d
             **MODERNBERT_FIXED,
             # The tokenizer's ids (not the model's): unknown here, so none rather than ModernBertConfig's.
             "bos_token_id": None, "eos_token_id": None, "cls_token_id": None, "sep_token_id": None,
+            **scaling,
         }
     return {
         "architectures": list(architectures),
