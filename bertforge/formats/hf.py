@@ -286,6 +286,9 @@ def modernbert_rope(config_json: dict, source: str) -> dict:
     ours: dict = {}
     factors: dict[str, float] = {}
     parameters = config_json.get("rope_parameters") or {}
+    if not isinstance(parameters, dict) or set(parameters) - set(MODERNBERT_LAYER_TYPES.values()):
+        raise ConversionError(f"{source}: rope_parameters={json.dumps(parameters)} is not supported (transformers 5's "
+                              f"ModernBERT layout: one object for full_attention, one for sliding_attention)")
     for key, rope in [("rope_scaling", config_json.get("rope_scaling")),
                       *((f"rope_parameters.{kind}", parameters.get(kind)) for kind in MODERNBERT_LAYER_TYPES.values())]:
         if rope is None:

@@ -100,6 +100,9 @@ REFUSED = [  # (family, key, value, the message's end)
                                        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
      "rope_parameters.full_attention factor 2.0, rope_parameters.sliding_attention factor 1.0 differ; bertforge's "
      "ModernBERT scales every layer's positions alike (model.rope_scaling_factor)"),
+    ("modernbert", "rope_parameters", {"rope_type": "linear", "factor": 2.0},
+     "rope_parameters={\"rope_type\": \"linear\", \"factor\": 2.0} is not supported (transformers 5's ModernBERT "
+     "layout: one object for full_attention, one for sliding_attention)"),
     ("modernbert", "is_encoder_decoder", True, "is_encoder_decoder=true is not supported (bertforge's ModernBERT has "
      "is_encoder_decoder=false, as the published models)"),
     ("bert", "add_cross_attention", True, "add_cross_attention=true is not supported (bertforge's BERT has "
@@ -113,7 +116,8 @@ REFUSED = [  # (family, key, value, the message's end)
 ]
 
 
-@pytest.mark.parametrize(("family", "key", "value", "message"), REFUSED, ids=[r[1] for r in REFUSED])
+@pytest.mark.parametrize(("family", "key", "value", "message"), REFUSED,
+                         ids=[f"{r[1]}-{i}" for i, r in enumerate(REFUSED)])
 def test_what_we_do_not_model_is_refused_in_one_line(family, key, value, message):
     config = {**(CFG_JSON if family == "modernbert" else {"model_type": "bert"}), key: value}
     with pytest.raises(ConversionError) as refused:
