@@ -163,6 +163,7 @@ def test_cli_export_finds_the_vocab_and_keeps_the_runs_case(vocabs, tmp_path, ca
         "cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]", "unk_token": "[UNK]", "mask_token": "[MASK]"}
 
 
+@pytest.mark.slow  # about 12 s on 2 cores
 def test_python_api_finds_the_vocab_beside_the_checkpoint_or_refuses_in_one_line(vocabs, tmp_path, capsys):
     vocab = vocabs["modernbert"]
     model = random_model("modernbert", "pretraining", 600)
@@ -177,3 +178,5 @@ def test_python_api_finds_the_vocab_beside_the_checkpoint_or_refuses_in_one_line
     write_model_dir(model, model.config, tmp_path / "no-vocab", None)
     assert main(["export", str(tmp_path / "no-vocab"), str(tmp_path / "cli")]) == 2
     assert capsys.readouterr().err.count("\n") == 1 and not (tmp_path / "cli").exists()
+    assert main(["export", str(tmp_path / "no-vocab"), str(tmp_path / "cli"), "--vocab", str(vocab)]) == 0
+    assert transformers.AutoTokenizer.from_pretrained(tmp_path / "cli").mask_token_id == 4
