@@ -43,6 +43,7 @@ from bertforge.formats.hf import hf_labels, resolve_model
 from bertforge.models.families import model_class
 from bertforge.observe.log import Stage
 from bertforge.parallel.dist import DistContext
+from bertforge.runs import saved_data_settings
 
 from . import FinetuneError, glue, ner
 from .metrics import glue_metrics
@@ -56,7 +57,6 @@ from .run import (
     load_config,
     read_section,
     save_finetuned,
-    saved_data_settings,
     write_run_files,
 )
 from .run import train as train_job
