@@ -4,7 +4,7 @@
     bertforge bench pretrain --config tiny --batch-size 16 --seq-len 128 --steps 20 --json
     bertforge bench squad --model base --batch-size 8 --seq-len 384 --json   # train + infer
     bertforge bench --spec benchmarks.yml [--benchmark NAME ...] [--json] [--list] [--quick]
-    bertforge export CHECKPOINT OUT_DIR [--overwrite] [--format hf|tf1|tf2]   # to Hugging Face, TF1 or TF2
+    bertforge export CHECKPOINT OUT_DIR [--overwrite] [--format hf|tf1|tf2] [--vocab FILE]   # to HF, TF1 or TF2
     bertforge import tf1|tf2 PREFIX OUT_DIR [--bert-config FILE]   # a TF1 or TF2 checkpoint to our model directory
     bertforge import hf DIR_OR_ID OUT_DIR      # a Hugging Face BERT or ModernBERT to our model directory
     bertforge eval CKPT... --data.eval_input FILE [--batch-size N] [--json]   # masked-LM / NSP accuracy
@@ -79,7 +79,7 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
         head = "qa" if any((d / "squad.yaml").is_file() for d in (checkpoint, checkpoint.parent.parent)) \
             else "pretraining"
     model = load_model(checkpoint, head=head)
-    vocab = vocab_in(checkpoint)
+    vocab = args.vocab or vocab_in(checkpoint)
     if args.format == "tf1":
         from bertforge.formats.bert_tf1 import export_tf1
         from bertforge.training.checkpoint import read_trainer_state
@@ -93,8 +93,8 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
         export_tf2(model, args.out, vocab_path=vocab, overwrite=args.overwrite,
                    layout=args.tf2_layout)
     else:
-        export_hf(model, args.out, vocab_path=vocab, overwrite=args.overwrite,
-                  labels=labels)
+        export_hf(model, args.out, vocab_path=vocab, overwrite=args.overwrite, labels=labels,
+                  without_tokenizer=args.without_tokenizer)
     print(f"exported {checkpoint} to {args.out}")
     return 0
 
@@ -109,8 +109,14 @@ def add_export_command(sub: typing.Any) -> None:
     p.add_argument("--head", choices=typing.get_args(Head), default=None,
                    help="default: the run's (classification or token_classification for finetune runs, qa for "
                         "squad runs, a Hugging Face model's from its config.json's architectures, else pretraining)")
+    p.add_argument("--vocab", type=Path, default=None,
+                   help="the vocab.txt or tokenizer.json the model was trained with (default: the one in the "
+                        "checkpoint's directory; an hf export without one is refused)")
+    p.add_argument("--without-tokenizer", action="store_true",
+                   help="hf: write the weights alone (config.json, model.safetensors), no tokenizer files")
     p.add_argument("--format", choices=("hf", "tf1", "tf2"), default="hf",
-                   help="hf: config.json + model.safetensors; tf1: model.ckpt.index/.data-00000-of-00001, "
+                   help="hf: config.json + model.safetensors and the tokenizer's files; tf1: "
+                        "model.ckpt.index/.data-00000-of-00001, "
                         "checkpoint and bert_config.json, as google-research/bert reads them; tf2: the same files "
                         "as an object-based checkpoint that TensorFlow Model Garden's BertEncoder / "
                         "BertPretrainerV2 restores (MLPerf's tf2_ckpt) (default: hf)")

@@ -102,6 +102,7 @@ class ModelConfig(Freezable):
     local_attention: int = 128  # a local layer's window: a token sees keys at most local_attention // 2 away
     global_rope_theta: float = 160000.0  # rotary base of the global layers
     local_rope_theta: float = 10000.0  # … and of the local ones
+    rope_scaling_factor: float = 1.0  # linear rotary scaling (transformers' rope_type linear): positions / factor
     initializer_cutoff_factor: float = 2.0  # weights start truncated-normal within ± this × their std
     classifier_pooling: ClassifierPooling = "cls"  # a sequence classifier reads [CLS], or the mean of the tokens
     classifier_dropout: float = 0.0  # before a fine-tuning head's classifier
@@ -112,6 +113,7 @@ class ModelConfig(Freezable):
 
 # The fields only ModernBERT reads, and the one only BERT reads.
 MODERNBERT_FIELDS = ("global_attn_every_n_layers", "local_attention", "global_rope_theta", "local_rope_theta",
+                     "rope_scaling_factor",
                      "initializer_cutoff_factor", "classifier_pooling", "classifier_dropout",
                      "attention_output_dropout_prob")
 BERT_FIELDS = ("type_vocab_size",)
@@ -693,6 +695,7 @@ _FLOAT_RANGES: dict[str, tuple[float, float, bool]] = {
 }
 # Divided by, or a power's base (the rotary thetas), or a cutoff: 0 is not allowed.
 _POSITIVE_FLOATS = ("model.layer_norm_eps", "model.global_rope_theta", "model.local_rope_theta",
+                    "model.rope_scaling_factor",
                     "model.initializer_cutoff_factor", "train.eps")
 
 

@@ -260,7 +260,7 @@ def atomic_file(final: Path, needed: int = 0) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def atomic_files(finals: Sequence[Path], needed: int = 0) -> Iterator[list[Path]]:
+def atomic_files(finals: Sequence[Path], needed: int = 0, *, named: Sequence[Path] = ()) -> Iterator[list[Path]]:
     """Yield one temporary path per file of ``finals``; they become ``finals`` together, when the block succeeds.
 
     For a set of files that is only whole when all are, such as the shards of
@@ -269,13 +269,15 @@ def atomic_files(finals: Sequence[Path], needed: int = 0) -> Iterator[list[Path]
     first final path (``finals`` share its directory), and only then are all
     renamed into place. On an error the hidden directory and all it holds go,
     and no final path is touched; a full disk or a read-only directory is a
-    :class:`WriteError` naming the final paths (and ``needed``, bytes, when known).
+    :class:`WriteError` naming the final paths, or ``named`` (the ones a user asked for, when others
+    come with them), and ``needed`` (bytes, when known).
     """
     finals = [Path(f) for f in finals]
+    shown = [Path(f) for f in named] or finals
     parent = finals[0].parent
     if any(final.parent != parent for final in finals):
         raise ValueError(f"atomic_files: {finals} are not all in {parent}")
-    what = str(finals[0]) if len(finals) == 1 else f"{finals[0]} … {finals[-1].name} ({len(finals)} files)"
+    what = str(shown[0]) if len(shown) == 1 else f"{shown[0]} … {shown[-1].name} ({len(shown)} files)"
     try:
         parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{finals[0].name}.tmp-", dir=parent))

@@ -80,6 +80,22 @@ def vocab_file_name(vocab: str | Path) -> str:
 def vocab_in(directory: Path) -> Path | None:
     """The vocab a checkpoint or model directory holds under one of ``VOCAB_FILES``, or None."""
     return next((directory / name for name in VOCAB_FILES if (directory / name).is_file()), None)
+
+
+def saved_data_settings(model_path: str | Path) -> tuple[bool, int | None]:
+    """(lowercase, seq_len) saved with a model in its ``config.yaml`` (a run's step, a fine-tuned or an
+    imported model); (True, None) otherwise."""
+    path = Path(model_path) / "config.yaml"
+    lowercase, seq_len = True, None
+    if path.is_file():
+        data = load_yaml(path) or {}
+        section = data.get("data") if isinstance(data, dict) else None
+        if isinstance(section, dict):
+            lowercase = bool(section.get("lowercase", True))
+            seq_len = section.get("seq_len")
+    return lowercase, seq_len if isinstance(seq_len, int) else None
+
+
 _MANIFEST_MAX = 16 << 20  # bytes: about 100 per file listed
 
 logger = logging.getLogger(__name__)

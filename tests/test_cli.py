@@ -315,7 +315,7 @@ def tiny_run(tmp_path_factory):
 def test_export_refuses_a_non_empty_directory_unless_overwrite(tiny_run, tmp_path, capsys):
     out = tmp_path / "hf"
     out.mkdir()
-    assert main(["export", str(tiny_run), str(out)]) == 0  # an empty directory is filled
+    assert main(["export", str(tiny_run), str(out), "--without-tokenizer"]) == 0  # an empty directory is filled
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
     weights = (out / "model.safetensors").read_bytes()
     (out / "notes.txt").write_text("mine")
@@ -324,7 +324,7 @@ def test_export_refuses_a_non_empty_directory_unless_overwrite(tiny_run, tmp_pat
     assert capsys.readouterr().err == (f"error: {out}: already exists and is not an empty directory; "
                                        "pass --overwrite (overwrite=True in Python) to replace it\n")
     assert (out / "notes.txt").read_text() == "mine"
-    assert main(["export", str(tiny_run), str(out), "--overwrite"]) == 0
+    assert main(["export", str(tiny_run), str(out), "--overwrite", "--without-tokenizer"]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
     assert (out / "model.safetensors").read_bytes() == weights
     # never into the checkpoint being exported, even with --overwrite
@@ -348,7 +348,9 @@ def test_export_reads_a_hugging_face_directory_or_a_model_id_in_the_cache(tmp_pa
     qa = BertForQuestionAnswering(ModelConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1,
                                               num_attention_heads=2, intermediate_size=32,
                                               max_position_embeddings=32))
-    export_hf(qa, tmp_path / "qa-hf")
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(35)]) + "\n")
+    export_hf(qa, tmp_path / "qa-hf", vocab_path=vocab)
     hf_cache(tmp_path / "qa-hf", "org/qa-bert")
     monkeypatch.chdir(tmp_path)  # where org/qa-bert is no path
     assert main(["export", "org/qa-bert", "from-id"]) == 0
@@ -410,7 +412,7 @@ def test_overwrite_never_replaces_a_live_runs_files(tiny_run, tmp_path, capsys):
         after = snapshot(live)
         assert after.pop(".lock").startswith(f"pid {holder.pid} on ".encode()) and after == before
     # Once the run is gone, its directory is anyone's to replace.
-    assert main(["export", str(tiny_run), str(live), "--overwrite"]) == 0
+    assert main(["export", str(tiny_run), str(live), "--overwrite", "--without-tokenizer"]) == 0
     assert sorted(p.name for p in live.iterdir()) == ["config.json", "model.safetensors"]
 
 
@@ -434,7 +436,8 @@ def test_export_into_a_read_only_directory_is_one_line(tiny_run, tmp_path, capsy
     read_only = make_read_only(tmp_path / "ro")
     out = read_only / "export"
     capsys.readouterr()
-    assert main(["--log-level", "ERROR", "export", str(tiny_run), str(out), "--format", fmt]) == 2
+    assert main(["--log-level", "ERROR", "export", str(tiny_run), str(out), "--format", fmt,
+                 "--without-tokenizer"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: cannot write {out}: {read_only} is not writable (") and err.count("\n") == 1
     assert list(read_only.iterdir()) == []

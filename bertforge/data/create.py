@@ -85,7 +85,7 @@ from bertforge.fileio import atomic_files, refuse_live_runs
 
 from .errors import DataError, warn_one_document, warn_prediction_cap
 from .instances import create_arrays_fast, create_arrays_mlm, create_instances, to_arrays
-from .record_schema import FORMATS
+from .record_schema import FORMATS, tokenizer_sidecar
 from .record_writer import EncodedRecords, RecordEncoder, RecordWriter
 from .rows import PretrainingArrays
 from .text import Chunk, expand_inputs, input_chunks, input_documents, read_chunk
@@ -486,7 +486,9 @@ def create(inputs: Sequence[str | Path], vocab: str | Path, output: str | Path, 
     with contextlib.ExitStack() as stack:
         # All files in a hidden directory first, renamed into place together when every one is
         # complete: a failure (a full disk at the fifth of eight) leaves none that looks whole.
-        staged = stack.enter_context(atomic_files(paths))
+        # A TFRecord's tokenizer goes into a sidecar beside it (RecordWriter), renamed into place with it.
+        sidecars = [tokenizer_sidecar(path) for path in paths] if fmt == "tfrecord" else []
+        staged = stack.enter_context(atomic_files(paths + sidecars, named=paths))[:len(paths)]
         writers = [stack.enter_context(RecordWriter(path, fmt, seq_len, max_predictions, vocab_size=made_with.size,
                                                     tokenizer=made_with.identity())) for path in staged]
         out = _RoundRobin(writers)
@@ -667,7 +669,7 @@ def run(args: argparse.Namespace) -> int:
 
     load_vocab(args.vocab)  # a missing vocab is named before an existing output
     final = check_outputs(args.output, args.num_output_files, args.overwrite)
-    with (packing_to(args.output, final, args.pack, seed=args.seed) if args.pack
+    with (packing_to(args.output, final, args.pack, seed=args.seed, fmt=args.fmt) if args.pack
           else contextlib.nullcontext((args.output, None))) as (output, packed):
         stats = create(args.input, args.vocab, output, seq_len=args.seq_len,
                        max_predictions=args.max_predictions, masked_lm_prob=args.masked_lm_prob,

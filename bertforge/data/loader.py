@@ -29,6 +29,7 @@ one data set must be all packed (alike) or all unpacked.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,11 +39,13 @@ import torch
 from .errors import DataError
 from .feed import pinned
 from .instances import mask_candidates
-from .record_reader import RecordFile, open_records
-from .record_schema import detect_format
+from .record_reader import RecordFile, open_records, read_tokenizer_sidecar
+from .record_schema import TOKENIZER_SIDECAR, detect_format
 from .rows import PretrainingArrays, Rows, concat_rows
 from .text import expand_inputs
 from .vocab import Vocabulary, load_vocab
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -232,12 +235,12 @@ def read_eval_records(path: str | Path, train: tuple[Path, int, int], vocab_size
 
 
 def record_files(pattern: str) -> list[Path]:
-    """A directory (its files but TFRecord indexes and hidden ones, sorted), a glob, or one file.
+    """A directory (its files but TFRecord indexes, tokenizer sidecars and hidden ones, sorted), a glob, or one file.
 
     Hidden files are writers' temporary files (see :class:`.record_writer.RecordWriter`).
     """
     try:
-        return expand_inputs([pattern], patterns=("*",), skip=(".*", "*.index"))
+        return expand_inputs([pattern], patterns=("*",), skip=(".*", "*.index", f"*{TOKENIZER_SIDECAR}"))
     except DataError:
         raise DataError(f"no record files found at {pattern}") from None
 
@@ -300,13 +303,50 @@ def check_vocab_fits(records: RecordFile, vocab_path: str | Path) -> None:
 
 
 def check_tokenizer(files: list[Path], vocab_path: str | Path) -> None:
-    """Refuse record files whose header names another tokenizer than ``data.vocab`` (see
-    :meth:`.vocab.Vocabulary.check_made`); TFRecords and older native files name none."""
+    """Refuse record files made with another tokenizer than ``data.vocab``, as a native header or a
+    TFRecord's sidecar names it (see :meth:`.vocab.Vocabulary.check_made`). TFRecords with no sidecar
+    (other tools') are checked on their first records and warned about in one line
+    (:func:`check_unnamed_records`); older native files name none and pass."""
     vocab = load_vocab(vocab_path)
+    unnamed = []
     for path in files:
         if detect_format(path) == "native":
             with open_records(path, verify=False) as records:
                 vocab.check_made(records.header_tokenizer, path, "data.vocab")
+        elif (made_with := read_tokenizer_sidecar(path)) is not None:
+            vocab.check_made(made_with, path, "data.vocab")
+        else:
+            unnamed.append(path)
+    if unnamed:
+        with open_records(unnamed[0], verify=False) as records:
+            problems = check_unnamed_records(records, vocab)
+        logger.warning("%s%s name no tokenizer (no %s beside them: not made by `data create`); the first %s "
+                       "records' ids were checked against %s: %s", unnamed[0],
+                       f" and {len(unnamed) - 1} other TFRecord file(s)" if len(unnamed) > 1 else "",
+                       TOKENIZER_SIDECAR, UNNAMED_ROWS_CHECKED, vocab_path,
+                       "; ".join(problems) + " (made with another vocab?)" if problems else "they fit")
+
+
+UNNAMED_ROWS_CHECKED = 1024
+
+
+def check_unnamed_records(records: RecordFile, vocab: Vocabulary) -> list[str]:
+    """What in the first records of a file that names no tokenizer does not fit ``vocab``: ids beyond
+    it, a first token other than its [CLS], rows without its [SEP]; empty when they fit."""
+    rows = records.take(np.arange(min(len(records), UNNAMED_ROWS_CHECKED)))
+    ids = np.asarray(rows.input_ids)
+    problems = []
+    if ids.size and int(ids.max()) >= vocab.size:
+        problems.append(f"ids up to {int(ids.max())}, beyond the vocab's {vocab.size} tokens")
+    if vocab.roles is not None and isinstance(rows, PretrainingArrays) and len(ids):
+        first = np.bincount(ids[:, 0]).argmax()
+        if first != vocab.roles.cls:
+            problems.append(f"rows start with id {first}, but [CLS] is id {vocab.roles.cls} in the vocab")
+        real = np.asarray(rows.input_mask) > 0
+        without_sep = int(np.count_nonzero(~((ids == vocab.roles.sep) & real).any(axis=1)))
+        if without_sep:
+            problems.append(f"{without_sep} rows hold no [SEP] (id {vocab.roles.sep} in the vocab)")
+    return problems
 
 
 class Prefetcher:

@@ -333,20 +333,21 @@ def read_header(file: BinaryIO, size: int) -> Header:
     if any(type(crc) is not int or not 0 <= crc < 1 << 32 for crc in crcs):
         bad = next(crc for crc in crcs if type(crc) is not int or not 0 <= crc < 1 << 32)
         raise ValueError(f"header field 'block_crc32c' holds {_show(bad)}, expected uint32 checksums")
-    tokenizer = _tokenizer(h["tokenizer"]) if "tokenizer" in h else None
+    tokenizer = tokenizer_identity(h["tokenizer"], "header field") if "tokenizer" in h else None
     return Header(count, seq_len, max_predictions, vocab_size, max_id, dtype, block_bytes, crcs, slots, tokenizer)
 
 
 _TOKENIZER_FIELDS = {"kind": str, "name": str, "vocab_size": int, "fingerprint": str}
 
 
-def _tokenizer(value: object) -> dict:
-    """The header's ``tokenizer`` object, its fields checked; a ValueError naming the first bad one."""
+def tokenizer_identity(value: object, where: str) -> dict:
+    """A ``tokenizer`` object (:meth:`.vocab.Vocabulary.identity`: a native header's field, a TFRecord's
+    sidecar), its fields checked; a ValueError naming ``where`` and the first bad one."""
     if not isinstance(value, dict):
-        raise ValueError(f"header field 'tokenizer' is {_show(value)}, expected an object")
+        raise ValueError(f"{where} 'tokenizer' is {_show(value)}, expected an object")
     for key, kind in _TOKENIZER_FIELDS.items():
         if type(value.get(key)) is not kind:
-            raise ValueError(f"header field 'tokenizer' has {key} {_show(value.get(key))}, expected "
+            raise ValueError(f"{where} 'tokenizer' has {key} {_show(value.get(key))}, expected "
                              f"{'an integer' if kind is int else 'a string'}")
     return {key: value[key] for key in _TOKENIZER_FIELDS}
 

@@ -371,7 +371,7 @@ def pack_files(inputs: Sequence[Path], outputs: Sequence[Path], max_sequences_pe
 
 @contextlib.contextmanager
 def packing_to(output: str | Path, paths: Sequence[Path], max_sequences_per_pack: int, *,
-               seed: int = 0) -> Iterator[tuple[Path, PackingStats]]:
+               seed: int = 0, fmt: str = "tfrecord") -> Iterator[tuple[Path, PackingStats]]:
     """For ``data create --pack``: (where to write the unpacked records, the packing's counts).
 
     The unpacked records go under ``output``'s name into a hidden temporary
@@ -379,18 +379,23 @@ def packing_to(output: str | Path, paths: Sequence[Path], max_sequences_per_pack
     packed into ``paths`` and the counts filled in. The packed files appear
     together, only when all are complete (:func:`..fileio.atomic_files`, whose
     hidden directory also holds the unpacked records); the temporaries are
-    removed either way.
+    removed either way. TFRecords (``fmt``) come with their tokenizer's sidecars
+    (:func:`.record_schema.tokenizer_sidecar`).
     """
     from bertforge.fileio import atomic_files
+
+    from .record_schema import TOKENIZER_SIDECAR, tokenizer_sidecar
 
     check_max_sequences(max_sequences_per_pack)
     output = Path(output)
     stats = PackingStats()
-    with atomic_files(paths) as staged, \
+    sidecars = [tokenizer_sidecar(path) for path in paths] if fmt == "tfrecord" else []
+    with atomic_files([*paths, *sidecars], named=paths) as staged, \
             tempfile.TemporaryDirectory(prefix=f".{output.name}.tmp-", dir=staged[0].parent) as tmp:
         yield Path(tmp) / output.name, stats
-        unpacked = sorted(p for p in Path(tmp).iterdir() if not p.name.startswith("."))
-        vars(stats).update(vars(pack_files(unpacked, staged, max_sequences_per_pack, seed=seed)))
+        unpacked = sorted(p for p in Path(tmp).iterdir()
+                          if not p.name.startswith(".") and not p.name.endswith(TOKENIZER_SIDECAR))
+        vars(stats).update(vars(pack_files(unpacked, staged[:len(paths)], max_sequences_per_pack, seed=seed)))
 
 
 def pack_command(inputs: str, output: Path, max_sequences_per_pack: int, *, fmt: str | None = None,

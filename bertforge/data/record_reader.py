@@ -10,6 +10,7 @@ of a TFRecord file.
 
 from __future__ import annotations
 
+import json
 import mmap
 from array import array
 from pathlib import Path
@@ -29,6 +30,7 @@ from .record_schema import (
     features_of,
     field_of,
     row_problems,
+    tokenizer_sidecar,
     width_of,
 )
 from .rows import Rows, arrays_class, concat_rows
@@ -65,7 +67,7 @@ class RecordFile:
     max_predictions: int
     max_sequences_per_pack: int  # 0: unpacked rows
     header_vocab_size: int | None  # the vocab size the file says it was written for (native only)
-    header_tokenizer: dict | None  # the tokenizer its header says made it (native only; Vocabulary.identity())
+    header_tokenizer: dict | None  # the tokenizer that made it, as a native header or a TFRecord's sidecar says
     skipped: int
     errors: list[str]
 
@@ -143,6 +145,20 @@ _SHAPE_FEATURES = (("input_ids", "masked_lm_positions"),
                    ("packed_input_ids", "packed_masked_lm_positions", "packed_next_sentence_labels"))
 
 
+def read_tokenizer_sidecar(path: Path) -> dict | None:
+    """The tokenizer that made the TFRecord file ``path``, as its sidecar says (``data create`` writes
+    one); None without a sidecar (TFRecords of other tools); a DataError naming a damaged one."""
+    sidecar = tokenizer_sidecar(Path(path))
+    try:
+        text = sidecar.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    try:
+        return native.tokenizer_identity(json.loads(text).get("tokenizer"), "field")
+    except (ValueError, AttributeError) as err:  # not JSON, not an object, a bad field
+        raise DataError(f"{sidecar}: not the tokenizer of {Path(path).name} ({err})") from None
+
+
 class TFRecordFile(RecordFile):
     """A TFRecord file: the frame offsets are found by one scan when opened."""
 
@@ -153,7 +169,8 @@ class TFRecordFile(RecordFile):
         self.path, self.format = Path(path), "tfrecord"
         self.verify, self.max_bad, self.vocab_size = verify, max_bad, vocab_size
         self.seq_len = self.max_predictions = self.max_sequences_per_pack = 0
-        self.header_vocab_size = self.header_tokenizer = None  # TFRecords declare none
+        self.header_vocab_size = None  # TFRecords declare none
+        self.header_tokenizer = read_tokenizer_sidecar(self.path)  # data create writes one beside them
         self.skipped, self.errors = 0, []
         self._map()
         try:

@@ -45,11 +45,18 @@ KINDS = {name: FLOAT if name in _FLOAT_FEATURES else INT64 for name in FEATURES 
 _SEQUENCE_FEATURES = ("input_ids", "input_mask", "segment_ids", "position_ids")  # seq_len values each
 _FLOAT_FIELDS = ("masked_lm_weights", "masked_lm_mask", "next_sentence_mask")  # may hold floats
 TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords")
+# Beside a TFRecord file (which has no header): the tokenizer that made it, Vocabulary.identity() as JSON.
+TOKENIZER_SIDECAR = ".made-with.json"
 CHUNK_ROWS = 4096  # rows encoded, decoded or validated in one numpy batch: bounds memory
 _ID_LIMIT = 1 << 31  # token ids are held as int32
 
 
 # ---------------------------------------------------------------- validation
+
+
+def tokenizer_sidecar(path: Path) -> Path:
+    """Where the tokenizer that made the TFRecord file ``path`` is said: ``path`` + TOKENIZER_SIDECAR."""
+    return path.with_name(path.name + TOKENIZER_SIDECAR)
 
 
 def features_of(max_sequences_per_pack: int) -> tuple[str, ...]:

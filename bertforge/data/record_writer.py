@@ -9,6 +9,7 @@ so that worker processes can encode and a writer only copies bytes.
 from __future__ import annotations
 
 import contextlib
+import json
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from .record_schema import (
     features_of,
     field_of,
     row_problems,
+    tokenizer_sidecar,
 )
 from .rows import PackedArrays, Rows, concat_rows
 from .tfrecord import (
@@ -164,7 +166,8 @@ class RecordWriter:
     For the native format ``vocab_size`` (or ``id_bound``, a bound on the ids
     known in advance) also picks the id dtype: uint16 up to 65536, else int32,
     and ``tokenizer`` (:meth:`.vocab.Vocabulary.identity`), when given, goes
-    into the header; a TFRecord has no place for it. With
+    into the header; a TFRecord has no header, so it goes into a sidecar file beside it
+    (:func:`.record_schema.tokenizer_sidecar`), written atomically with it. With
     ``max_sequences_per_pack`` the file holds packed rows (:class:`.rows.PackedArrays`).
     """
 
@@ -181,6 +184,11 @@ class RecordWriter:
         self._pending_rows = 0
         with contextlib.ExitStack() as stack:
             tmp = stack.enter_context(atomic_file(self.path))
+            if fmt == "tfrecord" and tokenizer is not None:  # the sidecar, in place just before the file
+                sidecar = stack.enter_context(atomic_file(tokenizer_sidecar(self.path)))
+                sidecar.write_text(json.dumps({"tokenizer": tokenizer}, indent=1) + "\n", encoding="utf-8")
+            elif fmt == "tfrecord":  # an earlier file's sidecar would name another tokenizer
+                tokenizer_sidecar(self.path).unlink(missing_ok=True)
             self._file = stack.enter_context(open(tmp, "wb"))
             self._native = None
             if fmt == "native":

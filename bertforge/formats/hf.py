@@ -46,10 +46,11 @@ from bertforge.config import (
     ModelConfig,
     model_dict,
 )
+from bertforge.data.vocab import load_vocab
 from bertforge.fileio import atomic_directory
 from bertforge.models.bert import ACTIVATIONS
 from bertforge.models.families import ENCODER_PREFIX, MODELS, head_of
-from bertforge.runs import CheckpointError, vocab_file_name, vocab_in
+from bertforge.runs import CheckpointError, saved_data_settings, vocab_file_name, vocab_in
 
 from . import tf1
 from .weights import (
@@ -66,6 +67,10 @@ from .weights import (
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 PICKLE = "pytorch_model.bin"
 PICKLE_INDEX = "pytorch_model.bin.index.json"
+
+
+# The attribute of a model that load_model / load_hf set to the directory read: where export_hf finds its vocab.
+LOADED_FROM = "loaded_from"
 
 
 class NewlyInitializedWarning(UserWarning):
@@ -156,8 +161,41 @@ MODERNBERT_KEYS = {"layer_norm_eps": ("norm_eps",), "hidden_act": ("hidden_activ
                    "attention_probs_dropout_prob": ("attention_dropout",)}
 # ModernBertConfig's switches, with the one value our ModernBERT is built for (every published model's).
 MODERNBERT_FIXED = {"attention_bias": False, "mlp_bias": False, "norm_bias": False, "classifier_bias": False,
-                    "decoder_bias": True, "tie_word_embeddings": True}
+                    "decoder_bias": True, "tie_word_embeddings": True, "is_encoder_decoder": False}
+# BertConfig's switches we do not model: absolute positions, an encoder, the MLM decoder tied to the embeddings.
+BERT_FIXED = {"position_embedding_type": "absolute", "is_decoder": False, "add_cross_attention": False,
+              "is_encoder_decoder": False, "tie_word_embeddings": True}
 MODERNBERT_LAYER_TYPES = {True: "full_attention", False: "sliding_attention"}  # transformers' name of a global layer
+
+# What an import does with every key transformers' BertConfig and ModernBertConfig (5.24) read or write
+# (tests/formats/test_hf_config_keys.py holds the lists to transformers' own):
+# - modelled (HF_MODELLED_KEYS): read into ModelConfig and honoured by our model (a value we cannot honour
+#   is refused in one line);
+# - fixed (BERT_FIXED, MODERNBERT_FIXED): refused in one line when not the one value we model;
+# - ignored (HF_IGNORED_KEYS): what does not change the model's outputs, with why.
+# Any other key (an older transformers' or a tool's) is ignored, as transformers ignores what it does not read.
+HF_MODELLED_KEYS = {
+    "bert": {f.name for f in dataclasses.fields(ModelConfig) if f.name not in LEFT_OUT["bert"]}
+    | {"classifier_dropout", "problem_type"},
+    "modernbert": {key for f in dataclasses.fields(ModelConfig) if f.name not in (*LEFT_OUT["modernbert"], "family",
+                                                                                  "rope_scaling_factor")
+                   for key in MODERNBERT_KEYS.get(f.name, (f.name,))}
+    | {"layer_types", "rope_parameters", "rope_scaling", "problem_type"},
+}
+HF_IGNORED_KEYS = {
+    "_name_or_path": "where transformers read it from", "transformers_version": "who wrote it",
+    "model_type": "read first: which family", "architectures": "read by hf_head: which head",
+    "id2label": "read by hf_labels: the label names", "label2id": "id2label reversed",
+    "dtype": "the weights' own dtype is read, and they are cast to fp32",
+    "output_attentions": "what forward returns, not what it computes", "output_hidden_states": "the same",
+    "return_dict": "the same", "chunk_size_feed_forward": "the feed-forward in chunks: the same numbers",
+    "bos_token_id": "the tokenizer's ids, which the model does not read", "eos_token_id": "the same",
+    "cls_token_id": "the same", "sep_token_id": "the same",
+    "use_cache": "a decoder's key/value cache (is_decoder is refused)",
+    "sparse_prediction": "which positions reach the MLM head in training: the logits of those that do are the same",
+    "sparse_pred_ignore_index": "the label of positions sparse_prediction leaves out",
+    "deterministic_flash_attn": "whether flash-attn's backward is deterministic",
+}
 
 
 def model_config_from_hf(config_json: dict, source: str) -> ModelConfig:
@@ -167,15 +205,17 @@ def model_config_from_hf(config_json: dict, source: str) -> ModelConfig:
     if model_type == "modernbert":
         ours = modernbert_keys(config_json, source)
     elif model_type == "bert":
-        pos_type = config_json.get("position_embedding_type", "absolute")
-        if pos_type != "absolute":
-            raise ConversionError(f"{source}: position_embedding_type={pos_type!r} is not supported "
-                                  "(only 'absolute')")
-        if config_json.get("is_decoder"):  # causal attention, which our encoder does not do
-            raise ConversionError(f"{source}: is_decoder=true is not supported (only encoders)")
+        refuse_unmodelled(config_json, BERT_FIXED, source)
+        dropout = config_json.get("classifier_dropout")
+        if dropout is not None and dropout != config_json.get("hidden_dropout_prob", ModelConfig.hidden_dropout_prob):
+            raise ConversionError(f"{source}: classifier_dropout={dropout} is not supported (bertforge's BERT heads "
+                                  "drop with hidden_dropout_prob; null or that value)")
         ours = {k: v for k, v in config_json.items() if k not in LEFT_OUT["bert"]}  # a BERT config.json is BERT's
     else:
         raise ConversionError(f"{source}: model_type={model_type!r} is not supported (only 'bert' and 'modernbert')")
+    if config_json.get("problem_type") == "multi_label_classification":  # sigmoids, not our softmax
+        raise ConversionError(f"{source}: problem_type='multi_label_classification' is not supported (bertforge's "
+                              "classifiers are single-label, or regression with one output)")
     hints = typing.get_type_hints(ModelConfig)
     values = {}
     for f in dataclasses.fields(ModelConfig):
@@ -208,10 +248,7 @@ def modernbert_keys(config_json: dict, source: str) -> dict:
     """A ModernBERT ``config.json``'s values under our field names (``family`` modernbert); what we do
     not model (biases where the published models have none, another pattern of layers, scaled
     rotary positions) is refused, naming the key."""
-    for key, want in MODERNBERT_FIXED.items():
-        if config_json.get(key, want) != want:
-            raise ConversionError(f"{source}: {key}={json.dumps(config_json[key])} is not supported "
-                                  f"(bertforge's ModernBERT has {key}={json.dumps(want)}, as the published models)")
+    refuse_unmodelled(config_json, MODERNBERT_FIXED, source)
     ours: dict = {"family": "modernbert"}
     for f in dataclasses.fields(ModelConfig):
         if f.name in LEFT_OUT["modernbert"] or f.name == "family":
@@ -232,15 +269,49 @@ def modernbert_keys(config_json: dict, source: str) -> dict:
                                                    for i in range(len(layer_types))]:
         raise ConversionError(f"{source}: layer_types={layer_types} is not supported (bertforge's ModernBERT has a "
                               f"full_attention layer every global_attn_every_n_layers, from the first)")
-    for kind, field in (("full_attention", "global_rope_theta"), ("sliding_attention", "local_rope_theta")):
-        rope = (config_json.get("rope_parameters") or {}).get(kind)
+    return {**ours, **modernbert_rope(config_json, source)}
+
+
+def refuse_unmodelled(config_json: dict, fixed: dict, source: str) -> None:
+    """Refuse, naming the key, a switch of ``fixed`` (BERT_FIXED, MODERNBERT_FIXED) that is not the one
+    value we model."""
+    model = "ModernBERT" if fixed is MODERNBERT_FIXED else "BERT"
+    for key, want in fixed.items():
+        if config_json.get(key, want) != want:
+            raise ConversionError(f"{source}: {key}={json.dumps(config_json[key])} is not supported "
+                                  f"(bertforge's {model} has {key}={json.dumps(want)}, as the published models)")
+
+
+def modernbert_rope(config_json: dict, source: str) -> dict:
+    """The rotary fields of a ModernBERT ``config.json``: the thetas of transformers 5's ``rope_parameters``
+    (per kind of layer) and linear scaling, there (rope_type linear, its factor) or in ``rope_scaling``
+    (the older key, for every layer); another rope type, or factors that differ, are refused."""
+    ours: dict = {}
+    factors: dict[str, float] = {}
+    parameters = config_json.get("rope_parameters") or {}
+    if not isinstance(parameters, dict) or set(parameters) - set(MODERNBERT_LAYER_TYPES.values()):
+        raise ConversionError(f"{source}: rope_parameters={json.dumps(parameters)} is not supported (transformers 5's "
+                              f"ModernBERT layout: one object for full_attention, one for sliding_attention)")
+    for key, rope in [("rope_scaling", config_json.get("rope_scaling")),
+                      *((f"rope_parameters.{kind}", parameters.get(kind)) for kind in MODERNBERT_LAYER_TYPES.values())]:
         if rope is None:
             continue
-        if rope.get("rope_type", "default") != "default":
-            raise ConversionError(f"{source}: rope_parameters.{kind}.rope_type={rope['rope_type']!r} is not "
-                                  f"supported (only 'default')")
-        if rope.get("rope_theta") is not None:
-            ours[field] = rope["rope_theta"]
+        kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else rope
+        factor = rope.get("factor") if isinstance(rope, dict) else None
+        if kind == "linear" and isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor > 0:
+            factors[key] = float(factor)
+        elif kind == "default":
+            factors[key] = 1.0
+        else:
+            raise ConversionError(f"{source}: {key}={json.dumps(rope)} is not supported (rope_type 'default', or "
+                                  "'linear' with a positive factor)")
+        if key != "rope_scaling" and rope.get("rope_theta") is not None:
+            ours["global_rope_theta" if key.endswith("full_attention") else "local_rope_theta"] = rope["rope_theta"]
+    if len(set(factors.values())) > 1:
+        raise ConversionError(f"{source}: {', '.join(f'{k} factor {v}' for k, v in factors.items())} differ; "
+                              "bertforge's ModernBERT scales every layer's positions alike (model.rope_scaling_factor)")
+    if factors:
+        ours["rope_scaling_factor"] = next(iter(factors.values()))
     return ours
 
 
@@ -249,6 +320,8 @@ def hf_config_from_model_config(cfg: ModelConfig, architectures: list[str]) -> d
     if cfg.family == "modernbert":  # ModernBertConfig's names; the layers' pattern and thetas as the published
         values = model_dict(cfg)  # config.json's, which transformers 4 and 5 both read
         values.pop("family")
+        factor = values.pop("rope_scaling_factor")
+        scaling = {"rope_scaling": {"rope_type": "linear", "factor": factor}} if factor != 1.0 else {}
         return {
             "architectures": list(architectures),
             "model_type": "modernbert",
@@ -256,6 +329,7 @@ def hf_config_from_model_config(cfg: ModelConfig, architectures: list[str]) -> d
             **MODERNBERT_FIXED,
             # The tokenizer's ids (not the model's): unknown here, so none rather than ModernBertConfig's.
             "bos_token_id": None, "eos_token_id": None, "cls_token_id": None, "sep_token_id": None,
+            **scaling,
         }
     return {
         "architectures": list(architectures),
@@ -416,6 +490,7 @@ def load_hf(path: Path | str, head: str = "pretraining", allow_pickle: bool = Fa
     if missing:
         warnings.warn(f"{path}: not in the checkpoint, newly initialised: "
                       f"{', '.join(missing)}", NewlyInitializedWarning, stacklevel=2)
+    setattr(model, LOADED_FROM, path)
     return model.eval()
 
 
@@ -463,10 +538,66 @@ def hf_labels(path: Path | str) -> list[str] | None:
     return [name for _, name in ordered] if [i for i, _ in ordered] == list(range(len(ordered))) else None
 
 
+# transformers' names of the special tokens, by our roles (SpecialIds' fields).
+HF_SPECIAL_TOKENS = {"cls": "cls_token", "sep": "sep_token", "pad": "pad_token", "unk": "unk_token",
+                     "mask": "mask_token"}
+# What ModernBERT's forward takes (no token types); a tokenizer that returned token_type_ids would break pipelines.
+HF_MODEL_INPUTS = {"modernbert": ["input_ids", "attention_mask"]}
+
+
+def hf_tokenizer_files(vocab_path: Path | str, cfg: ModelConfig, lowercase: bool) -> dict[str, dict]:
+    """``tokenizer_config.json`` (:func:`hf_tokenizer_config`) and ``special_tokens_map.json`` of an export."""
+    config = hf_tokenizer_config(vocab_path, cfg, lowercase)
+    return {"tokenizer_config.json": config,
+            "special_tokens_map.json": {name: config[name] for name in HF_SPECIAL_TOKENS.values() if name in config}}
+
+
+def hf_tokenizer_config(vocab_path: Path | str, cfg: ModelConfig, lowercase: bool) -> dict:
+    """The ``tokenizer_config.json`` that makes ``AutoTokenizer`` read an export's vocab as we do: a vocab.txt
+    as ``BertTokenizer`` (``do_lower_case`` as the model was trained), a tokenizer.json as
+    ``PreTrainedTokenizerFast``; the special tokens named, ``model_max_length`` the model's positions.
+    A vocab larger than the model, or without [CLS], [SEP] or [MASK], is refused."""
+    vocab = load_vocab(vocab_path)
+    if vocab.size > cfg.vocab_size:
+        raise ConversionError(f"{vocab_path}: {vocab.size} tokens, more than the model's "
+                              f"vocab_size={cfg.vocab_size}: give the vocab the model was trained with")
+    roles = vocab.special_ids(" (transformers' tokenizer must name them)")
+    special = {name: vocab.tokens[token_id] for role, name in HF_SPECIAL_TOKENS.items()
+               if (token_id := getattr(roles, role)) is not None}
+    config: dict = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.max_position_embeddings,
+                    **special}
+    if vocab.tokenizer is None:  # BertTokenizer's normalizer is ours: strip accents when lowercasing
+        config.update(tokenizer_class="BertTokenizer", do_lower_case=lowercase, tokenize_chinese_chars=True,
+                      strip_accents=None)
+    if cfg.family in HF_MODEL_INPUTS:
+        config["model_input_names"] = HF_MODEL_INPUTS[cfg.family]
+    return config
+
+
+def saved_lowercase(directory: Path) -> bool:
+    """Whether the model at ``directory`` was trained on lowercased text: a Hugging Face directory's
+    ``tokenizer_config.json`` says (``do_lower_case``), ours its ``config.yaml`` (``data.lowercase``);
+    True (BERT uncased) where neither does."""
+    tokenizer_config = directory / "tokenizer_config.json"
+    if is_hf_directory(directory) and tokenizer_config.is_file():
+        try:
+            return bool(json.loads(tokenizer_config.read_text(encoding="utf-8")).get("do_lower_case", True))
+        except (OSError, ValueError, AttributeError):  # unreadable: the default, as transformers' BertTokenizer
+            return True
+    return saved_data_settings(directory)[0]
+
+
 def export_hf(model: nn.Module, out_dir: Path | str, vocab_path: Path | str | None = None,
-              overwrite: bool = False, labels: list[str] | None = None) -> Path:
-    """Write ``model`` as a Hugging Face directory: config.json, model.safetensors
-    (and vocab.txt when ``vocab_path`` is given). A classifier's ``labels`` name its outputs.
+              overwrite: bool = False, labels: list[str] | None = None, lowercase: bool | None = None,
+              without_tokenizer: bool = False) -> Path:
+    """Write ``model`` as a Hugging Face directory that transformers' ``from_pretrained``, ``AutoTokenizer``
+    and ``pipeline`` use as it is: config.json, model.safetensors, the vocab (vocab.txt or tokenizer.json),
+    tokenizer_config.json and special_tokens_map.json. A classifier's ``labels`` name its outputs.
+
+    ``vocab_path`` defaults to the vocab beside the checkpoint the model was loaded from
+    (``load_model`` records it), ``lowercase`` to how that checkpoint was trained; a model with
+    no vocab is refused (``AutoTokenizer`` would build a tokenizer of 5 tokens), unless
+    ``without_tokenizer`` (the weights alone, for ``from_pretrained``).
 
     The files are written into a hidden sibling directory that is renamed to
     ``out_dir`` only when complete, so a crash never leaves a partial export
@@ -476,30 +607,39 @@ def export_hf(model: nn.Module, out_dir: Path | str, vocab_path: Path | str | No
     model = getattr(model, "_orig_mod", model)  # torch.compile wrapper
     out_dir = Path(out_dir)
     check_export_target(out_dir, overwrite)
-    architecture = hf_architecture(model)
+    cfg = typing.cast(ModelConfig, model.config)
+    config = {**hf_config_from_model_config(cfg, [hf_architecture(model)]), **hf_head_config(model, labels)}
+    source = getattr(model, LOADED_FROM, None)
+    vocab = None if without_tokenizer else vocab_path or (vocab_in(source) if source is not None else None)
+    if vocab is None and not without_tokenizer:
+        where = f"none in {source}" if source is not None else "the model was not loaded from a checkpoint"
+        raise ConversionError(f"{out_dir}: no vocab to export with the model ({where}): give the vocab it was "
+                              "trained with (vocab_path=, or --vocab of `bertforge export`), or export the weights "
+                              "alone (without_tokenizer=True, --without-tokenizer)")
+    files = {} if vocab is None else hf_tokenizer_files(vocab, cfg, lowercase if lowercase is not None else
+                                                         saved_lowercase(source) if source is not None else True)
     # Cloned, contiguous CPU tensors: safetensors refuses views and shared storage.
     state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
-    config = {**hf_config_from_model_config(typing.cast(ModelConfig, model.config), [architecture]),
-              **hf_head_config(model, labels)}
     # transformers reads the weights' dtype from here (it otherwise logs a notice and guesses).
-    config["dtype"] = str(next(iter(state.values())).dtype).removeprefix("torch.")
+    files["config.json"] = {**config, "dtype": str(next(iter(state.values())).dtype).removeprefix("torch.")}
 
     with atomic_directory(out_dir) as tmp:
         save_file(state, tmp / SAFETENSORS, metadata={"format": "pt"})  # transformers checks "format"
-        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-        if vocab_path is not None:
-            shutil.copyfile(vocab_path, tmp / vocab_file_name(vocab_path))
+        for name, content in files.items():
+            (tmp / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
+        if vocab is not None:
+            shutil.copyfile(vocab, tmp / vocab_file_name(vocab))
     return out_dir
 
 
 def import_hf(path: str | Path, out_dir: Path | str, overwrite: bool = False) -> Path:
     """Write a Hugging Face BERT or ModernBERT directory (or a model id in the local Hugging Face
-    cache) as our model directory, with the head its ``config.json``'s architecture names and its
-    ``vocab.txt`` or ``tokenizer.json``; returns the directory."""
+    cache) as our model directory, with the head its ``config.json``'s architecture names, its
+    ``vocab.txt`` or ``tokenizer.json`` and its ``do_lower_case``; returns the directory."""
     source, out_dir = find_model(path, ConversionError), Path(out_dir)
     if not is_hf_directory(source):
         raise ConversionError(f"{path}: not a Hugging Face model directory (no config.json)")
     check_export_target(out_dir, overwrite)
     model = load_hf(source, head=hf_head(source))
-    write_model_dir(model, typing.cast(ModelConfig, model.config), out_dir, vocab_in(source))
+    write_model_dir(model, typing.cast(ModelConfig, model.config), out_dir, vocab_in(source), saved_lowercase(source))
     return out_dir

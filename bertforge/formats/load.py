@@ -25,6 +25,7 @@ from bertforge.runs import WEIGHTS_FILES, CheckpointError, find_checkpoint, veri
 from . import tf1
 from .bert_tf1 import find_bert_config, model_config_from_bert_config, read_tf1
 from .hf import (
+    LOADED_FROM,
     find_model,
     hf_to_ours,
     is_hf_directory,
@@ -160,4 +161,5 @@ def load_model(path: str | Path, head: str = "pretraining", allow_pickle: bool =
     missing = assign_weights(model, state, checkpoint)
     if missing and head in ("pretraining", "encoder"):  # a task head is new when starting from an encoder
         raise CheckpointError(f"{checkpoint}: lacks {', '.join(missing)}")
+    setattr(model, LOADED_FROM, checkpoint if prefix is None else prefix.parent)  # where export_hf finds its vocab
     return model.eval()

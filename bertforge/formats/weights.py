@@ -206,14 +206,17 @@ def check_model_config(saved: ModelConfig, wanted: ModelConfig, source: Path) ->
                                   f"but the config asks for model.{name}={want}")
 
 
-def write_model_dir(model: nn.Module, cfg: ModelConfig, out_dir: Path, vocab_path: Path | str | None) -> None:
+def write_model_dir(model: nn.Module, cfg: ModelConfig, out_dir: Path, vocab_path: Path | str | None,
+                    lowercase: bool = True) -> None:
     """An imported model as our model directory (weights, a config that validates, the vocab under
-    its name, ``vocab.txt`` or ``tokenizer.json``, the manifest), written whole or not at all."""
+    its name, ``vocab.txt`` or ``tokenizer.json``, whether its text is ``lowercase``d, the manifest),
+    written whole or not at all."""
     vocab_name = vocab_file_name(vocab_path) if vocab_path is not None else VOCAB_FILES[0]
     config = Config()
     use_model(config, cfg)
     config.data.seq_len = min(config.data.seq_len, cfg.max_position_embeddings)  # a config that validates
     config.data.max_predictions = min(config.data.max_predictions, config.data.seq_len)
+    config.data.lowercase = lowercase
     if vocab_path is not None:
         config.data.vocab = str((out_dir / vocab_name).resolve())
     validate(config)

@@ -66,7 +66,8 @@ class ModernBertEmbeddings(nn.Module):
 
 
 class RotaryEmbedding(nn.Module):
-    """cos and sin of the rotary angles of every position for one base, (positions, D / 2) in fp32.
+    """cos and sin of the rotary angles of every position for one base, (positions, D / 2) in fp32;
+    with a ``scaling_factor``, of every position divided by it (linear scaling).
 
     Buffers, not parameters, and left out of the state dict (as transformers'): they follow the
     model's device and are computed, not trained.
@@ -75,9 +76,11 @@ class RotaryEmbedding(nn.Module):
     cos: torch.Tensor
     sin: torch.Tensor
 
-    def __init__(self, head_size: int, positions: int, theta: float):
+    def __init__(self, head_size: int, positions: int, theta: float, scaling_factor: float = 1.0):
         super().__init__()
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_size, 2, dtype=torch.float) / head_size))  # (D / 2,)
+        if scaling_factor != 1.0:  # linear scaling: every position divided by the factor, as transformers' "linear"
+            inv_freq = inv_freq / scaling_factor
         angles = torch.arange(positions, dtype=torch.float)[:, None] * inv_freq
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
@@ -165,8 +168,10 @@ class ModernBertModel(nn.Module):
         self.is_global = [i % cfg.global_attn_every_n_layers == 0 for i in range(cfg.num_hidden_layers)]
         self.final_norm = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps, bias=False)
         head_size = cfg.hidden_size // cfg.num_attention_heads
-        self.global_rotary = RotaryEmbedding(head_size, cfg.max_position_embeddings, cfg.global_rope_theta)
-        self.local_rotary = RotaryEmbedding(head_size, cfg.max_position_embeddings, cfg.local_rope_theta)
+        self.global_rotary = RotaryEmbedding(head_size, cfg.max_position_embeddings, cfg.global_rope_theta,
+                                             cfg.rope_scaling_factor)
+        self.local_rotary = RotaryEmbedding(head_size, cfg.max_position_embeddings, cfg.local_rope_theta,
+                                            cfg.rope_scaling_factor)
         init_weights(self, cfg)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,

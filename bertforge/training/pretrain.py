@@ -356,16 +356,16 @@ def records_masking(files: list[Path], shape: RecordsShape, data: DataConfig, vo
 
     first, seq_len, max_predictions, header_vocab = shape
     masking = None
-    if data.vocab:  # native headers name theirs
-        check_tokenizer(files + ([Path(data.eval_input)] if data.eval_input else []), data.vocab)
-    if data.vocab and data.dynamic_masking:
-        masking = masking_spec(data.vocab, data.masked_lm_prob, data.whole_word_mask)
-        warn_prediction_cap(seq_len, max_predictions, data.masked_lm_prob, f"{first} (data.dynamic_masking)")
-    elif data.dynamic_masking:
+    if data.dynamic_masking and not data.vocab:
         raise ConfigError("data.dynamic_masking needs data.vocab (for the [CLS], [SEP] and [MASK] ids)")
     if data.whole_word_mask and not data.dynamic_masking:
         raise ConfigError("data.whole_word_mask on records needs data.dynamic_masking (records keep the "
                           "masks they were made with: `data create --whole-word-mask` makes whole-word ones)")
+    if data.vocab:  # native headers and TFRecords' sidecars name theirs
+        check_tokenizer(files + ([Path(data.eval_input)] if data.eval_input else []), data.vocab)
+    if data.vocab and data.dynamic_masking:
+        masking = masking_spec(data.vocab, data.masked_lm_prob, data.whole_word_mask)
+        warn_prediction_cap(seq_len, max_predictions, data.masked_lm_prob, f"{first} (data.dynamic_masking)")
     if header_vocab is not None and header_vocab != vocab_size:  # (TFRecords declare none)
         have = (f"data.vocab {data.vocab} has {vocab_size} tokens" if data.vocab
                 else f"model.vocab_size={vocab_size}")

@@ -258,7 +258,9 @@ def test_data_create_pack_packs_what_create_makes(tmp_path, capsys):
     assert main([*args, "--output", str(tmp_path / "packed" / "s.tfrecord"), "--pack", "3"]) == 0
     last = capsys.readouterr().out.splitlines()[-1]
     names = ["s-00000-of-00002.tfrecord", "s-00001-of-00002.tfrecord"]
-    assert sorted(p.name for p in (tmp_path / "packed").iterdir()) == names  # no temporary left
+    # no temporary left; each shard with its tokenizer's sidecar
+    assert sorted(p.name for p in (tmp_path / "packed").iterdir()) == sorted(
+        names + [f"{name}.made-with.json" for name in names])
     plain = PretrainingArrays.concat([read_records(tmp_path / "plain" / name) for name in names])
     packed = PackedArrays.concat([read_records(tmp_path / "packed" / name) for name in names])
     assert sequences(unpack_rows(packed)) == sequences(plain)

@@ -17,6 +17,8 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # never reach the network; set before transf
 transformers = pytest.importorskip("transformers")
 
 from bertforge.config import ModelConfig  # noqa: E402
+from bertforge.data.errors import DataError  # noqa: E402
+from bertforge.formats import hf  # noqa: E402
 from bertforge.formats.hf import (  # noqa: E402
     NewlyInitializedWarning,
     export_hf,
@@ -171,7 +173,7 @@ def test_round_trip_through_transformers(tmp_path):
     torch.manual_seed(5)
     ours = BertForPreTraining(ModelConfig(**SMALL)).eval()
     randomize_(ours, seed=6)
-    export_hf(ours, tmp_path / "export")
+    export_hf(ours, tmp_path / "export", without_tokenizer=True)
     assert sorted(p.name for p in (tmp_path / "export").iterdir()) == ["config.json", "model.safetensors"]
 
     hf, info = transformers.BertForPreTraining.from_pretrained(tmp_path / "export", output_loading_info=True)
@@ -196,7 +198,7 @@ def test_round_trip_through_transformers(tmp_path):
 def test_export_encoder_and_qa_architectures(tmp_path):
     cfg = ModelConfig(**SMALL)
     encoder = BertModel(cfg)
-    export_hf(encoder, tmp_path / "enc")
+    export_hf(encoder, tmp_path / "enc", without_tokenizer=True)
     config = json.loads((tmp_path / "enc" / "config.json").read_text())
     assert config["architectures"] == ["BertModel"] and config["model_type"] == "bert"
     hf = transformers.BertModel.from_pretrained(tmp_path / "enc")
@@ -204,7 +206,7 @@ def test_export_encoder_and_qa_architectures(tmp_path):
 
     from bertforge.models.bert import BertForQuestionAnswering
     qa = BertForQuestionAnswering(cfg)
-    export_hf(qa, tmp_path / "qa")
+    export_hf(qa, tmp_path / "qa", without_tokenizer=True)
     assert json.loads((tmp_path / "qa" / "config.json").read_text())["architectures"] == \
         ["BertForQuestionAnswering"]
     hf_qa = transformers.BertForQuestionAnswering.from_pretrained(tmp_path / "qa")
@@ -255,7 +257,8 @@ def test_model_config_from_hf():
     back = hf_config_from_model_config(cfg, ["BertModel"])
     assert back["architectures"] == ["BertModel"] and back["model_type"] == "bert"
     assert model_config_from_hf(back, "y") == cfg
-    with pytest.raises(ConversionError, match=r"^x/config.json: position_embedding_type='relative_key'"):
+    with pytest.raises(ConversionError,
+                       match=r"^x/config.json: position_embedding_type=\"relative_key\" is not supported"):
         model_config_from_hf({"position_embedding_type": "relative_key"}, "x/config.json")
     with pytest.raises(ConversionError, match=r"^x/config.json: model_type='roberta'"):
         model_config_from_hf({"model_type": "roberta"}, "x/config.json")
@@ -320,26 +323,30 @@ def test_wrong_shape_and_unknown_key(tmp_path, hf_pretraining):
         load_hf(tmp_path)
 
 
-def test_export_is_atomic_and_leaves_no_temp_dir(tmp_path):
+def test_export_is_atomic_and_leaves_no_temp_dir(tmp_path, monkeypatch):
     model = BertForPreTraining(ModelConfig(**SMALL))
     vocab = tmp_path / "vocab.txt"
-    vocab.write_text("[PAD]\n[UNK]\n")
+    vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n")
     out = tmp_path / "out" / "export"
     assert export_hf(model, out, vocab_path=vocab) == out
     assert sorted(p.name for p in out.parent.iterdir()) == ["export"]
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "vocab.txt"]
-    assert (out / "vocab.txt").read_text() == "[PAD]\n[UNK]\n"
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "special_tokens_map.json",
+                                                     "tokenizer_config.json", "vocab.txt"]
+    assert (out / "vocab.txt").read_text() == "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n"
 
     with pytest.raises(ConversionError, match="already exists"):
         export_hf(model, out)
     randomize_(model, seed=8)
-    export_hf(model, out, overwrite=True)
+    export_hf(model, out, overwrite=True, without_tokenizer=True)
     assert sorted(p.name for p in out.parent.iterdir()) == ["export"]
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
     reloaded = load_hf(out).state_dict()
     assert all(torch.equal(v, reloaded[k]) for k, v in model.state_dict().items())
 
     # A failure while writing removes the temporary directory and leaves no export.
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(DataError, match="vocab not found"):  # refused before anything is written
         export_hf(model, tmp_path / "out" / "second", vocab_path=tmp_path / "no-such-vocab.txt")
+    monkeypatch.setattr(hf.shutil, "copyfile", lambda *_: (_ for _ in ()).throw(OSError("disk gone")))
+    with pytest.raises(OSError, match="disk gone"):  # the vocab's copy, the last file written, fails
+        export_hf(model, tmp_path / "out" / "second", vocab_path=vocab)
     assert sorted(p.name for p in out.parent.iterdir()) == ["export"]

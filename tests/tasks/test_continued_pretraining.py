@@ -74,8 +74,8 @@ def test_continued_pretraining_of_a_published_modernbert_runs_as_documented(tmp_
     one (its config, its table larger than the tokenizer, the tokenizer's ids); its first step's
     loss equals transformers' loss of the published weights on the same batch (1e-5); wsd with
     warmup_steps 0 trains at the full rate from step 1 and decays over the last 4 of 8 steps as
-    lr_at gives; the export loads in AutoTokenizer (the same ids) and AutoModelForMaskedLM (the
-    run's weights); GLUE, NER and SQuAD fine-tune from the run with its tokenizer.json; and a
+    lr_at gives; the export loads in AutoTokenizer (the same ids), AutoModelForMaskedLM (the run's
+    weights) and pipeline("fill-mask"); GLUE, NER and SQuAD fine-tune from the run with its tokenizer.json; and a
     tokenizer larger than the published table is refused in one line."""
     import torch
     import transformers
@@ -117,9 +117,14 @@ def test_continued_pretraining_of_a_published_modernbert_runs_as_documented(tmp_
     text = "The cat sat on the mat, and [MASK] was glad."
     theirs_tokenizer = transformers.AutoTokenizer.from_pretrained("export")
     assert theirs_tokenizer(text)["input_ids"] == tokenizer.encode(text).ids
-    exported = transformers.AutoModelForMaskedLM.from_pretrained("export").state_dict()
+    exported = transformers.AutoModelForMaskedLM.from_pretrained("export").eval()
     ours = load_safetensors(tmp_path / "runs/cpt/checkpoints/step_00000008/model.safetensors")
-    assert ours and all(torch.equal(exported[key], value) for key, value in ours.items())
+    assert ours and all(torch.equal(exported.state_dict()[key], value) for key, value in ours.items())
+    filled = transformers.pipeline("fill-mask", model="export")(text)  # the export's tokenizer files name [MASK]
+    ids = tokenizer.encode(text).ids
+    with torch.no_grad():
+        logits = exported(input_ids=torch.tensor([ids])).logits[0, ids.index(tokenizer.token_to_id("[MASK]"))]
+    assert [row["token"] for row in filled] == logits.topk(5).indices.tolist()
 
     same = Path("published/tokenizer.json").read_bytes()
     for run in ("ft/mrpc", "ft/ner", "ft/squad"):

@@ -34,7 +34,7 @@ def test_export_gives_transformers_equal_logits_and_label_names(tmp_path, head, 
     ours = ours_class(ModelConfig(**SMALL), num_labels).eval()
     randomize_(ours, seed=1)
     labels = [f"tag{i}" for i in range(num_labels)]
-    export_hf(ours, tmp_path / "hf", labels=labels)
+    export_hf(ours, tmp_path / "hf", labels=labels, without_tokenizer=True)
     hf = getattr(transformers, hf_name).from_pretrained(tmp_path / "hf").eval()
     ids, types, mask = batch()
     with torch.no_grad():
@@ -72,7 +72,7 @@ def test_a_new_head_on_a_pretrained_encoder(tmp_path):
     """From a pre-training checkpoint: the encoder and pooler come along, the classifier is new."""
     torch.manual_seed(5)
     pretrained = BertForPreTraining(ModelConfig(**SMALL))
-    export_hf(pretrained, tmp_path / "hf")
+    export_hf(pretrained, tmp_path / "hf", without_tokenizer=True)
     with pytest.warns(NewlyInitializedWarning, match="classifier.weight"):
         model = load_model(tmp_path / "hf", head="classification", num_labels=2)
     assert torch.equal(model.bert.pooler.dense.weight, pretrained.bert.pooler.dense.weight)
@@ -104,4 +104,5 @@ def test_ours_round_trip_and_what_is_refused(tmp_path):
     with pytest.raises(ConversionError, match="2 label names for a classifier of 4 outputs"):
         export_hf(model, tmp_path / "hf", labels=["O", "B-X"])
     assert not (tmp_path / "hf").exists()
-    assert json.loads((export_hf(model, tmp_path / "hf2") / "config.json").read_text())["id2label"]["3"] == "LABEL_3"
+    exported = export_hf(model, tmp_path / "hf2", without_tokenizer=True)
+    assert json.loads((exported / "config.json").read_text())["id2label"]["3"] == "LABEL_3"

@@ -36,7 +36,7 @@ def tiny(tmp_path) -> Path:
     """A tiny random QA model as a Hugging Face directory with its vocab."""
     cfg = ModelConfig(vocab_size=len(VOCAB), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                       intermediate_size=32, max_position_embeddings=64)
-    path = export_hf(BertForQuestionAnswering(cfg), tmp_path / "tiny")
+    path = export_hf(BertForQuestionAnswering(cfg), tmp_path / "tiny", without_tokenizer=True)
     (path / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
     (tmp_path / "dev.json").write_text(json.dumps(DEV))
     return path

@@ -277,7 +277,7 @@ def tiny_hf(tmp_path) -> Path:
     """A tiny random BERT QA model as a Hugging Face directory without a vocab."""
     cfg = ModelConfig(vocab_size=30, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                       intermediate_size=32, max_position_embeddings=64)
-    return export_hf(BertForQuestionAnswering(cfg), tmp_path / "tiny")
+    return export_hf(BertForQuestionAnswering(cfg), tmp_path / "tiny", without_tokenizer=True)
 
 
 def test_missing_vocab_is_a_one_line_error(tiny_hf, tmp_path, capsys):

@@ -183,7 +183,7 @@ def test_masked_lm_equals_transformers_and_exports_as_bert_for_masked_lm(tmp_pat
     torch.testing.assert_close(full, ref.logits, atol=1e-5, rtol=0)
     torch.testing.assert_close(out["loss"], ref.loss, atol=1e-5, rtol=0)
     assert out["nsp_loss"] == 0 and out["nsp_count"] == 3 and out["loss"] == out["mlm_loss"]
-    export_hf(ours, tmp_path / "back")
+    export_hf(ours, tmp_path / "back", without_tokenizer=True)
     config = json.loads((tmp_path / "back" / "config.json").read_text())
     assert config["architectures"] == ["BertForMaskedLM"]
     back, info = transformers.BertForMaskedLM.from_pretrained(tmp_path / "back", output_loading_info=True)
@@ -201,7 +201,7 @@ def test_masked_lm_starts_from_a_bert_with_nsp_and_has_fewer_parameters(tmp_path
                      "cls.seq_relationship.weight", "cls.seq_relationship.bias"}
     # --init from a BERT with the NSP head: its encoder and masked-LM head, the rest left behind.
     randomize_(full, seed=5)
-    export_hf(full, tmp_path / "bert")
+    export_hf(full, tmp_path / "bert", without_tokenizer=True)
     assert load_weights(masked, tmp_path / "bert") == []
     theirs = full.state_dict()
     assert all(torch.equal(value, theirs[name]) for name, value in masked.state_dict().items())
@@ -281,7 +281,7 @@ def test_training_steps_equal_transformers_trainer(tmp_path):
     cfg = ModelConfig(**{**SMALL, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0})
     torch.manual_seed(0)
     ours = BertForMaskedLM(cfg)
-    export_hf(ours, tmp_path / "init")
+    export_hf(ours, tmp_path / "init", without_tokenizer=True)
     steps, rows, length, predictions = 4, 3, 24, 4
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(5, cfg.vocab_size, (steps * rows, length), generator=gen)

@@ -365,7 +365,7 @@ def test_data_create_refuses_existing_outputs_unless_overwrite(tmp_path, capsys)
         f"another --output\n")
     out.unlink()
     assert create("--num-output-files", "2") == 0
-    shards = sorted(p.name for p in out.parent.iterdir())
+    shards = sorted(p.name for p in out.parent.glob("*.tfrecord"))  # (beside each, its tokenizer's sidecar)
     assert shards == ["train-00000-of-00002.tfrecord", "train-00001-of-00002.tfrecord"]
     capsys.readouterr()
     assert create("--num-output-files", "2") == 2

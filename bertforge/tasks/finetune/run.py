@@ -182,19 +182,6 @@ def read_section(section: Any, prefix: str, run_dir: Path) -> Any:
     return section
 
 
-def saved_data_settings(model_path: str | Path) -> tuple[bool, int | None]:
-    """(lowercase, seq_len) saved with a fine-tuned model in its ``config.yaml``; (True, None) otherwise."""
-    path = Path(model_path) / "config.yaml"
-    lowercase, seq_len = True, None
-    if path.is_file():
-        data = load_yaml(path) or {}
-        section = data.get("data") if isinstance(data, dict) else None
-        if isinstance(section, dict):
-            lowercase = bool(section.get("lowercase", True))
-            seq_len = section.get("seq_len")
-    return lowercase, seq_len if isinstance(seq_len, int) else None
-
-
 def write_run_files(out_dir: Path, config_yaml: str, section: Any, prefix: str, vocab: Path) -> None:
     """The settings of a fine-tuning run, written when it starts: config.yaml (``config_yaml``, the
     run config's ``to_yaml()``), {prefix}.yaml, the vocab as vocab.txt or tokenizer.json (which

@@ -42,6 +42,7 @@ from bertforge.formats import weights
 from bertforge.formats.hf import hf_labels, resolve_model
 from bertforge.models.families import model_class
 from bertforge.parallel.dist import DistContext
+from bertforge.runs import saved_data_settings
 
 from . import FinetuneError, glue, ner
 from .metrics import glue_metrics
@@ -55,7 +56,6 @@ from .run import (
     load_config,
     read_section,
     save_finetuned,
-    saved_data_settings,
     write_run_files,
 )
 from .run import train as train_job

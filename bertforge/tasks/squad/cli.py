@@ -218,7 +218,7 @@ def hf_logits(model: Any, model_path: str | Path, features: Any) -> tuple[Any, A
         with safe_open(str(path / "model.safetensors"), "pt") as f:
             direct = "qa_outputs.weight" in set(f.keys())
     with tempfile.TemporaryDirectory() as tmp:
-        source = path if direct else export_hf(model, Path(tmp) / "hf")
+        source = path if direct else export_hf(model, Path(tmp) / "hf", without_tokenizer=True)
         transformers.logging.set_verbosity_error()
         hf = transformers.BertForQuestionAnswering.from_pretrained(str(source)).eval()
     with torch.inference_mode():

@@ -75,6 +75,7 @@ from bertforge.formats import weights
 from bertforge.formats.hf import resolve_model
 from bertforge.models.families import model_class
 from bertforge.parallel.dist import DistContext, from_main
+from bertforge.runs import saved_data_settings
 from bertforge.tasks.finetune.run import (
     FeatureRows,
     Job,
@@ -85,7 +86,6 @@ from bertforge.tasks.finetune.run import (
     load_config,
     read_section,
     save_finetuned,
-    saved_data_settings,
     write_run_files,
 )
 from bertforge.tasks.finetune.run import train as train_job
