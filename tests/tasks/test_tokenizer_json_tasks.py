@@ -275,6 +275,25 @@ def test_a_question_leaving_no_more_than_the_stride_is_refused_in_one_line(wordp
     assert fits.ids == hf_tokenizer(wordpiece_json)(question, "cat")["input_ids"]
 
 
+def test_a_table_larger_than_the_tokenizer_json_fine_tunes_and_a_smaller_one_is_refused(wordpiece_json, tmp_path):
+    """A ModernBERT's embedding table rounded up past its tokenizer (as the published 50,368 rows):
+    fine-tuning loads it with the tokenizer.json; a table smaller than the tokenizer is refused."""
+    import transformers
+
+    from bertforge.tasks.finetune import FinetuneError
+    from bertforge.tasks.finetune.run import load_checked
+
+    tokens = 30522
+    for rows in (tokens + 6, tokens - 22):
+        config = transformers.ModernBertConfig(vocab_size=rows, hidden_size=32, intermediate_size=48,
+                                               num_hidden_layers=1, num_attention_heads=2, pad_token_id=0)
+        transformers.ModernBertForMaskedLM(config).save_pretrained(tmp_path / str(rows))
+    model = load_checked(tmp_path / str(tokens + 6), wordpiece_json, "classification", 2)
+    assert model.config.vocab_size == tokens + 6
+    with pytest.raises(FinetuneError, match=f"has {tokens} tokens but the model at .* has vocab_size={tokens - 22}"):
+        load_checked(tmp_path / str(tokens - 22), wordpiece_json, "classification", 2)
+
+
 def utils_qa_predictions(examples, windows: list[dict], start_logits, end_logits, version_2: bool,
                          n_best: int = 20, max_answer_length: int = 30) -> tuple[dict, dict]:
     """utils_qa's postprocess_qa_predictions (null threshold 0): (answers, null score differences)."""
