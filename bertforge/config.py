@@ -594,9 +594,14 @@ def parse_overrides(args: list[str]) -> list[tuple[str, str]]:
 def given_length_wins(cfg: Config, overrides: Collection[str]) -> None:
     """Of ``train.steps`` and ``train.epochs``, the two ways to say how long a run goes (epochs
     win when both are set), the one the overrides give wins over the config file's other:
-    ``--train.steps 100`` with a config that counts epochs trains 100 steps."""
+    ``--train.steps 100`` with a config that counts epochs trains 100 steps. So with the warm-up and
+    ``wsd``'s decay: ``--train.warmup_steps 0`` (or ``--train.decay_steps N``) with a config that
+    gives a share of the run (``warmup_proportion``) means those steps, none for 0, not the share."""
     if "train.steps" in overrides and "train.epochs" not in overrides:
         cfg.train.epochs = 0
+    for length, share in (("warmup_steps", "warmup_proportion"), ("decay_steps", "decay_proportion")):
+        if f"train.{length}" in overrides and f"train.{share}" not in overrides:
+            setattr(cfg.train, share, 0.0)
 
 
 def _mark(cfg: Config, frozen: bool) -> Config:

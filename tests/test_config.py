@@ -466,3 +466,19 @@ def test_graphcores_tiny_128_lamb_config_has_its_values():
     assert cfg.accumulation_steps == ref["gradient_accumulation_count"]
     assert (cfg.execution.precision, cfg.execution.recompute) == ("fp" + ref["precision"], "layer")
     assert (cfg.checkpoint.every, cfg.log.every) == (ref["steps_per_ckpts"], ref["steps_per_logs"])
+
+
+def test_a_warm_up_or_decay_length_on_the_command_line_wins_over_the_files_share(tmp_path):
+    """pretrain_tiny's warmup_proportion 0.05 is 50 of 1000 steps; `--train.warmup_steps 0` means none
+    (wsd trains at the full lr from step 0), and `--train.decay_steps 0` over a file's decay share none."""
+    from bertforge.training.optim import lr_at, warmup_steps, wsd_steps
+
+    assert warmup_steps(load_config("pretrain_tiny").train, 1000) == 50
+    cfg = load_config("pretrain_tiny", [("train.schedule", "wsd"), ("train.warmup_steps", "0")])
+    assert cfg.train.warmup_proportion == 0.0 and warmup_steps(cfg.train, 1000) == 0
+    assert [lr_at(k, cfg.train, 1000) for k in (0, 1, 2)] == [cfg.train.lr] * 3
+    both = load_config("pretrain_tiny", [("train.warmup_steps", "0"), ("train.warmup_proportion", "0.1")])
+    assert warmup_steps(both.train, 1000) == 100  # both given: the share, as documented
+    (tmp_path / "wsd.yaml").write_text("train:\n  schedule: wsd\n  decay_proportion: 0.5\n", encoding="utf-8")
+    assert wsd_steps(load_config(str(tmp_path / "wsd.yaml")).train, 1000) == (0, 500)
+    assert wsd_steps(load_config(str(tmp_path / "wsd.yaml"), [("train.decay_steps", "0")]).train, 1000) == (0, 0)

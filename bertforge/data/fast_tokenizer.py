@@ -65,9 +65,10 @@ class FastTokenizer:
         """Each text (or pair) with the post-processor's special tokens, cut to ``max_length`` tokens by
         ``tokenizers``' ``strategy`` (what ``truncation=True`` / ``"only_second"`` ask of it); the
         windows past the first are each encoding's ``overflowing`` (``stride`` tokens overlapping)."""
-        if max_length is None:
-            self.tokenizer.no_truncation()
-        else:
+        self.tokenizer.no_truncation()
+        if second is not None and max_length is not None and stride and strategy == "only_second":
+            self._check_room(first, second, max_length, stride)
+        if max_length is not None:
             try:
                 self.tokenizer.enable_truncation(max_length, stride=stride, strategy=strategy)
             except Exception as err:  # tokenizers: a stride too large for max_length
@@ -77,6 +78,19 @@ class FastTokenizer:
             return self.tokenizer.encode_batch(inputs, add_special_tokens=True)
         except Exception as err:  # tokenizers: a pair that cannot be cut so
             raise DataError(f"{self.path}: {str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
+
+    def _check_room(self, first: list[str], second: list[str], max_length: int, stride: int) -> None:
+        """Refuse, in one line naming the pair, a first text that leaves the second ``stride`` tokens or
+        fewer of ``max_length`` when the pair must be cut: ``tokenizers`` panics there (a Rust panic,
+        past ``except Exception``)."""
+        specials = self.tokenizer.num_special_tokens_to_add(True)
+        for k, encoding in enumerate(self.tokenizer.encode_batch(first, add_special_tokens=False)):
+            room = max_length - specials - len(encoding.ids)
+            if room <= stride and len(self.tokenizer.encode(first[k], second[k]).ids) > max_length:
+                raise DataError(f"{self.path}: pair {k}: its first text is {len(encoding.ids)} tokens, which with "
+                                f"{specials} special tokens leave {room} of max_length={max_length} to the second, "
+                                f"not more than stride={stride} (only the second is cut): give a larger max_length "
+                                f"or a smaller stride")
 
     def encode_words(self, sentences: list[list[str]]) -> list[Encoding]:
         """Sentences given as words, without special tokens: each token's word in ``word_ids``."""

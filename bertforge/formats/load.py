@@ -23,7 +23,7 @@ from bertforge.models.modernbert import ModernBertModel
 from bertforge.runs import WEIGHTS_FILES, CheckpointError, find_checkpoint, verify
 
 from . import tf1
-from .bert_tf1 import read_tf1
+from .bert_tf1 import find_bert_config, model_config_from_bert_config, read_tf1
 from .hf import (
     LOADED_FROM,
     find_model,
@@ -65,6 +65,19 @@ def read_weights(path: str | Path, bert_config: str | Path | None = None,
     checkpoint = find_checkpoint(path, weights_only=True)
     verify(checkpoint, WEIGHTS_FILES)
     return read_config(checkpoint).model, load_safetensors(checkpoint / "model.safetensors"), checkpoint
+
+
+def read_model_config(path: str | Path, bert_config: str | Path | None = None) -> ModelConfig:
+    """The model config of the weights at ``path`` (as :func:`read_weights` reads them), without their
+    tensors: a Hugging Face directory's ``config.json``, our checkpoint's ``config.yaml``, a TF1
+    checkpoint's ``bert_config.json``."""
+    path = find_model(path)
+    prefix = tf1.find_prefix(path)
+    if prefix is not None:
+        return model_config_from_bert_config(find_bert_config(prefix, bert_config))
+    if is_hf_directory(path):
+        return read_hf_config(path)
+    return read_config(find_checkpoint(path, weights_only=True)).model
 
 
 def check_weights(path: str | Path) -> Path:

@@ -71,8 +71,8 @@ from bertforge.data.loader import (
 )
 from bertforge.fileio import atomic_file
 from bertforge.formats import weights
-from bertforge.formats.hf import HF_MODEL_ID, is_model, resolve_model
-from bertforge.formats.load import check_weights, load_weights
+from bertforge.formats.hf import HF_MODEL_ID, find_model, is_model, resolve_model
+from bertforge.formats.load import check_weights, load_weights, read_model_config
 from bertforge.models.bert import compiled_pretraining_loss, eval_result, eval_sums, num_parameters, pretraining_loss
 from bertforge.models.families import build_pretraining_model
 from bertforge.observe.log import MetricsLogger, ProgressBar, Throughput, pass_progress
@@ -473,6 +473,7 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
     progress = {"steps": 0} if progress is None else progress
     if cfg.checkpoint.init and resume_from is None:
         check_weights(cfg.checkpoint.init)  # one not found or unreadable is named before the data loads
+        cfg = with_init_model(cfg)
     # (so is a checkpoint's config that does not fit its weights, or their unreadable header)
     saved_cfg = weights.read_config(resume_from) if resume_from is not None else None
     # The MLPerf log's init phase starts here (rank 0 writes; without log.mlperf it logs nothing).
@@ -538,10 +539,40 @@ def resolved_data(cfg: Config, dist: DistContext, run_dir: Path) -> tuple[Traini
 
     def load_on_main() -> dict[str, Any]:
         loaded.append(load(cfg.model, cfg.data, cfg.train))
-        return loaded[0].decided
+        return init_vocab_size(cfg, loaded[0].decided)
 
     cfg = freeze(replaced(cfg, from_main(dist, load_on_main)))
     return (loaded[0] if loaded else load(cfg.model, cfg.data, cfg.train)), cfg
+
+
+def with_init_model(cfg: Config) -> Config:
+    """``cfg`` with the model of ``checkpoint.init`` (a fresh start): each model field not given (on
+    the command line or in a config file) is the init's, so a published model trains as published,
+    and ``data.vocab``, when not given, is the vocab beside its weights (a Hugging Face directory's
+    ``tokenizer.json``, a run's vocab). Shape fields given must equal the init's (checked on load)."""
+    init = read_model_config(cfg.checkpoint.init)
+    values: dict[str, Any] = {f"model.{field.name}": getattr(init, field.name) for field in dataclasses.fields(init)
+                              if f"model.{field.name}" not in cfg.given}
+    if init.family == "modernbert" and "train.objective" not in cfg.given:
+        values["train.objective"] = "mlm"  # (no next-sentence head)
+    vocab = runs.vocab_in(find_model(cfg.checkpoint.init))
+    if not cfg.data.vocab and vocab is not None:
+        values["data.vocab"] = str(vocab.resolve())
+    return replaced(cfg, values)
+
+
+def init_vocab_size(cfg: Config, decided: dict[str, Any]) -> dict[str, Any]:
+    """What the data decided, less ``model.vocab_size`` where ``checkpoint.init``'s embeddings set it:
+    a published model's table may be larger than its tokenizer (rounded up, as ModernBERT's 50,368
+    rows), never smaller."""
+    tokens = decided.get("model.vocab_size")
+    if not cfg.checkpoint.init or tokens is None:
+        return decided
+    if tokens > cfg.model.vocab_size:
+        raise ConfigError(f"data.vocab {cfg.data.vocab or 'of the records'} has {tokens} tokens, more than the "
+                          f"{cfg.model.vocab_size} embeddings of checkpoint.init {cfg.checkpoint.init}: use the "
+                          f"tokenizer the model was trained with")
+    return {key: value for key, value in decided.items() if key != "model.vocab_size"}
 
 
 def pretraining_model(model: ModelConfig, train: TrainConfig, init: str = "") -> nn.Module:

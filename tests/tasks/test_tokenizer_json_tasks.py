@@ -257,6 +257,43 @@ def test_squad_features_equal_run_qas(tokenizer_json):
                 assert example.answer_text in span and len(span) < len(example.answer_text) + 20
 
 
+def test_a_question_leaving_no_more_than_the_stride_is_refused_in_one_line(wordpiece_json):
+    """run_qa's tokenizer call with a question of 60 tokens, max_length 64 and stride 16: tokenizers
+    panics (a Rust panic, not an Exception); ours refuses in one line naming the pair. A question as
+    long whose pair fits whole needs no cut and is encoded as transformers encodes it."""
+    from bertforge.data.errors import DataError
+
+    tokenizer = task_tokenizer(wordpiece_json)
+    assert isinstance(tokenizer, FastTokenizer)
+    question, context = " ".join(["the"] * 60), " ".join(["cat"] * 100)
+    with pytest.raises(DataError) as refused:
+        tokenizer.encode(["a b", question], ["c d", context], max_length=64, strategy="only_second", stride=16)
+    assert str(refused.value) == (f"{wordpiece_json}: pair 1: its first text is 60 tokens, which with 3 special "
+                                  f"tokens leave 1 of max_length=64 to the second, not more than stride=16 (only the "
+                                  f"second is cut): give a larger max_length or a smaller stride")
+    (fits,) = tokenizer.encode([question], ["cat"], max_length=64, strategy="only_second", stride=16)
+    assert fits.ids == hf_tokenizer(wordpiece_json)(question, "cat")["input_ids"]
+
+
+def test_a_table_larger_than_the_tokenizer_json_fine_tunes_and_a_smaller_one_is_refused(wordpiece_json, tmp_path):
+    """A ModernBERT's embedding table rounded up past its tokenizer (as the published 50,368 rows):
+    fine-tuning loads it with the tokenizer.json; a table smaller than the tokenizer is refused."""
+    import transformers
+
+    from bertforge.tasks.finetune import FinetuneError
+    from bertforge.tasks.finetune.run import load_checked
+
+    tokens = 30522
+    for rows in (tokens + 6, tokens - 22):
+        config = transformers.ModernBertConfig(vocab_size=rows, hidden_size=32, intermediate_size=48,
+                                               num_hidden_layers=1, num_attention_heads=2, pad_token_id=0)
+        transformers.ModernBertForMaskedLM(config).save_pretrained(tmp_path / str(rows))
+    model = load_checked(tmp_path / str(tokens + 6), wordpiece_json, "classification", 2)
+    assert model.config.vocab_size == tokens + 6
+    with pytest.raises(FinetuneError, match=f"has {tokens} tokens but the model at .* has vocab_size={tokens - 22}"):
+        load_checked(tmp_path / str(tokens - 22), wordpiece_json, "classification", 2)
+
+
 def utils_qa_predictions(examples, windows: list[dict], start_logits, end_logits, version_2: bool,
                          n_best: int = 20, max_answer_length: int = 30) -> tuple[dict, dict]:
     """utils_qa's postprocess_qa_predictions (null threshold 0): (answers, null score differences)."""
