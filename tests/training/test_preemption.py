@@ -157,6 +157,7 @@ def test_a_second_signal_exits_at_once():
 
 
 
+@pytest.mark.slow
 def test_a_second_signal_in_the_first_step_leaves_no_run_directory(tmp_path):
     """A run directory made by a run whose first step (BERT-base, seconds on a CPU) a second signal
     cuts short is removed with it, as one that failed before its first step: nothing in it to keep
