@@ -1,50 +1,35 @@
 """The commands of README.md and docs/*.md, run as a reader would run them; and their links.
 
-Every fenced ```bash block of those pages is either run here or marked on the line
-before its fence with one of
+Every fenced ```bash (or ```python) block of those pages says its scale on the line right
+before its fence, in one of these HTML comments (invisible on the rendered page):
 
-    <!-- gpu-only -->       it needs a CUDA device, several machines or a download
-    <!-- long-running -->   minutes or hours of CPU even at its smallest
-    <!-- ci -->             the README's test command, which .ci/run runs (compared here)
+    <!-- run: cpu -->                 run here, as written: seconds to a minute on a 2-core CPU
+    <!-- run: no, gpu -->             a CUDA GPU, or GPU-days at the sizes it gives
+    <!-- run: no, multi-node -->      several machines (torchrun --nnodes)
+    <!-- run: no, network -->         it downloads (pip, the Wikipedia dump, a model)
+    <!-- run: no, long -->            more than a minute of CPU even as written
+    <!-- run: no, cluster -->         a Docker daemon or a Slurm cluster
+    <!-- run: no, ci -->              the README's test command, which .ci/run runs (compared here)
 
-and every marked block is listed in MARKED with its reason, so that a new marker
-fails this file until someone writes down why. A marked block is not run, but its
-`bertforge` commands are parsed by the real parser and, where they take a config,
-the config and its overrides are resolved; the other programs it names must exist (a
-script or Dockerfile it names, in the repository).
+A block with none fails test_every_block_says_its_scale, whose message says how to mark it.
+A block not run still has its `bertforge` commands parsed by the real parser (and where
+they take a config, the config and its overrides resolved) and the other programs it
+names checked (a script, Dockerfile or module it names must exist); and the prose around
+it must say its scale (a `gpu` block's paragraphs name the GPU, a `long` one the minutes).
 
-How the rest run. Each page runs in its own directory of one temporary workspace,
-blocks in page order and pages in the order of the fixtures below (README first:
-its runs are what the SQuAD and report commands start from). What a page's commands
-read but do not make is put there first: the real files of ../shared/data (linked),
-SQuAD files cut down to a few questions, and what an earlier page made (linked).
-Bash itself turns each command line into words (quotes, globs, comments, continued
-lines), so the argv is the one a shell would pass; `bertforge` then runs in this
-process through `bertforge.cli.main` (one torch import for all of them). A page
-stops at its first failing command. `pip install` lines are not run: they may name
-only extras that pyproject.toml defines. The ```python block of interop.md runs too.
-
-Shortened (SHORTER below): a command as written is always what is parsed and run,
-but some get options appended, which override the written ones (argparse and the
-dotted overrides keep the last value), so that the whole file takes under a minute
-on a 2-core CPU:
-
-- `pretrain`: 2 steps (or up to the end of a --profile window) of BERT-tiny at 2
-  sequences a step, text cut into one duplicate instead of 5 or 10: BERT-base and
-  -large for thousands of steps take GPU-days; this runs the same config, data,
-  model, loss, optimizer, checkpoint and log code.
-- `squad train`: batches of 2 (the cut-down files have 10 questions, so 10 steps).
-- `data preprocess`: 8 shards, since the shared dump holds 97 articles, too few for
-  256 (preprocess refuses).
-- `data create`: dupe factor 1; packing and training on what it makes cost time in
-  proportion to the instances.
-- `data pick-eval`: 100 records instead of 10,000 (at sequence 512 the evaluation
-  of 10,000 takes minutes here).
-- `finetune glue|ner`: the first 64 training examples (of the generated tasks' 128 to 192).
-- `bench pretrain`: 2 timed steps after 1 untimed; `bench squad`: one step of one
-  sequence of 128.
-- `bench --spec … --quick`: only `pretrain_tiny_128` (--quick still runs every
-  benchmark, BERT-large ones included, for minutes).
+How the `cpu` blocks run. Each page runs in its own directory of one temporary workspace,
+blocks in page order and pages in the order of the fixtures below (the data page first: its
+Wikipedia text is the README's "own text"). Each command line of a block (continued lines
+joined) runs as written with `bash -o pipefail -c`, in that directory, with `bertforge` and
+`python` of this interpreter first on PATH and this checkout on PYTHONPATH, offline; a
+```python block runs with `python -c`. A page stops at its first failing command. What a
+page's commands read but do not make stands at the path the page names: the real files of
+../shared/data (linked: the Wikipedia sample dump as dumps/enwiki-latest-pages-articles.xml.bz2,
+the uncased vocab), the sample dump's sentence shards (made by the data page) as the corpus/
+of "your own text", SQuAD files cut down to a few questions as train-v1.1.json and
+dev-v1.1.json (the official files take GPU-hours to train on), GLUE and CoNLL tasks generated
+in their official formats (none can be downloaded here), and what an earlier page made (linked).
+No option is added to any command: the pages' runnable commands are small as written.
 """
 
 from __future__ import annotations
@@ -61,7 +46,7 @@ import sys
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,32 +56,24 @@ from conftest import shared_data
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
-MARKERS = ("gpu-only", "long-running", "ci")
 SHELL_LANGUAGES = {"sh", "shell", "console", "zsh", "shell-session"}
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"  # torch's CPU-only wheels (PyPI's Linux ones carry CUDA)
 
-# Each marked block, by its page and a piece of its text: (marker, why it is not run here).
-MARKED = {
-    ("README.md", "pytest -q -n 2"): ("ci", "the test suite itself; compared with .ci/run instead"),
-    ("README.md", "python benchmarks/finetune.py"):
-        ("long-running", "36 MiniLM fine-tuning runs (and 9 more), about 40 minutes of CPU"),
-    ("docs/data.md", "bertforge data wikipedia download"): ("gpu-only", "downloads the Wikipedia dump (network)"),
-    ("docs/scale.md", "torchrun --nproc_per_node 8"): ("gpu-only", "8 GPUs, and 4 machines"),
-    ("docs/scale.md", "docker build -f launch/Dockerfile"): ("gpu-only", "a Docker daemon and a Slurm cluster"),
-    ("docs/finetuning.md", "torchrun --nproc_per_node 8"): ("gpu-only", "BERT-large on 8 GPUs, then its resume"),
-    ("docs/mlperf.md", "for i in $(seq"): ("long-running", "500 parts of MLPerf's downloaded text, hours of CPU"),
-    ("docs/mlperf.md", "--config mlperf_bert"): ("gpu-only", "BERT-large to 0.720, then the checker on its log"),
-    ("docs/benchmarks.md", "bench pretrain --config large"): ("gpu-only", "BERT-large at batch 256 × 4"),
-    ("docs/benchmarks.md", "python benchmarks/vs_transformers.py"):
-        ("long-running", "8 scripts: BERT-base steps in fresh processes, MiniLM fine-tuning, many minutes"),
-    ("docs/benchmarks.md", "--benchmark pretrain_base_128"): ("long-running", "BERT-base benchmarks, minutes"),
-    ("docs/modernbert.md", "--config modernbert_base_1024"):
-        ("gpu-only", "ModernBERT-base's recipe: 1.7T tokens on 8 GPUs, then the context extension"),
-    ("docs/modernbert.md", "python benchmarks/modernbert_step.py"):
-        ("long-running", "ten training steps of three ModernBERTs with a 50368-token vocab, minutes of CPU"),
-    ("docs/gpu.md", "benchmarks/gpu.sh gpu-out"):
-        ("gpu-only", "the GPU measurement: CUDA tests, BERT-large throughput"),
+# What a block not run here needs, by the kind in its `<!-- run: no, KIND -->`, and what the prose
+# around it must say (a pattern) so that a reader knows its scale too.
+NOT_RUN = {
+    "gpu": ("a CUDA GPU, or GPU-days at the sizes it gives", r"GPU"),
+    "multi-node": ("several machines", r"machines|nodes"),
+    "network": ("a download", r"download|PyPI|install|network"),
+    "long": ("more than a minute of CPU as written", r"minute|\bmin\b|hour"),
+    "cluster": ("a Docker daemon or a Slurm cluster", r"Docker|Slurm"),
+    "ci": ("the test suite itself (compared with .ci/run)", r"\.ci/run"),
 }
+HOW_TO_MARK = ("on the line right before its opening fence put `<!-- run: cpu -->` when the block runs as "
+               "written in seconds on a CPU (tests/test_docs.py then runs it, in page order), or "
+               "`<!-- run: no, KIND -->` with KIND one of " + ", ".join(NOT_RUN) + " (" +
+               "; ".join(f"{k}: {v[0]}" for k, v in NOT_RUN.items()) + "), and say its scale in the prose "
+               "around it; see the docstring of tests/test_docs.py")
 
 
 # ---------------------------------------------------------------- reading the pages
@@ -107,18 +84,19 @@ class Block:
     line: int  # of the opening fence, from 1
     language: str
     text: str
-    marker: str | None
+    marker: str | None  # "cpu", a key of NOT_RUN, or None (unmarked)
 
     def __str__(self) -> str:
         return f"{self.page}:{self.line}"
 
 
 FENCE = re.compile(r"^\s*(```+|~~~+)\s*([^\s`]*)\s*$")
-MARKER = re.compile(r"^<!--\s*([a-z-]+)\s*-->$")
+RUN_MARK = re.compile(r"^<!--\s*run:\s*(cpu|no,\s*([a-z-]+))\s*-->$")
 
 
 def read_blocks(page: str) -> list[Block]:
-    """The fenced blocks of a page, each with the marker comment on the line before it."""
+    """The fenced blocks of a page, each with the kind its `<!-- run: … -->` comment on the line
+    before it gives: "cpu" (run here), the KIND of `run: no, KIND`, or None."""
     lines = (ROOT / page).read_text(encoding="utf-8").splitlines()
     blocks, i = [], 0
     while i < len(lines):
@@ -129,9 +107,9 @@ def read_blocks(page: str) -> list[Block]:
         end = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == opening.group(1)), None)
         assert end is not None, f"{page}:{i + 1}: a code fence that is never closed"
         before = lines[i - 1].strip() if i else ""
-        marker = MARKER.match(before)
+        marker = RUN_MARK.match(before)
         blocks.append(Block(page, i + 1, opening.group(2), "\n".join(lines[i + 1:end]),
-                            marker.group(1) if marker else None))
+                            (marker.group(2) or marker.group(1)) if marker else None))
         i = end + 1
     return blocks
 
@@ -218,8 +196,7 @@ def ci_commands() -> list[str]:
 
 @dataclass
 class Result:
-    command: str  # as the page writes it
-    argv: list[str]  # what ran: the command's words and what SHORTER appended
+    command: str  # as the page writes it, and as it ran
     status: int
     output: str
     seconds: float
@@ -244,34 +221,14 @@ class PageRun:
         return self.folder / printed[-1]
 
 
-def steps_for(argv: list[str]) -> list[str]:
-    windows = [argv[i + 1] for i, word in enumerate(argv[:-1]) if word == "--profile"]
-    return ["--steps", str(max([2, *(int(w.split(":")[1]) for w in windows)]))]
-
-
-# (does it apply to this argv, what is appended): see the module docstring for why.
-SHORTER: list[tuple[Callable[[list[str]], bool], Callable[[list[str]], list[str]]]] = [
-    (lambda a: a[:1] == ["pretrain"],
-     lambda a: [*steps_for(a), "--train.micro_batch_size", "2", "--train.global_batch_size", "2",
-                "--model.preset", "tiny", "--data.dupe_factor", "1"]),
-    (lambda a: a[:2] == ["squad", "train"],
-     lambda a: ["--train.micro_batch_size", "2", "--train.global_batch_size", "2"]),
-    (lambda a: a[:2] in (["finetune", "glue"], ["finetune", "ner"]), lambda a: ["--finetune.max_examples", "64"]),
-    (lambda a: a[:2] == ["data", "preprocess"], lambda a: ["--shards", "8"]),
-    (lambda a: a[:2] == ["data", "create"], lambda a: ["--dupe-factor", "1"]),
-    (lambda a: a[:2] == ["data", "pick-eval"], lambda a: ["--num", "100"]),
-    (lambda a: a[:2] == ["bench", "pretrain"], lambda a: ["--steps", "2", "--warmup", "1"]),
-    (lambda a: a[:2] == ["bench", "squad"],
-     lambda a: ["--batch-size", "1", "--seq-len", "128", "--steps", "1", "--warmup", "0"]),
-    (lambda a: a[:1] == ["bench"] and "--quick" in a, lambda a: ["--benchmark", "pretrain_tiny_128"]),
-]
-
-
-def shortened(argv: list[str]) -> list[str]:
-    for applies, appended in SHORTER:
-        if applies(argv):
-            return [*argv, *appended(argv)]
-    return argv
+def doc_env() -> dict[str, str]:
+    """A reader's shell: this interpreter's `bertforge` and `python` first on PATH, this checkout
+    imported, offline, one process (no torchrun variables)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", COLUMNS="200")
+    return env
 
 
 @contextlib.contextmanager
@@ -317,38 +274,21 @@ def run_bertforge(argv: list[str], cwd: Path, log: Path) -> int:
             return 99
 
 
-def run_python(code: str, cwd: Path, log: Path) -> int:
-    with output_to(log, cwd):
-        try:
-            exec(compile(code, str(log), "exec"), {"__name__": "__docs__"})
-            return 0
-        except Exception:  # noqa: BLE001
-            traceback.print_exc()
-            return 99
-
-
 def run_page(page: str, folder: Path) -> PageRun:
-    """Every unmarked bash block (and python block) of page, in order, in folder; stops at the
-    first command that fails."""
+    """Every `<!-- run: cpu -->` block of page, in order, in folder, each command line as written with
+    bash (a python block with python); stops at the first command that fails."""
     run = PageRun(page, folder)
     for block in read_blocks(page):
-        if block.marker or block.language not in ("bash", "python"):
+        if block.marker != "cpu":
             continue
-        for command in [block.text] if block.language == "python" else commands(block):
-            log = folder / f".command-{len(run.results):02d}.log"
+        python = block.language == "python"
+        for command in [block.text] if python else logical_lines(block.text):
+            argv = ["python", "-c", command] if python else ["bash", "-o", "pipefail", "-c", command]
             started = time.perf_counter()
-            if block.language == "python":
-                argv, status = ["python"], run_python(command, folder, log)
-            else:
-                argv = words(command, folder)  # now: a glob sees what the commands before it made
-                if argv[0] == "pip":
-                    continue  # checked by test_install_commands_name_only_defined_extras
-                assert argv[0] == "bertforge", f"{block}: only bertforge and pip commands run here: {command!r}"
-                argv = ["bertforge", *shortened(argv[1:])]
-                status = run_bertforge(argv[1:], folder, log)
-            output = log.read_text(encoding="utf-8") if log.exists() else ""
-            run.results.append(Result(command, argv, status, output, time.perf_counter() - started))
-            if status != 0:
+            done = subprocess.run(argv, cwd=folder, env=doc_env(), stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, timeout=900, check=False)
+            run.results.append(Result(command, done.returncode, done.stdout, time.perf_counter() - started))
+            if done.returncode != 0:
                 return run
     return run
 
@@ -356,10 +296,10 @@ def run_page(page: str, folder: Path) -> PageRun:
 def assert_all_ran(run: PageRun) -> None:
     assert run.results, f"{run.page}: nothing ran"
     for result in run.results:  # shown with pytest -s (or -rP), or on a failure
-        print(f"{run.page}: {result.seconds:5.1f} s, status {result.status}: {' '.join(result.argv)[:300]}")
+        print(f"{run.page}: {result.seconds:5.1f} s, status {result.status}: {result.command[:300]}")
     for result in run.results:
         assert result.status == 0, (f"{run.page}: exit status {result.status} from\n  {result.command}\n"
-                                    f"run as {' '.join(result.argv)}\n{result.output[-3000:]}")
+                                    f"{result.output[-3000:]}")
 
 
 def link(folder: Path, name: str, target: Path) -> None:
@@ -375,29 +315,39 @@ def json_lines(output: str) -> list[dict]:
 
 # ---------------------------------------------------------------- checks without running anything
 
-def test_blocks_are_labelled_and_the_marked_ones_are_known():
+def prose_around(page: str, block: Block, lines: int = 12) -> str:
+    """The page's text (code blocks left out) from `lines` lines before the block to as many after it."""
+    text = (ROOT / page).read_text(encoding="utf-8").splitlines()
+    end = block.line + block.text.count("\n") + 1
+    window = "\n".join(text[max(0, block.line - 1 - lines):block.line - 1] + text[end:end + lines])
+    return re.sub(r"^```.*?^```", "", window, flags=re.S | re.M)
+
+
+def test_every_block_says_its_scale():
     assert all_blocks(), "no code blocks found"
     for page in PAGES:  # a marker stands right before a fence, or it marks nothing
         lines = (ROOT / page).read_text(encoding="utf-8").splitlines()
         for number, line in enumerate(lines[:-1], start=1):
-            if MARKER.match(line.strip()) and MARKER.match(line.strip()).group(1) in MARKERS:
-                assert FENCE.match(lines[number]), f"{page}:{number}: a marker not followed by a code fence"
+            if re.match(r"^<!--\s*run\b", line.strip()):
+                assert RUN_MARK.match(line.strip()), f"{page}:{number}: {line.strip()!r}: {HOW_TO_MARK}"
+                assert FENCE.match(lines[number]), f"{page}:{number}: a run marker not followed by a code fence"
     for block in all_blocks():
         assert block.language, f"{block}: give the code fence a language (bash, python, text, …)"
         assert block.language not in SHELL_LANGUAGES, f"{block}: shell commands go in ```bash blocks"
-        assert block.marker in (None, *MARKERS), f"{block}: unknown marker {block.marker!r}"
-        assert not block.marker or block.language == "bash", f"{block}: a marker on a {block.language} block"
-    marked = {block: [key for key in MARKED if key[0] == block.page and key[1] in block.text]
-              for block in all_blocks() if block.marker}
-    for block, keys in marked.items():
-        assert len(keys) == 1, f"{block}: marked {block.marker}, but MARKED names it {len(keys)} times"
-        assert MARKED[keys[0]][0] == block.marker, f"{block}: marked {block.marker}, MARKED says {MARKED[keys[0]]}"
-    found = {key for keys in marked.values() for key in keys}
-    assert found == set(MARKED), f"MARKED names blocks that are not marked: {set(MARKED) - found}"
+        if block.language not in ("bash", "python"):
+            assert block.marker is None, f"{block}: a run marker on a ```{block.language} block"
+            continue
+        where = f"{block}: a ```{block.language} block"
+        assert block.marker is not None, f"{where} that does not say its scale: {HOW_TO_MARK}"
+        assert block.marker == "cpu" or block.marker in NOT_RUN, f"{where} of kind {block.marker!r}: {HOW_TO_MARK}"
+        if block.marker != "cpu":
+            assert re.search(NOT_RUN[block.marker][1], prose_around(block.page, block)), (
+                f"{block} (run: no, {block.marker}): the prose around it does not say its scale "
+                f"(/{NOT_RUN[block.marker][1]}/)")
 
 
 def test_every_page_with_commands_to_run_is_run_here():
-    pages = {block.page for block in all_blocks() if block.language in ("bash", "python") and not block.marker}
+    pages = {block.page for block in all_blocks() if block.marker == "cpu"}
     assert pages == set(PAGE_FIXTURES), f"pages to add to PAGE_FIXTURES: {pages - set(PAGE_FIXTURES)}"
 
 
@@ -462,7 +412,7 @@ def test_commands_that_are_not_run_parse(tmp_path):
     assert markers
     checked = 0
     for block in all_blocks():
-        if block.marker not in ("gpu-only", "long-running"):
+        if block.marker in (None, "cpu", "ci"):
             continue
         for command in loop_body_commands(block):
             argv = words(command, ROOT, env={"i": "00000"})
@@ -557,7 +507,8 @@ def workspace(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("docs")
     squad = root / "squad"
     squad.mkdir()
-    cut_squad(shared_data("squad/train-v1.1-first44.json"), squad / "train-v1.1.json", 10)
+    # 40 questions: a batch of squad_base's 32 rows an epoch, 2 steps in all
+    cut_squad(shared_data("squad/train-v1.1-first44.json"), squad / "train-v1.1.json", 40)
     cut_squad(shared_data("squad/dev-v1.1.json"), squad / "dev-v1.1.json", 8)
     return root
 
@@ -573,16 +524,10 @@ def with_squad(workspace: Path, folder: Path) -> None:
         link(folder, name, workspace / "squad" / name)
 
 
-def quick_start_run(readme: PageRun) -> Path:
-    found = [r for r in readme.results if r.argv[:2] == ["bertforge", "pretrain"] and "--config" not in r.command]
-    assert len(found) == 1
-    return readme.folder / re.findall(r"^run directory: (\S+)$", found[0].output, flags=re.M)[-1]
-
-
 @pytest.fixture(scope="module")
-def readme(workspace) -> PageRun:
+def readme(workspace, data_page) -> PageRun:
     folder = page_folder(workspace, "README.md")
-    link(folder, "corpus/sample_text.txt", shared_data("text/sample_text.txt"))
+    link(folder, "corpus", data_page.folder / "text" / "train")  # "your own text": the Wikipedia sample's
     with_squad(workspace, folder)
     return run_page("README.md", folder)
 
@@ -611,13 +556,13 @@ def tf1_checkpoint(workspace, data_page) -> Path:
 
 
 @pytest.fixture(scope="module")
-def training(workspace, readme) -> PageRun:
+def training(workspace, readme, data_page) -> PageRun:
     folder = page_folder(workspace, "docs/training.md")
-    link(folder, "corpus/sample_text.txt", shared_data("text/sample_text.txt"))
+    link(folder, "corpus", data_page.folder / "text" / "train")
     link(folder, "vocab.txt", shared_data("vocab/bert-base-uncased-vocab.txt"))
-    link(folder, "runs/NAME", readme.folder / "runs" / "base")
-    link(folder, "runs/A", quick_start_run(readme))
-    link(folder, "runs/B", readme.folder / "runs" / "base")
+    link(folder, "runs/NAME", readme.folder / "runs" / "mine")
+    link(folder, "runs/A", readme.folder / "runs" / "mine")
+    link(folder, "runs/B", data_page.run_dir("--data.input records/"))
     with_squad(workspace, folder)
     return run_page("docs/training.md", folder)
 
@@ -630,7 +575,7 @@ def scale(tmp_path_factory) -> PageRun:  # needs nothing from ../shared/data
 @pytest.fixture(scope="module")
 def finetuning(workspace, readme) -> PageRun:
     folder = page_folder(workspace, "docs/finetuning.md")
-    link(folder, "runs/NAME", readme.folder / "runs" / "base")
+    link(folder, "runs/NAME", readme.folder / "runs" / "mine")
     with_squad(workspace, folder)
     # GLUE and CoNLL cannot be downloaded here: tasks generated in their official formats.
     finetune_data.write_sst2(folder / "glue" / "SST-2")
@@ -672,8 +617,9 @@ def benchmarks(workspace, data_page) -> PageRun:
 
 
 @pytest.fixture(scope="module")
-def modernbert_page(tmp_path_factory) -> PageRun:  # needs nothing from ../shared/data
-    folder = page_folder(tmp_path_factory.mktemp("docs-modernbert"), "docs/modernbert.md")
+def modernbert_page(workspace, data_page) -> PageRun:
+    folder = page_folder(workspace, "docs/modernbert.md")
+    link(folder, "text", data_page.folder / "text")  # the Wikipedia sample's sentences, held-out articles apart
     return run_page("docs/modernbert.md", folder)
 
 
@@ -682,20 +628,46 @@ PAGE_FIXTURES = {"README.md": readme, "docs/data.md": data_page, "docs/training.
                  "docs/mlperf.md": mlperf, "docs/benchmarks.md": benchmarks, "docs/modernbert.md": modernbert_page}
 
 
+@pytest.mark.slow
 @pytest.mark.shared_data
-def test_readme_quick_start_and_main_job(readme):
+def test_readme_main_job(readme):
     assert_all_ran(readme)
-    run = quick_start_run(readme)
-    assert re.fullmatch(r"pretrain-\d{8}-\d{6}", run.name) and run.parent.name == "runs"
-    for name in ("config.yaml", "vocab.txt", "metrics.jsonl", "metadata.jsonl", "tensorboard"):
+    run = readme.folder / "runs" / "mine"
+    for name in ("config.yaml", "metrics.jsonl", "metadata.jsonl", "tensorboard", ".lock"):
         assert (run / name).exists(), name
-    steps = sorted((run / "checkpoints").glob("step_*"))
-    assert [s.name for s in steps] == ["step_00000002"]  # 2 steps here, 400 as the README runs it
-    for name in ("model.safetensors", "optimizer.pt", "trainer.pt", "config.yaml", "vocab.txt"):
-        assert (steps[0] / name).is_file(), name
-    assert (readme.folder / "runs" / "base" / "checkpoints").is_dir()
+    assert [s.name for s in (run / "checkpoints").iterdir()] == ["step_00000020"]  # --train.steps 20
     scores = json_lines(readme.result("bertforge squad train").output)
     assert set(scores[-1]) == {"exact_match", "f1"}
+
+
+def readme_listing() -> tuple[set[str], list[str], set[str]]:
+    """(the names, the checkpoint step directories, the files of a step directory) that the README's
+    quick start lists in a run directory."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    listing = text.split("It prints where the run directory is:", 1)[1].split("```text\n", 1)[1].split("```")[0]
+    lines = listing.splitlines()[1:]  # under runs/pretrain-YYYYmmdd-HHMMSS/
+    names = {line.split()[0].rstrip("/") for line in lines if re.match(r"^  \S", line)}
+    steps = [name.split("/")[1] for name in sorted(names) if name.startswith("checkpoints/")]
+    files = set(re.findall(r"\b[a-z_]+\.(?:safetensors|pt|yaml|txt|json)\b",
+                           "\n".join(line for line in lines if "checkpoints/" in line or line.startswith("    "))))
+    return {name for name in names if not name.startswith("checkpoints/")} | {"checkpoints"}, steps, files
+
+
+@pytest.mark.slow
+@pytest.mark.shared_data
+def test_readme_run_directory_listing_is_what_a_run_keeps(modernbert_page):
+    """The quick start's listing against a run of its config (the ModernBERT page's first run: the
+    default config, built-in corpus, 20 steps) and the checkpoints its 400 steps keep."""
+    from bertforge.config import load_config
+
+    names, steps, files = readme_listing()
+    run = modernbert_page.run_dir("--train.steps 20")
+    assert names == {p.name for p in run.iterdir()}
+    assert files == {p.name for p in (run / "checkpoints" / "step_00000020").iterdir()}
+    cfg = load_config("pretrain_tiny")  # what `bertforge pretrain` runs
+    every, keep, total = cfg.checkpoint.every, cfg.checkpoint.keep, cfg.train.steps
+    assert (every, keep, total) == (100, 3, 400)
+    assert steps == [f"step_{step:08d}" for step in range(every, total + 1, every)][-keep:]
 
 
 @pytest.mark.slow
@@ -705,16 +677,16 @@ def test_data_page(data_page):
     folder = data_page.folder
     assert (folder / "wiki.jsonl").stat().st_size > 0
     assert (folder / "text" / "eval" / "eval.txt").is_file()
-    assert len(list((folder / "text" / "train").glob("*.txt"))) == 8  # --shards, shortened
-    shards = sorted((folder / "records").glob("train-*-of-00256.tfrecord"))
-    assert len(shards) == 256
+    assert len(list((folder / "text" / "train").glob("*.txt"))) == 8  # --shards 8
+    shards = sorted((folder / "records").glob("train-*-of-00008.tfrecord"))
+    assert len(shards) == 8
     assert all(shard.with_suffix(".index").is_file() for shard in shards)  # data index
     assert (folder / "records.md5").is_file()  # beside records/
     assert re.search(r"all \d+ files match", data_page.result("checksum records/ --verify").output)
     assert (folder / "eval" / "eval_10k.tfrecord").is_file()
-    packed = data_page.result("data inspect packed/part-00000-of-00256.tfrecord").output.strip().splitlines()
+    packed = data_page.result("data inspect packed/part-00000-of-00008.tfrecord").output.strip().splitlines()
     assert "packing factor" in packed[-1] and "padding" in packed[-1]
-    assert len(list((folder / "packed").glob("part-*-of-00256.tfrecord"))) == 256
+    assert len(list((folder / "packed").glob("part-*-of-00008.tfrecord"))) == 8
     assert len(list((folder / "packed-512").glob("train-*-of-00008.tfrecord"))) == 8
 
 
@@ -732,24 +704,35 @@ def test_training_page(training):
     for folder in (profiled, squad_profiled):
         for name in ("trace.json", "tensorboard", "top_ops.txt", "memory.json"):
             assert (folder / name).exists(), folder / name
-    for folder, window in ((profiled, range(20, 25)), (squad_profiled, range(5, 8))):  # one span per step
+    for folder, window in ((profiled, range(20, 25)), (squad_profiled, range(1, 2))):  # one span per step
         spans = re.findall(r'"ProfilerStep#(\d+)"', (folder / "trace.json").read_text(encoding="utf-8"))
         assert sorted(map(int, spans)) == list(window), folder
     assert (training.folder / "report" / "index.html").is_file()
     assert list((training.folder / "report").glob("*.png"))
 
 
+@pytest.mark.slow
+@pytest.mark.shared_data
 def test_modernbert_page(modernbert_page):
     import yaml
 
     assert_all_ran(modernbert_page)
     resolved = yaml.safe_load(modernbert_page.result("bertforge config").output)["model"]
     assert (resolved["family"], resolved["num_hidden_layers"], resolved["local_attention"]) == ("modernbert", 22, 128)
-    run = modernbert_page.run_dir("bertforge pretrain")
+    run = modernbert_page.run_dir("--train.steps 20")
     assert yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))["model"]["family"] == "modernbert"
-    assert (run / "checkpoints" / "step_00000002" / "model.safetensors").is_file()
+    assert (run / "checkpoints" / "step_00000020" / "model.safetensors").is_file()
     plan = modernbert_page.result("bertforge plan").output  # the planner knows the family
     assert "149.7M parameters, 22 layers, hidden 768; micro-batch 8 × seq 1024" in plan and "\nfits in" in plan
+    # the recipe at toy size: training rows of 39 slots, eval rows of 20, evaluated at steps 0, 2 and 4
+    toy = modernbert_page.run_dir("--name mb-toy")
+    rows = [json.loads(line) for line in (toy / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    evals = [row for row in rows if row.get("split") == "eval"]
+    assert [row["step"] for row in evals] == [0, 2, 4] and all(row["predictions"] > 0 for row in evals)
+    saved = yaml.safe_load((toy / "config.yaml").read_text(encoding="utf-8"))
+    assert (saved["data"]["max_predictions"], saved["train"]["optimizer"], saved["train"]["schedule"]) == (
+        39, "stableadamw", "wsd")
+    assert [p.name for p in (toy / "checkpoints").iterdir()] == ["step_00000004"]
 
 
 def test_scale_page(scale):
@@ -786,6 +769,7 @@ def test_finetuning_page(finetuning):
     assert "answer:" in answer and "transformers.BertForQuestionAnswering" in answer
 
 
+@pytest.mark.slow
 @pytest.mark.shared_data
 def test_interop_page(interop):
     from transformers import BertForPreTraining
@@ -809,7 +793,10 @@ def test_mlperf_page(mlperf):
     evaluated = json_lines(mlperf.result("bertforge eval").output)
     keys = {"mlm_accuracy", "nsp_accuracy", "mlm_loss", "nsp_loss", "loss", "sequences", "predictions"}
     assert len(evaluated) == 1 and keys <= set(evaluated[0])
-    assert evaluated[0]["sequences"] == 100  # pick-eval's --num, shortened
+    from bertforge.data.record_reader import open_records
+
+    with open_records(mlperf.folder / "eval" / "eval_10k.tfrecord") as picked:  # --num 10000: all the text gives
+        assert evaluated[0]["sequences"] == len(picked) > 0
 
 
 @pytest.mark.slow

@@ -143,13 +143,16 @@ class Preemption:
     """While entered, SIGTERM and SIGUSR1 ask the training loop to checkpoint and stop.
 
     The first signal sets :attr:`signum`; a second one exits at once (status
-    128 + the signal), for a person or a scheduler that will not wait. Outside
-    the main thread (where Python cannot install handlers) it does nothing.
-    The handlers that were installed before are put back on exit.
+    128 + the signal), for a person or a scheduler that will not wait, after
+    :attr:`on_hard_exit` (when set: what must not be left behind, such as a run
+    directory with nothing in it to keep). Outside the main thread (where Python
+    cannot install handlers) it does nothing. The handlers that were installed
+    before are put back on exit.
     """
 
     def __init__(self) -> None:
         self.signum: int | None = None
+        self.on_hard_exit: Callable[[], object] | None = None
         self._previous: dict[int, Any] = {}
 
     @property
@@ -168,6 +171,9 @@ class Preemption:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signum is not None:
             os.write(2, f"{signal.Signals(signum).name} again: exiting now, without a checkpoint\n".encode())
+            if self.on_hard_exit is not None:
+                with contextlib.suppress(Exception):  # exiting at once matters more than what is left
+                    self.on_hard_exit()
             os._exit(128 + signum)
         self.signum = signum
         os.write(2, f"{signal.Signals(signum).name}: finishing this step, then saving a checkpoint "

@@ -21,7 +21,8 @@ checkpoint on every rank and returns (exit status 0); ``--resume auto``
 resumes from the newest sound checkpoint of ``log.run_dir/log.name`` or
 starts fresh there, so torchrun's ``--max-restarts`` continues a job whose
 rank died. Every (re)start removes the temporaries of interrupted saves, and
-a run directory made by a run that failed before its first step is removed.
+a run directory made by a run that failed before its first step is removed, as is
+one whose first step a second signal cut short.
 """
 
 from __future__ import annotations
@@ -419,17 +420,22 @@ def pretrain(cfg: Config, compile_only: bool = False) -> dict[str, Any]:
             # One directory, named by rank 0.
             resume_from, run_dir, created = from_main(dist, lambda: locate_run(cfg.checkpoint.resume, cfg.log, held))
             progress = {"steps": 0}
+
+            def discard() -> bool:
+                """Remove the run directory if this run made it and has nothing in it to keep (no step
+                done, no checkpoint): on an error, whose console line says it all, and on a second
+                signal during the first step. Under torchrun it stays, holding every rank's error log."""
+                if (created and dist.world_size == 1 and progress["steps"] == 0
+                        and not runs.complete_checkpoints(run_dir)):
+                    runs.remove_run_dir(run_dir)
+                    return True
+                return False
             try:
-                summary = train(cfg, dist, run_dir, resume_from, started, progress, compile_only)
+                summary = train(cfg, dist, run_dir, resume_from, started, progress, compile_only, discard)
                 barrier(dist)  # no rank leaves the group while another still talks to it
                 return summary
             except Exception:
-                if (created and dist.world_size == 1 and progress["steps"] == 0
-                        and not runs.complete_checkpoints(run_dir)):
-                    # Nothing to keep: the error on the console says it all. Under torchrun the
-                    # directory stays, holding every rank's error log.
-                    runs.remove_run_dir(run_dir)
-                else:
+                if not discard():
                     write_error(run_dir, dist)
                 raise
     finally:
@@ -464,10 +470,12 @@ def compile_only(cfg: Config) -> dict[str, Any]:
 
 
 def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | None,
-          started: float, progress: dict[str, int] | None = None, compile_only: bool = False) -> dict[str, Any]:
+          started: float, progress: dict[str, int] | None = None, compile_only: bool = False,
+          on_hard_exit: Callable[[], object] | None = None) -> dict[str, Any]:
     """The body of ``pretrain`` on one rank, given the run directory (and the checkpoint to
     resume, already verified): the config resolved and frozen, the data, the model and its
-    engine; then :class:`Pretraining`. ``progress["steps"]`` counts the steps this call completed.
+    engine; then :class:`Pretraining`. ``progress["steps"]`` counts the steps this call completed;
+    ``on_hard_exit`` runs when a second signal ends the run at once (:class:`Preemption`).
 
     The whole config: this is the job on one rank, which hands each part its sections."""
     progress = {"steps": 0} if progress is None else progress
@@ -506,6 +514,7 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
         stack.callback(stream.close)
         run = Pretraining(cfg, dist, run_dir, engine, stream, data.eval_set, steps, step, accumulation, mlperf,
                           data_fingerprint, saved.get("train_s", 0.0) if saved else 0.0, started, stack)
+        run.preemption.on_hard_exit = on_hard_exit
         if resume_from is not None and saved is not None and "guard" in saved:  # (older checkpoints: refilled)
             restore_guard(run.guard, saved["guard"], resume_from)
         if saved is not None:  # where the batch-size warm-up stands (runs without one: steps × the batch)

@@ -266,11 +266,16 @@ def test_eval_records_and_other_shards_must_have_the_training_shape(fmt, tmp_pat
     cfg = records_config(tmp_path, **{"data.input": str(shards), "data.eval_input": str(wide)})
     with pytest.raises(DataError) as err:
         load_data(cfg.model, cfg.data, cfg.train, tmp_path, given=cfg.given)
-    assert str(err.value) == (f"{wide}: eval records of seq_len 32, max_predictions 3, but the training "
-                              f"records ({first}) have seq_len 16, max_predictions 3")
+    assert str(err.value) == (f"{wide}: eval records of seq_len 32, but the training records ({first}) have "
+                              f"seq_len 16")
     same = write_records(tmp_path / f"eval16.{fmt}", numbered_arrays(0, 4), fmt=fmt)
     cfg = records_config(tmp_path, **{"data.input": str(shards), "data.eval_input": str(same)})
     assert len(load_data(cfg.model, cfg.data, cfg.train, tmp_path, given=cfg.given).eval_set) == 4
+    # Fewer prediction slots (masked at a lower rate, as ModernBERT's eval set): scored as they are.
+    fewer = write_records(tmp_path / f"eval16p2.{fmt}", numbered_arrays(0, 4, predictions=2), fmt=fmt)
+    cfg = records_config(tmp_path, **{"data.input": str(shards), "data.eval_input": str(fewer)})
+    rows = load_data(cfg.model, cfg.data, cfg.train, tmp_path, given=cfg.given).eval_set.batch([0, 1, 2, 3])
+    assert rows["masked_lm_positions"].shape == (4, 2) and rows["input_ids"].shape == (4, 16)
     # A second shard of another shape: refused when the stream opens the shards.
     second = write_records(shards / f"b.{fmt}", numbered_arrays(12, 6, predictions=5), fmt=fmt)
     cfg = records_config(tmp_path, **{"data.input": str(shards)})

@@ -156,6 +156,38 @@ def test_a_second_signal_exits_at_once():
         "SIGTERM again: exiting now, without a checkpoint"]
 
 
+
+@pytest.mark.slow
+def test_a_second_signal_in_the_first_step_leaves_no_run_directory(tmp_path):
+    """A run directory made by a run whose first step (BERT-base, seconds on a CPU) a second signal
+    cuts short is removed with it, as one that failed before its first step: nothing in it to keep
+    (docs/reliability.md). About 15 s."""
+    run = tmp_path / "cut"
+    argv = [*run_args(tmp_path, "cut", 100), "--config", "base", "--data.seq_len", "128",
+            "--train.micro_batch_size", "8", "--train.global_batch_size", "8"]
+    process = subprocess.Popen([sys.executable, "-m", "bertforge", *argv], cwd=REPO, env=env(),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    seen: list[str] = []
+    try:
+        assert process.stderr is not None
+        for line in process.stderr:  # the console's lines
+            seen.append(line)
+            if line == f"run directory: {run}\n":  # the run is in its first step
+                assert run.is_dir() and (run / "config.yaml").is_file() and not train_rows(run)
+                process.send_signal(signal.SIGTERM)
+            elif line.startswith("SIGTERM: finishing this step"):
+                process.send_signal(signal.SIGTERM)
+                break
+        stderr = "".join(seen) + finish(process, 120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+    assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert "SIGTERM again: exiting now, without a checkpoint" in stderr
+    assert not run.exists() and sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 def test_resume_auto_starts_fresh_then_resumes(tmp_path, capsys):
     """``--resume auto``: the same command starts a run and continues it. About 6 s."""
     assert main(run_args(tmp_path, "auto", 4, "--checkpoint.every", "2", "--resume", "auto")) == 0
