@@ -52,7 +52,7 @@ from pathlib import Path
 
 import finetune_data
 import pytest
-from conftest import shared_data
+from conftest import DATA, shared_data
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
@@ -228,6 +228,7 @@ def doc_env() -> dict[str, str]:
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", COLUMNS="200")
+    env["BERTFORGE_TEST_DATA"] = str(DATA.resolve())  # where the docs' ../shared/data is from a page's folder
     return env
 
 
