@@ -14,6 +14,7 @@ time is the reader's alone (no model step to hide it behind).
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -48,7 +49,9 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=4096, help="records per shard")
     parser.add_argument("--batches", type=int, default=30, help="batches timed per thread count")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
+    rates: dict[str, float] = {}
     vocab = Vocabulary.wordpiece(["[PAD]", *(f"[unused{i}]" for i in range(99)), "[UNK]", "[CLS]", "[SEP]",
                                   "[MASK]", *(f"w{i}" for i in range(30418))])  # bert-base-uncased's ids
     with tempfile.TemporaryDirectory() as root:
@@ -65,8 +68,12 @@ def main() -> None:
                 elapsed = time.perf_counter() - began
             finally:
                 reader.close()
-            print(f"reader_threads {threads}: {args.batches / elapsed:.1f} batches/s "
-                  f"({args.batches * BATCH / elapsed:.0f} sequences/s)", flush=True)
+            rates[f"threads_{threads}"] = round(args.batches / elapsed, 2)
+            if not args.json:
+                print(f"reader_threads {threads}: {args.batches / elapsed:.1f} batches/s "
+                      f"({args.batches * BATCH / elapsed:.0f} sequences/s)", flush=True)
+    if args.json:
+        print(json.dumps({"batch": BATCH, "shards": args.shards, "batches_per_s": rates}))
 
 
 if __name__ == "__main__":

@@ -201,7 +201,8 @@ def test_fuzzed_config_files_load_or_name_the_file_and_key(tmp_path):
     rng = random.Random(13)
     sources = sorted(p for p in CONFIG_DIR.glob("*.yaml") if p.name.startswith(("pretrain_", "mlperf_")))
     assert [p.stem for p in sources] == ["mlperf_bert", "pretrain_base_128", "pretrain_large_128_phase1",
-                                         "pretrain_large_384_phase2", "pretrain_large_512_phase2", "pretrain_tiny"]
+                                         "pretrain_large_384_phase2", "pretrain_large_512_phase2", "pretrain_tiny",
+                                         "pretrain_tiny_128_lamb"]
     path = tmp_path / "mine.yaml"
     loaded = refused = 0
     for case in range(400):
