@@ -53,7 +53,7 @@ ST_MODULES = "modules.json"
 ST_TRANSFORMER = "sentence_transformers.models.Transformer"
 ST_POOLING = "sentence_transformers.models.Pooling"
 ST_NORMALIZE = "sentence_transformers.models.Normalize"
-ST_DENSE = "sentence_transformers.models.Dense"
+PYLATE_DENSE = "pylate.models.Dense.Dense"  # PyLate's projection module, as its own saves name it
 QUERY_MARKER, DOCUMENT_MARKER = "[unused0]", "[unused1]"  # ColBERT's markers in BERT vocabularies
 
 
@@ -107,8 +107,9 @@ class TextIds:
     """Texts as ``[CLS] … [SEP]`` ids, as transformers' fast tokenizer makes them for one sequence."""
 
     def __init__(self, tokenizer: Tokenizer, cls_id: int, sep_id: int, pad_id: int, mask_id: int,
-                 lowercase_text: bool = False):
+                 lowercase_text: bool = False, file: Path | None = None, lowercase: bool = True):
         self.tokenizer = tokenizer
+        self.file, self.lowercase = file, lowercase  # its vocab.txt (lowercasing) or tokenizer.json, for exports
         self.tokenizer.no_padding()
         self.cls_id, self.sep_id, self.pad_id, self.mask_id = cls_id, sep_id, pad_id, mask_id
         self.lowercase_text = lowercase_text  # sentence-transformers' do_lower_case: before the tokenizer
@@ -162,11 +163,12 @@ def text_ids(path: Path, vocab: str | Path | None = None, lowercase_text: bool =
         if roles is None:
             raise FinetuneError(f"{file}: {missing}")
         pad_id = roles.pad if roles.pad is not None else roles.sep
-        return TextIds(tokenizer, roles.cls, roles.sep, pad_id, roles.mask, lowercase_text)
+        return TextIds(tokenizer, roles.cls, roles.sep, pad_id, roles.mask, lowercase_text, file)
     lowercase = _hf_lowercase(path) if is_hf_directory(path) else saved_data_settings(path)[0]
     tokenizer = load_tokenizer(file, lowercase)
     ids = special_ids(tokenizer)
-    return TextIds(tokenizer, ids.cls, ids.sep, ids.pad if ids.pad is not None else ids.sep, ids.mask, lowercase_text)
+    return TextIds(tokenizer, ids.cls, ids.sep, ids.pad if ids.pad is not None else ids.sep, ids.mask,
+                   lowercase_text, file, lowercase)
 
 
 # ---------------------------------------------------------------- sentence-transformers directories
@@ -208,7 +210,8 @@ def read_st_layout(path: Path) -> STLayout | None:
         else:
             raise FinetuneError(f"{path / ST_MODULES}: module {kind!r} is not supported (Transformer, Pooling, "
                                 f"Normalize, Dense)")
-    layout.values.setdefault("normalize", False)  # without a Normalize module the embeddings are raw
+    if layout.dense is None:  # without a Normalize module the embeddings are raw (tokens are always normalized)
+        layout.values.setdefault("normalize", False)
     st_config = layout.transformer / "sentence_bert_config.json"
     if st_config.is_file():
         config = _read_json(st_config)
