@@ -62,11 +62,16 @@ def corpus_fingerprint(ids: Sequence[str], texts: Sequence[str]) -> str:
     return digest.hexdigest()
 
 
+SKIPPED_STATE = ("optimizer.pt", "trainer.pt")  # a checkpoint's training state: no part of the embeddings
+
+
 def directory_fingerprint(path: str | Path) -> str:
-    """A model directory's identity: the sha256 of every file in it (relative path and content)."""
+    """A model's identity: the sha256 of every file of its directory (relative path and content:
+    weights, config, tokenizer, pooling and prefixes), a checkpoint's optimizer and trainer state
+    and hidden files left out; of the file itself for a file."""
     root = Path(path)
-    files = sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith(".")) \
-        if root.is_dir() else [root]
+    files = sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith(".")
+                   and p.name not in SKIPPED_STATE) if root.is_dir() else [root]
     digest = hashlib.sha256()
     for file in files:
         digest.update(str(file.relative_to(root) if root.is_dir() else file.name).encode("utf-8") + b"\0")
