@@ -80,3 +80,35 @@ def test_eval_refuses_bad_qrels_with_one_line_and_writes_nothing(tiny_squad_ir, 
     err = capsys.readouterr().err.strip()
     assert status == 2 and err == f"error: {beir / 'qrels' / 'test.tsv'}:2: corpus-id 'a9-p9' is not in corpus.jsonl"
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.shared_data
+@pytest.mark.slow
+def test_late_interaction_eval_scores_maxsim_of_the_models_token_embeddings(tiny_squad_ir, tmp_path):
+    """--late-interaction: the run's top 5 and scores are MaxSim of what LateInteraction.encode
+    gives (its new projection drawn from the same seed), and its metrics trec_eval's of the run file."""
+    pytrec_eval = pytest.importorskip("pytrec_eval")
+    from bertforge.tasks.retrieval.beir import read_beir
+    from bertforge.tasks.retrieval.model import LateInteraction, load_embedder
+
+    root, data = tiny_squad_ir, read_beir(tiny_squad_ir / "beir")
+    torch.manual_seed(0)
+    assert main(["retrieval", "eval", str(root / "model"), str(root / "beir"), "--late-interaction", "--top-k", "5",
+                 "--document-max-length", "32", "--no-progress", "--out", str(tmp_path / "out")]) == 0
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    run = read_run(tmp_path / "out" / "run.trec")
+    assert len(run) == 359 and all(len(docs) == 5 for docs in run.values())
+    torch.manual_seed(0)
+    model = load_embedder(root / "model", late_interaction=True, document_max_length=32)
+    assert isinstance(model, LateInteraction)
+    query_ids = list(data.queries)[:3]
+    queries = model.encode([data.queries[q] for q in query_ids], "query")
+    docs = model.encode(list(data.corpus.values()), "document")
+    for query_id, query in zip(query_ids, queries):
+        by_hand = {d: float((query @ t.T).max(dim=1).values.sum()) for d, t in zip(data.corpus, docs)}
+        best = sorted(by_hand, key=by_hand.get, reverse=True)[:5]
+        assert sorted(run[query_id]) == sorted(best)
+        for d in best:
+            assert run[query_id][d] == pytest.approx(by_hand[d], rel=1e-6)
+    trec = pytrec_eval.RelevanceEvaluator(data.qrels, {"recall.1"}).evaluate(run)
+    assert metrics["recall@1"] == pytest.approx(sum(t["recall_1"] for t in trec.values()) / 359, abs=1e-12)
