@@ -1,8 +1,6 @@
-"""SQuAD v1.1 as retrieval: our evaluation and fine-tuning against sentence-transformers'.
+"""SQuAD v1.1 as retrieval: our evaluation against sentence-transformers', and its memory.
 
     python benchmarks/retrieval_squad.py --parts zero-shot [--dev-articles N] [--json]
-    python benchmarks/retrieval_squad.py --parts finetune --seeds 1 2 --steps 100 --batch 32 [--dev-articles N]
-    python benchmarks/retrieval_squad.py --parts pretrain --steps 100 [--pretrain-steps 300]
     python benchmarks/retrieval_squad.py --parts memory --passages 100000
 
 The retrieval set is ``bertforge retrieval from-squad`` of the shared files: the dev set's
@@ -15,17 +13,6 @@ zero-shot
     (``load_embedder`` + ``evaluate_retrieval``: our encoder, our search, our metrics) and
     sentence-transformers' (``SentenceTransformer`` + ``InformationRetrievalEvaluator``): nDCG@10,
     MRR@10, MAP@100, Recall@{1,10,100} of each, their largest difference, each side's seconds.
-finetune
-    One model fine-tuned both ways from the same start (MiniLM), the same pairs in the same order,
-    steps, batch, learning rate and seed, interleaved seed by seed in one process: ours
-    (``bertforge.tasks.retrieval.train``'s Python entry, in-batch negatives, scaled cosine 20) and
-    sentence-transformers' ``SentenceTransformerTrainer`` with ``MultipleNegativesRankingLoss``;
-    both scored by our evaluation (equal to theirs: zero-shot above). Training sequences per second
-    of each (the training loop alone, timed by each side's own loop) and their ratio.
-pretrain
-    What our pre-training gives: BERT-tiny pre-trained with ``bertforge pretrain --config tiny`` on
-    the shared Wikipedia sample (``--pretrain-steps``), then fine-tuned for retrieval as above,
-    against the same architecture from random weights fine-tuned the same way.
 memory
     Peak resident memory (``ru_maxrss``) of encoding and searching ``--passages`` short passages
     (a random 2-layer BERT, hidden 32): the corpus embeddings (n × 32 × 4 bytes) grow with n, the
@@ -136,14 +123,8 @@ def memory(passages: int, batch_size: int) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--parts", nargs="+", default=["zero-shot", "finetune", "pretrain"],
-                        choices=["zero-shot", "finetune", "pretrain", "memory"])
+    parser.add_argument("--parts", nargs="+", default=["zero-shot"], choices=["zero-shot", "memory"])
     parser.add_argument("--dev-articles", type=int, default=0, help="the first N dev articles only (0: all 48)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--steps", type=int, default=100, help="fine-tuning steps")
-    parser.add_argument("--batch", type=int, default=32, help="fine-tuning pairs per step")
-    parser.add_argument("--lr", type=float, default=2e-5)
-    parser.add_argument("--pretrain-steps", type=int, default=300)
     parser.add_argument("--passages", type=int, default=100_000)
     parser.add_argument("--batch-size", type=int, default=64, help="texts per encoding batch")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: all cores)")
@@ -158,16 +139,11 @@ def main() -> int:
         if part == "memory":
             result = memory(args.passages, args.batch_size)
         else:
-            data, pairs = squad_sets(out, args.dev_articles)
-            if part == "zero-shot":
-                result = zero_shot(data, args.batch_size)
-            else:
-                result = PARTS[part](args, out, data, pairs)
+            data, _ = squad_sets(out, args.dev_articles)
+            result = zero_shot(data, args.batch_size)
         print(json.dumps(result) if args.json else json.dumps(result, indent=2), flush=True)
     return 0
 
-
-PARTS: dict[str, Any] = {}
 
 if __name__ == "__main__":
     sys.exit(main())
