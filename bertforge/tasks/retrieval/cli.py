@@ -83,3 +83,33 @@ def add_retrieval_commands(sub: argparse._SubParsersAction) -> None:
                                           "BEIR directory, and its TREC run")
     add_eval_arguments(p)
     p.set_defaults(func=cmd_eval)
+    add_train_command(group_sub)
+
+
+def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
+    from .train import run_command
+
+    return run_command(args, extra)
+
+
+def add_train_command(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser("train", help="contrastive fine-tuning of an embedding model (in-batch negatives)",
+                            epilog="Config fields are set with dotted flags, e.g. --train.lr 2e-5 --train.steps 100.")
+    p.add_argument("--init", help="our checkpoint, a transformers or sentence-transformers directory")
+    p.add_argument("--data", help="query/positive[/negatives] rows: JSON Lines, Parquet or a save_to_disk directory")
+    p.add_argument("--out", help="the run directory")
+    p.add_argument("--config", default=None, help="retrieval_base (default) or a YAML path")
+    p.add_argument("--pooling", choices=["mean", "cls"])
+    p.add_argument("--query-prefix")
+    p.add_argument("--document-prefix")
+    p.add_argument("--query-max-length", type=int)
+    p.add_argument("--document-max-length", type=int)
+    p.add_argument("--negatives", type=int, help="hard negatives per row (default 0)")
+    p.add_argument("--symmetric", action="store_true", help="also each positive against every query")
+    p.add_argument("--cache-chunk", type=int, help="GradCache: rows per forward with gradients")
+    p.add_argument("--late-interaction", action="store_true", help="ColBERT: token embeddings and MaxSim")
+    p.add_argument("--projection-dim", type=int)
+    p.add_argument("--resume", help="a run or step directory to continue exactly")
+    p.add_argument("--overwrite", action="store_true", help="replace the run in --out")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_train, takes_overrides=True)

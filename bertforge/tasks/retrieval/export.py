@@ -25,6 +25,7 @@ from typing import Any
 from safetensors.torch import save_file
 
 from bertforge.config import ModelConfig
+from bertforge.data.vocab import is_tokenizer_json
 from bertforge.fileio import atomic_directory
 from bertforge.formats.hf import hf_config_from_model_config
 from bertforge.formats.weights import check_export_target, save_weights
@@ -54,7 +55,7 @@ def write_transformer(model: Embedder | LateInteraction, directory: Path) -> Non
     _write_json(directory / "config.json", config)
     if ids.file is None:
         raise ValueError("the model's tokenizer has no file to export")
-    if ids.file.suffix == ".json":
+    if is_tokenizer_json(ids.file):
         shutil.copyfile(ids.file, directory / "tokenizer.json")
         tokenizer_config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", **tokens}
     else:

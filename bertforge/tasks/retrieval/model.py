@@ -38,6 +38,7 @@ from torch import nn
 from bertforge.config import ModelConfig
 from bertforge.data.bpe import read_tokenizer_json, special_roles
 from bertforge.data.tokenizer import load_tokenizer, special_ids
+from bertforge.data.vocab import is_tokenizer_json
 from bertforge.formats.hf import find_model, is_hf_directory
 from bertforge.formats.load import load_model
 from bertforge.models.modernbert import ModernBertModel, pool
@@ -156,7 +157,7 @@ def text_ids(path: Path, vocab: str | Path | None = None, lowercase_text: bool =
     file = Path(vocab) if vocab else path / "tokenizer.json"
     if not vocab and not file.is_file():
         file = find_vocab(path)
-    if file.suffix == ".json":
+    if is_tokenizer_json(file):  # (a run keeps its tokenizer.json under the name vocab.txt)
         tokenizer, spec = read_tokenizer_json(file)
         tokenizer.encode_special_tokens = False  # "[SEP]" written in a text is the token, as transformers has it
         roles, missing = special_roles(tokenizer, spec)
@@ -429,6 +430,8 @@ def load_embedder(path: str | Path, vocab: str | Path | None = None, **overrides
     projection = _load_projection(layout.dense, str(path)) if layout and layout.dense else None
     if projection is None and path.is_dir() and (path / PROJECTION_FILE).is_file():
         projection = _load_projection(path, str(path), PROJECTION_FILE)
+    if projection is not None:  # its size is the weights'
+        settings.projection_dim = projection.out_features
     return LateInteraction(encoder, ids, settings, projection, str(path))
 
 
