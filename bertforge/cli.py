@@ -13,6 +13,7 @@
     bertforge data …                           # Wikipedia / text → records (see data/cli.py)
     bertforge squad train|predict|evaluate|ask # SQuAD v1.1 and v2.0 (see squad/cli.py)
     bertforge finetune glue|ner|predict|download-glue  # GLUE and NER (see finetune/cli.py)
+    bertforge retrieval from-squad|eval         # retrieval data and evaluation (see retrieval/cli.py)
 
 Every command handler takes ``(args, extra)`` and returns an exit status. ``main``
 is the one place that turns errors into exits: a mistake a user can make (see
@@ -39,6 +40,7 @@ from bertforge.observe.log import LOG_LEVELS, console_logging
 from bertforge.parallel.plan import add_plan_command
 from bertforge.tasks.finetune import cli as finetune_cli
 from bertforge.tasks.finetune.cli import add_finetune_commands
+from bertforge.tasks.retrieval.cli import add_retrieval_commands
 from bertforge.tasks.squad import cli as squad_cli
 from bertforge.tasks.squad.cli import add_squad_commands
 from bertforge.training.cli import add_eval_command, add_pretrain_command
@@ -151,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_data_commands(sub)
     add_squad_commands(sub)
     add_finetune_commands(sub)
+    add_retrieval_commands(sub)
     add_report_command(sub)
     add_eval_command(sub)
     add_config_command(sub, {"squad": squad_cli.resolved_config, "finetune": finetune_cli.resolved_config})

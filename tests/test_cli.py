@@ -22,7 +22,8 @@ SUBCOMMANDS = [["pretrain"], ["bench"], ["bench", "pretrain"], ["bench", "squad"
                ["data", "index"], ["data", "inspect"], ["squad"], ["squad", "train"], ["squad", "predict"],
                ["squad", "evaluate"], ["squad", "ask"], ["eval"], ["report"], ["data", "checksum"], ["data", "pack"],
                ["import"], ["import", "tf1"], ["import", "tf2"], ["import", "hf"], ["finetune"], ["finetune", "glue"],
-               ["finetune", "ner"], ["finetune", "predict"], ["finetune", "download-glue"]]
+               ["finetune", "ner"], ["finetune", "predict"], ["finetune", "download-glue"],
+               ["retrieval"], ["retrieval", "from-squad"], ["retrieval", "eval"], ["retrieval", "train"]]
 
 
 def all_commands(parser, prefix=()):
