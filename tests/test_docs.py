@@ -94,6 +94,8 @@ MARKED = {
         ("gpu-only", "ModernBERT-base's recipe: 1.7T tokens on 8 GPUs, then the context extension"),
     ("docs/modernbert.md", "python benchmarks/modernbert_step.py"):
         ("long-running", "ten training steps of three ModernBERTs with a 50368-token vocab, minutes of CPU"),
+    ("docs/retrieval.md", "--parts zero-shot"):
+        ("long-running", "all-MiniLM-L6-v2 encodes 12,637 SQuAD texts twice, tens of minutes of CPU"),
     ("docs/retrieval.md", "--parts memory"):
         ("long-running", "encodes and searches 100,000 passages, minutes of CPU"),
     ("docs/gpu.md", "benchmarks/gpu.sh gpu-out"):
