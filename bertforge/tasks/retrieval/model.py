@@ -42,9 +42,10 @@ from bertforge.data.vocab import is_tokenizer_json
 from bertforge.formats.hf import find_model, is_hf_directory
 from bertforge.formats.load import load_model
 from bertforge.models.modernbert import ModernBertModel, pool
+from bertforge.runs import saved_data_settings
 
 from ..finetune import FinetuneError
-from ..finetune.run import find_vocab, saved_data_settings
+from ..finetune.run import find_vocab
 
 Kind = Literal["query", "document"]
 KINDS = ("query", "document")
