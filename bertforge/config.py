@@ -569,6 +569,19 @@ CONFIG_HELP = (f"a config shipped in bertforge/configs (e.g. pretrain_base_128),
                f"or a model preset ({', '.join(MODEL_PRESETS)})")
 
 
+def positive_int(text: str) -> int:
+    """An argparse ``type`` for counts such as ``--batch-size``: an integer of at least 1."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
+    return value
+
+
 def parse_overrides(args: list[str]) -> list[tuple[str, str]]:
     """``["--train.lr", "1e-4", "--data.synthetic"]`` → pairs. A flag with no value is true."""
     pairs: list[tuple[str, str]] = []

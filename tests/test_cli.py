@@ -501,3 +501,19 @@ def test_other_os_errors_are_not_hidden(tmp_path, monkeypatch):
     monkeypatch.setattr(bertforge.observe.report, "write_report", fail)
     with pytest.raises(OSError, match="Input/output error"):
         main(["report", str(tmp_path), "--out", str(tmp_path / "out")])
+
+
+@pytest.mark.parametrize(("argv", "value", "said"), [
+    (["eval", "ckpt"], "0", "0 is not a positive integer"),
+    (["squad", "predict", "--model", "m", "--predict-file", "dev.json", "--out", "p.json"], "-1",
+     "-1 is not a positive integer"),
+    (["finetune", "predict", "--model", "m"], "abc", "expected an integer, got 'abc'"),
+])
+def test_a_batch_size_below_one_is_refused_in_one_line(argv, value, said, capsys):
+    """``--batch-size 0`` was taken as "the default" by eval and squad predict (issue 33's bad-input
+    review): every predicting command refuses a count below 1 before it loads anything."""
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--batch-size", value])
+    assert exit_info.value.code == 2
+    prog = " ".join(argv[:2]) if argv[0] != "eval" else "eval"
+    assert capsys.readouterr().err.splitlines()[-1] == f"bertforge {prog}: error: argument --batch-size: {said}"

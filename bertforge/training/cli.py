@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from bertforge.config import CONFIG_HELP, OVERRIDES_HELP, PRETRAIN_CONFIG, ConfigError
+from bertforge.config import CONFIG_HELP, OVERRIDES_HELP, PRETRAIN_CONFIG, ConfigError, positive_int
 from bertforge.runs import config_from_args
 
 PROFILE_HELP = ("torch.profiler over steps START..END-1 (from 0): a trace, a TensorBoard profile and the "
@@ -91,7 +91,7 @@ def add_eval_command(sub: Any) -> None:
                                    "--data.eval_input, as a training run's evaluations do.")
     p.add_argument("checkpoints", nargs="+", metavar="CKPT")
     p.add_argument("--config", help=CONFIG_HELP + " (for execution.* and train.eval_batch_size)")
-    p.add_argument("--batch-size", type=int, default=0,
+    p.add_argument("--batch-size", type=positive_int, default=0,
                    help="sequences per batch (default: train.eval_batch_size, else train.micro_batch_size)")
     p.add_argument("--json", action="store_true", help="one JSON object per checkpoint")
     p.set_defaults(func=cmd_eval, takes_overrides=True)

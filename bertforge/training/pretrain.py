@@ -292,9 +292,12 @@ def load_data(model: ModelConfig, data: DataConfig, train: TrainConfig, run_dir:
     if files is None:
         built, eval_set, vocab = build_datasets(data, run_dir, mlm_only=train.objective == "mlm")
         built.always_mask = eval_set.always_mask = always_mask
+        vocab_size = vocab_size_of(vocab)
+        if data.vocab:
+            check_given_vocab_size(model, data.vocab, vocab_size, given)
         # The saved config names the vocab actually used, so a resume rebuilds the same data.
         return TrainingData(lambda position: BatchStream(built, batch_size, seed, **position, **split), eval_set,
-                            {"data.vocab": str(Path(vocab).resolve()), "model.vocab_size": vocab_size_of(vocab)})
+                            {"data.vocab": str(Path(vocab).resolve()), "model.vocab_size": vocab_size})
     return load_records(files, model, data, train, given=given, mlperf_log=mlperf_log, split=split, pin=pin,
                         always_mask=always_mask)
 
@@ -310,6 +313,8 @@ def load_records(files: list[Path], model: ModelConfig, data: DataConfig, train:
     first, seq_len, max_predictions, _ = shape
     check_records_shape(shape, model, data, train, given=given, mlperf_log=mlperf_log)
     vocab_size = vocab_size_of(data.vocab) if data.vocab else model.vocab_size
+    if data.vocab:
+        check_given_vocab_size(model, data.vocab, vocab_size, given)
     masking = records_masking(files, shape, data, vocab_size)
     # Token ids ≥ the vocab size are refused, naming the file and record, by the readers.
     eval_set = (PretrainingDataset(read_eval_records(data.eval_input, (first, seq_len, max_predictions), vocab_size),
@@ -323,6 +328,14 @@ def load_records(files: list[Path], model: ModelConfig, data: DataConfig, train:
                 else stream)
     return TrainingData(make_stream, eval_set, {"data.seq_len": seq_len, "data.max_predictions": max_predictions,
                                                 "model.vocab_size": vocab_size})
+
+
+def check_given_vocab_size(model: ModelConfig, vocab: str, size: int, given: Collection[str]) -> None:
+    """``data.vocab`` decides ``model.vocab_size``: a value the config sets must agree, or it would be
+    silently replaced."""
+    if "model.vocab_size" in given and model.vocab_size != size:
+        raise ConfigError(f"model.vocab_size={model.vocab_size}, but data.vocab {vocab} has {size} tokens: leave "
+                          f"model.vocab_size out to take the vocab's size, or give a vocab of {model.vocab_size}")
 
 
 def check_records_shape(shape: RecordsShape, model: ModelConfig, data: DataConfig, train: TrainConfig, *,

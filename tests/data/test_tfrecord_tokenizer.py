@@ -18,6 +18,7 @@ from conftest import shared_data
 from test_loader import records_config
 
 from bertforge.cli import main
+from bertforge.config import ConfigError
 from bertforge.data.errors import DataError
 from bertforge.data.loader import check_tokenizer, record_files
 from bertforge.data.record_reader import open_records
@@ -94,3 +95,19 @@ def test_data_create_pack_keeps_the_sidecar_of_its_packed_tfrecords(made, tmp_pa
     assert sorted(p.name for p in out.parent.iterdir()) == ["train.tfrecord", "train.tfrecord.made-with.json"]
     with open_records(out) as records:
         assert records.max_sequences_per_pack == 2 and records.header_tokenizer == load_vocab(made["bpe"]).identity()
+
+
+@pytest.mark.parametrize("source", ["records", "text"])
+def test_a_set_model_vocab_size_must_agree_with_data_vocab(made, tmp_path, source):
+    """data.vocab decides model.vocab_size: a model.vocab_size the config sets that differs is refused in
+    one line rather than silently replaced (issue 33's bad-input review), on records and on text."""
+    data = str(made["records"]) if source == "records" else str(shared_data("text/sample_text.txt"))
+    cfg = records_config(tmp_path, **{"data.input": data, "data.vocab": str(made["bpe"]), "model.vocab_size": 100,
+                                      "data.seq_len": 64, "data.max_predictions": 8, "data.dupe_factor": 1})
+    with pytest.raises(ConfigError) as refused:
+        load_data(cfg.model, cfg.data, cfg.train, tmp_path, given=cfg.given)
+    assert str(refused.value) == (f"model.vocab_size=100, but data.vocab {made['bpe']} has 600 tokens: leave "
+                                  "model.vocab_size out to take the vocab's size, or give a vocab of 100")
+    cfg = records_config(tmp_path, **{"data.input": data, "data.vocab": str(made["bpe"]), "model.vocab_size": 600,
+                                      "data.seq_len": 64, "data.max_predictions": 8, "data.dupe_factor": 1})
+    assert load_data(cfg.model, cfg.data, cfg.train, tmp_path, given=cfg.given).decided["model.vocab_size"] == 600

@@ -180,3 +180,15 @@ def test_python_api_finds_the_vocab_beside_the_checkpoint_or_refuses_in_one_line
     assert capsys.readouterr().err.count("\n") == 1 and not (tmp_path / "cli").exists()
     assert main(["export", str(tmp_path / "no-vocab"), str(tmp_path / "cli"), "--vocab", str(vocab)]) == 0
     assert transformers.AutoTokenizer.from_pretrained(tmp_path / "cli").mask_token_id == 4
+
+
+def test_cli_export_refuses_a_vocab_of_another_size_in_one_line(vocabs, tmp_path, capsys):
+    """``--vocab`` of another model (here 30522 tokens for a model of 600) would export a tokenizer
+    whose ids miss the embeddings: refused before anything is written (issue 33's bad-input review)."""
+    model = random_model("bert", "pretraining", 600)
+    write_model_dir(model, model.config, tmp_path / "ours", None)
+    vocab = vocabs["bert"]
+    assert main(["export", str(tmp_path / "ours"), str(tmp_path / "out"), "--vocab", str(vocab)]) == 2
+    assert capsys.readouterr().err == (f"error: --vocab {vocab} has 30522 tokens but the model at {tmp_path / 'ours'} "
+                                       f"has vocab_size=600: not its vocab\n")
+    assert not (tmp_path / "out").exists()

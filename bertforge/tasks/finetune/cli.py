@@ -24,6 +24,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from bertforge.config import positive_int
+
 OVERRIDES_HELP = ("Config fields are set with dotted flags, e.g. --train.lr 3e-5 --train.epochs 3 "
                   "--data.seq_len 128 --finetune.max_examples 1000.")
 
@@ -255,7 +257,7 @@ def add_finetune_commands(sub: Any) -> None:
     p.add_argument("--out", help="where test predictions go (default: the model's directory)")
     p.add_argument("--vocab", "--tokenizer", dest="vocab",
                        help="vocab.txt or tokenizer.json (default: the one beside --model)")
-    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--batch-size", type=positive_int, default=None)
     p.add_argument("--no-progress", action="store_true", help="no progress bar or lines (log.progress)")
     p.add_argument("--log.progress_every_s", dest="progress_every_s", type=float, default=LogConfig.progress_every_s,
                    metavar="S", help="seconds between progress lines when the output is not a terminal")

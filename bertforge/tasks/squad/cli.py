@@ -24,7 +24,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from bertforge.config import Precision
+from bertforge.config import Precision, positive_int
 
 OVERRIDES_HELP = ("Config fields are set with dotted flags, e.g. --train.lr 5e-5 "
                   "--train.micro_batch_size 8 --execution.precision bf16 --squad.doc_stride 128.")
@@ -314,7 +314,7 @@ def add_squad_commands(sub: Any) -> None:
         p.add_argument("--model", required=True, help="a fine-tuned model directory")
         p.add_argument("--vocab", "--tokenizer", dest="vocab",
                        help="vocab.txt or tokenizer.json (default: the one beside --model)")
-        p.add_argument("--batch-size", type=int, default=None)
+        p.add_argument("--batch-size", type=positive_int, default=None)
         if name == "predict":
             p.add_argument("--predict-file", required=True)
             p.add_argument("--out", required=True, help="predictions.json to write")
