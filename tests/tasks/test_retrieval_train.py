@@ -113,3 +113,15 @@ def test_a_bad_row_is_one_line_naming_the_file_and_line(tmp_path, line, message)
     with pytest.raises(DataError) as caught:
         read_pairs(path, negatives=1)
     assert str(caught.value).startswith(f"{path}: {message}") and "\n" not in str(caught.value)
+
+
+def test_gradient_caching_under_fp16_is_refused_in_one_line(tmp_path, capsys):
+    """fp16's loss scaler scales the loss the engine sees, not the cached chunks' own backward: refused."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"query": "q", "positive": "p"}\n', encoding="utf-8")
+    code = main(["retrieval", "train", "--init", str(tmp_path / "absent"), "--data", str(rows), "--out",
+                 str(tmp_path / "out"), "--cache-chunk", "2", "--execution.precision", "fp16"])
+    err = capsys.readouterr().err
+    assert code == 2 and err == ("error: --cache-chunk cannot be used with execution.precision fp16 (the cached "
+                                 "chunks' backward is not loss-scaled); use bf16 or fp32\n")
+    assert not (tmp_path / "out").exists()

@@ -95,6 +95,9 @@ def finetune_retrieval(cfg: Config, section: RetrievalConfig, init: str | Path |
         raise ConfigError("retrieval training needs --data (query/positive rows)")
     if cfg.execution.parallel not in ("none", "ddp"):
         raise ConfigError(f"execution.parallel={cfg.execution.parallel}: retrieval training runs alone or with ddp")
+    if section.cache_chunk and cfg.execution.precision == "fp16":  # the loss scaler sees only the returned loss
+        raise ConfigError("--cache-chunk cannot be used with execution.precision fp16 (the cached chunks' backward "
+                          "is not loss-scaled); use bf16 or fp32")
 
     def body(dist: DistContext, run_dir: Path, resume_from: Path | None, started: float) -> dict[str, Any]:
         torch.manual_seed(cfg.train.seed)  # every rank starts the same projection
