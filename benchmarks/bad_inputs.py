@@ -444,7 +444,7 @@ def classify(case: Case, rc: int | None, out: str, err: str) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", help="write the rows and the counts here")
+    parser.add_argument("--json", action="store_true", help="print the counts and the rows as one JSON object last")
     parser.add_argument("--only", nargs="*", default=[], help="run only the cases whose name holds one of these")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds a case may take")
     parser.add_argument("--keep", help="make the fixtures and case directories here and keep them")
@@ -500,7 +500,7 @@ def main() -> int:
         kinds = ("one line", "traceback", "silent", "ok", "failed", "timeout", "prep failed")
         print("counts: " + ", ".join(f"{k} {counts[k]}" for k in kinds if counts[k]))
         if args.json:
-            Path(args.json).write_text(json.dumps({"counts": dict(counts), "cases": rows}, indent=1) + "\n")
+            print(json.dumps({"counts": {k: counts[k] for k in kinds}, "cases": rows}))
     finally:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -528,6 +528,9 @@ def train(cfg: Config, dist: DistContext, run_dir: Path, resume_from: Path | Non
         run = Pretraining(cfg, dist, run_dir, engine, stream, data.eval_set, steps, step, accumulation, mlperf,
                           data_fingerprint, saved.get("train_s", 0.0) if saved else 0.0, started, stack)
         run.preemption.on_hard_exit = on_hard_exit
+        # Only now: a person (or a test) may signal once they see the run, and a second signal must
+        # already find what to remove.
+        run.bar.print(f"run directory: {run_dir}")
         if resume_from is not None and saved is not None and "guard" in saved:  # (older checkpoints: refilled)
             restore_guard(run.guard, saved["guard"], resume_from)
         if saved is not None:  # where the batch-size warm-up stands (runs without one: steps × the batch)
@@ -691,7 +694,6 @@ class Pretraining:
         self.monitor = stack.enter_context(RunMonitor(cfg.execution, cfg.log, run_dir, dist, self.logger,
                                                       self.bar.print, start_step=step, total_steps=steps,
                                                       started=started))
-        self.bar.print(f"run directory: {run_dir}")
         # Time to train: the timed region from here to the stop, summed over a resumed run's parts.
         self.run_started, self.trained_s = time.perf_counter(), trained_s
         self.guard = DivergenceGuard(cfg.train.divergence_factor, cfg.train.divergence_steps)

@@ -56,12 +56,14 @@ def test_init_downloads_a_model_id_from_the_hub_into_the_cache_and_trains_from_i
         assert done.returncode == 0, done.stderr[-3000:]
         fetched = sorted(path.rsplit("/", 1)[1] for method, path in hub.requests
                          if method == "GET" and "/resolve/" in path)
-    assert fetched == ["config.json", "model.safetensors", "vocab.txt"]  # never the pickle
+    # what we read (the export's tokenizer_config.json too, not its special_tokens_map.json), never the pickle
+    assert fetched == ["config.json", "model.safetensors", "tokenizer_config.json", "vocab.txt"]
     # huggingface_hub's cache layout: refs/main names the commit, the snapshot links the blobs
     repo = cache / "models--org--tiny-bert"
     assert (repo / "refs" / "main").read_text() == hub.commit
     snapshot = repo / "snapshots" / hub.commit
-    served = {name: data for name, data in files.items() if name != "pytorch_model.bin"}
+    unread = ("pytorch_model.bin", "special_tokens_map.json")
+    served = {name: data for name, data in files.items() if name not in unread}
     assert {f.name: f.read_bytes() for f in snapshot.iterdir()} == served
     run_dir = tmp_path / "runs" / "from-hub"
     assert load_config(str(run_dir / "config.yaml")).checkpoint.init == str(snapshot)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_engine import TINY, batch_of
 
 from bertforge.bench.pretrain import LiveTensorBytes
 from bertforge.config import ConfigError, ModelConfig, TrainConfig, load_config
@@ -17,7 +18,6 @@ from bertforge.parallel.plan import FP32, count_parameters, plan_memory
 from bertforge.training.engine import Engine, NonFiniteError
 from bertforge.training.optim import build_optimizer, build_scheduler
 from bertforge.training.pretrain import pretrain, training_loss
-from tests.training.test_engine import TINY, batch_of
 
 DROPOUT = ModelConfig(**{**TINY.__dict__, "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1})
 
