@@ -177,7 +177,7 @@ def test_in_backward_lowers_the_measured_peak_by_the_gradients_and_plan_says_it(
 def test_resume_with_optimizer_in_backward_is_bit_identical(tmp_path):
     """Four steps in one go, or two, a checkpoint and a resume for two more: the same losses and
     weights, bit for bit (the optimizer state is the ordinary optimizer's)."""
-    from tests.training.test_train import read_metrics, small_config
+    from test_train import read_metrics, small_config
 
     on = {"train.optimizer_in_backward": True, "train.grad_clip": 0.0, "train.steps": 4, "checkpoint.every": 2,
           "train.eval_at_start": False, "train.eval_batches": 1}
