@@ -370,7 +370,9 @@ def _no_column(path: Path, column: str, present: Sequence[str], where: str = "")
                      f"{', '.join(map(str, present)) or 'none'})")
 
 
-def _jsonl_rows(path: Path, column: str) -> Iterator[tuple[int, str]]:
+def json_objects(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) of each non-blank line of a JSON Lines file (gzipped too); a line that is
+    not a JSON object is a one-line error naming the file and line."""
     for number, line in _jsonl_lines(path):
         if not line.strip():
             continue
@@ -380,6 +382,11 @@ def _jsonl_rows(path: Path, column: str) -> Iterator[tuple[int, str]]:
             raise DataError(f"{path}: line {number}: not JSON ({err.msg})") from None
         if not isinstance(row, dict):
             raise DataError(f"{path}: line {number}: not a JSON object")
+        yield number, row
+
+
+def _jsonl_rows(path: Path, column: str) -> Iterator[tuple[int, str]]:
+    for number, row in json_objects(path):
         if column not in row:
             raise _no_column(path, column, list(row), f"line {number}: ")
         value = row[column]

@@ -9,12 +9,11 @@ or fewer negatives than asked for, is an error naming the file and line (row).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bertforge.data import DataError
-from bertforge.data.text import read_lines, read_rows
+from bertforge.data.text import json_objects, read_rows
 
 
 @dataclass
@@ -46,22 +45,15 @@ def read_pairs(path: str | Path, negatives: int = 0) -> Pairs:
         pairs.queries, pairs.positives = [t for _, t in values[0]], [t for _, t in values[1]]
         pairs.negatives = [[t for _, t in column] for column in values[2:]]
     else:
-        for number, line in read_lines(path):
-            if line.strip():
-                _add_json_row(pairs, path, number, line, negatives)
+        for number, row in json_objects(path):
+            _add_json_row(pairs, path, number, row, negatives)
     if not pairs.queries:
         raise DataError(f"{path}: no training rows")
     return pairs
 
 
-def _add_json_row(pairs: Pairs, path: Path, number: int, line: str, negatives: int) -> None:
+def _add_json_row(pairs: Pairs, path: Path, number: int, row: dict, negatives: int) -> None:
     where = f"line {number}"
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as err:
-        raise DataError(f"{path}: {where}: not JSON ({err.msg})") from None
-    if not isinstance(row, dict):
-        raise DataError(f"{path}: {where}: not a JSON object")
     pairs.queries.append(_text(row.get("query"), path, where, "query"))
     pairs.positives.append(_text(row.get("positive"), path, where, "positive"))
     given = row.get("negatives") or []
