@@ -12,9 +12,11 @@ each one's tokens masked, as ModernBERT's recipe), with torch's AdamW:
 * bertforge: the sequences packed in order into ``--rows`` rows of
   ``--seq-len`` tokens (``sequence_ids``, ``position_ids`` from 0 in each
   sequence; the rest of a row is padding), only the masked positions reach
-  the head (``masked_lm_positions``); its attention: SDPA with the additive
-  mask of ``model.layers_mask``, or FlexAttention block masks
-  (``--attention flex``, CUDA);
+  the head (``masked_lm_positions``); its attention as ``model.layers_mask``
+  gives it (reported as ``ours_attention_path``): on the CPU one SDPA per
+  document of the row (``models.bert.Documents``), on CUDA SDPA with an
+  additive (B, 1, T, T) mask, or FlexAttention block masks (``--attention
+  flex``, CUDA);
 * transformers: the sequences as it runs them without flash-attn, a padded
   batch (to the longest) with ``attention_mask``, ``attn_implementation``
   ``--their-attention`` (sdpa by default, as transformers picks), twice: as
@@ -104,10 +106,11 @@ def pad(sequences: list[tuple[torch.Tensor, torch.Tensor]], pad_id: int) -> dict
 
 def run(args: argparse.Namespace) -> dict:
     import transformers
+    from torch.nn.attention.flex_attention import BlockMask
 
     from bertforge.config import MODEL_PRESETS, ModelConfig
     from bertforge.formats.hf import hf_config_from_model_config
-    from bertforge.models.bert import pretraining_loss, set_attention_backends
+    from bertforge.models.bert import Documents, layers_mask, pretraining_loss, set_attention_backends
     from bertforge.models.modernbert import ModernBertForMaskedLM
 
     device = torch.device(args.device)
@@ -138,6 +141,10 @@ def run(args: argparse.Namespace) -> dict:
         theirs.tie_weights()
         models[side] = theirs
     attention = models["transformers"].config._attn_implementation
+    mask = layers_mask(torch.empty(*ours_batch["input_ids"].shape, 1, device=device), None,
+                       ours_batch["sequence_ids"], cfg, ours.model.flex, training=True)
+    ours_path = ("one SDPA per document (models.bert.Documents)" if isinstance(mask, Documents) else
+                 "FlexAttention block masks" if isinstance(mask, BlockMask) else "SDPA, an additive (B, 1, T, T) mask")
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
 
     def loss_of(side: str) -> torch.Tensor:
@@ -179,7 +186,8 @@ def run(args: argparse.Namespace) -> dict:
               "sequences": count, "tokens": sum(len(ids) for ids, _ in sequences),
               "masked": sum(len(m) for _, m in sequences),
               "ours_rows": f"{args.rows} x {args.seq_len}", "their_batch": list(their_batch["input_ids"].shape),
-              "ours_attention": args.attention, "their_attention": attention, "steps": args.steps,
+              "ours_attention": args.attention, "ours_attention_path": ours_path, "their_attention": attention,
+              "steps": args.steps,
               "warmup": args.warmup}
     for side in SIDES:
         median = statistics.median(times[side])
@@ -217,7 +225,7 @@ def main() -> None:
     print(f"torch {result['torch']}, transformers {result['transformers_version']}, {result['device']}, "
           f"{result['threads']} threads, {result['precision']}; {result['sequences']} sequences "
           f"({result['tokens']} tokens, {result['masked']} masked) a step: ours {result['ours_rows']} packed "
-          f"({args.attention}), theirs padded {result['their_batch']} ({result['their_attention']}); "
+          f"({result['ours_attention_path']}), theirs padded {result['their_batch']} ({result['their_attention']}); "
           f"median of {args.steps} steps")
     for side in SIDES:
         row = result[side]

@@ -147,6 +147,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask, backen
     # Called inside the attention's forward, which recomputation checkpoints as a whole,
     # so that a recomputation runs the kernel (and draws the dropout) the forward did.
     with sdpa_kernel(backends, set_priority=True) if backends else contextlib.nullcontext():
+        if isinstance(mask, Documents):
+            return mask.attend(q, k, v, dropout_p)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
 
 
@@ -223,7 +225,62 @@ class BertPooler(nn.Module):
         return torch.tanh(self.dense(cls))  # (B, S, H): each packed sequence's own [CLS]
 
 
-Mask = torch.Tensor | BlockMask | None  # what attention takes: an additive bias, a block mask, or none
+class Documents:
+    """Packed rows' attention as one SDPA per document: the CPU's way to compute the scores inside
+    documents alone (FlexAttention skips blocks only on CUDA), a row of three documents of about
+    T/3 computing a third of the row's T² and no (T × T) bias. A document is a run of one sequence
+    id (padding included: padding sees padding, as :func:`attention_rule` has it); a row whose
+    sequences are not runs (Graphcore's BERT packing puts each [CLS] at the row's end) is gathered
+    into runs first and scattered back after. ``window`` (ModernBERT's local layers): keys at most
+    that far, as an additive bias per document length, made once per batch and shared by the
+    layers. Each document's output is laid out (T, heads, head size) before the concatenation, so
+    that the attention module's reshape after it is a view (one copy a layer, the concatenation)."""
+
+    def __init__(self, sequence_ids: torch.Tensor, window: int | None, dtype: torch.dtype):
+        self.window, self.dtype = window, dtype
+        # Per row: its documents' lengths, their window biases, and the gather that makes them runs
+        # (None: they are) with its inverse.
+        self.rows: list[tuple[list[int], list[torch.Tensor | None], tuple[torch.Tensor, torch.Tensor] | None]] = []
+        self.biases: dict[tuple[int, ...], torch.Tensor | None] = {}  # by length, or by positions where not a run
+        for row in sequence_ids.cpu().long():  # (packed files keep them as uint8)
+            starts = [0, *((row[1:] != row[:-1]).nonzero().flatten() + 1).tolist(), len(row)]
+            lengths = [b - a for a, b in zip(starts[:-1], starts[1:])]
+            if len(lengths) == len(row.unique()):  # every sequence one run
+                self.rows.append((lengths, [self.bias((n,), None, sequence_ids.device) for n in lengths], None))
+                continue
+            order = row.argsort(stable=True)  # each sequence's tokens together, in row order
+            lengths = row.bincount()[row.unique()].tolist()
+            biases = [self.bias(tuple(p.tolist()), p, sequence_ids.device) for p in order.split(lengths)]
+            self.rows.append((lengths, biases, (order, order.argsort())))
+
+    def bias(self, key: tuple[int, ...], positions: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+        """The window's additive bias over a document: a run of ``key[0]`` tokens, or the tokens at row
+        ``positions`` (None: the window holds every pair)."""
+        if self.window is None:
+            return None
+        if key not in self.biases:
+            positions = torch.arange(key[0]) if positions is None else positions
+            far = (positions[:, None] - positions[None, :]).abs() > self.window
+            self.biases[key] = torch.zeros(far.shape, dtype=self.dtype).masked_fill_(
+                far, torch.finfo(self.dtype).min).to(device) if bool(far.any()) else None
+        return self.biases[key]
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
+        """(B, heads, T, head size) queries, keys and values to the output of the same shape."""
+        rows = []
+        for (lengths, biases, gather), qr, kr, vr in zip(self.rows, q.split(1), k.split(1), v.split(1)):
+            if gather is not None:
+                qr, kr, vr = (x.index_select(2, gather[0].to(x.device)) for x in (qr, kr, vr))
+            pieces = [F.scaled_dot_product_attention(qd, kd, vd, attn_mask=bias, dropout_p=dropout_p).transpose(1, 2)
+                      for qd, kd, vd, bias in zip(qr.split(lengths, 2), kr.split(lengths, 2), vr.split(lengths, 2),
+                                                  biases)]
+            out = torch.cat(pieces, 1) if len(pieces) > 1 else pieces[0]  # (1, T, heads, head size)
+            rows.append(out if gather is None else out.index_select(1, gather[1].to(out.device)))
+        return (torch.cat(rows) if len(rows) > 1 else rows[0]).transpose(1, 2)
+
+
+# What attention takes: an additive bias, a block mask, a packed row's documents, or none.
+Mask = torch.Tensor | BlockMask | Documents | None
 
 
 MaskRule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -315,6 +372,8 @@ def layers_mask(x: torch.Tensor, attention_mask: torch.Tensor | None, sequence_i
     if flex:
         return block_mask(rule, rows, T, x.device)
     dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+    if sequence_ids is not None and x.device.type == "cpu":
+        return Documents(sequence_ids, window, dtype)
     return dense_bias(rule, rows or 1, T, dtype, x.device)
 
 
@@ -342,7 +401,7 @@ class BertModel(nn.Module):
         """``sequence_ids`` (packed rows, replacing ``attention_mask``), ``position_ids`` and
         ``cls_positions``: see the module docstring; the pooled output is then (B, S, H)."""
         B, T = input_ids.shape
-        if T > self.config.max_position_embeddings:
+        if position_ids is None and T > self.config.max_position_embeddings:  # (a packed row's positions restart)
             raise ValueError(f"sequence length {T} exceeds "
                              f"max_position_embeddings={self.config.max_position_embeddings}")
         if token_type_ids is None:

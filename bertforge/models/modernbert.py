@@ -180,9 +180,23 @@ class ModernBertModel(nn.Module):
         ones (models/bert.py's module docstring)."""
         cfg = self.config
         B, T = input_ids.shape
-        if T > cfg.max_position_embeddings:
+        if position_ids is None and T > cfg.max_position_embeddings:  # (a packed row's positions restart)
             raise ValueError(f"sequence length {T} exceeds max_position_embeddings={cfg.max_position_embeddings}")
         x = self.embeddings(input_ids)
+        if sequence_ids is not None and position_ids is not None and x.device.type == "cpu" and not self.flex:
+            real = sequence_ids > 0
+            if not bool(real.all()):
+                # Padding is no document: on the CPU, which attends one document at a time, the layers run
+                # on the real tokens of every row as one row (each row's sequences numbered apart), and
+                # the padding's states are zeros, which nothing reads (the head gathers real positions).
+                apart = sequence_ids.long() + torch.arange(B, device=x.device)[:, None] * (int(sequence_ids.max()) + 1)
+                states = self.layers_and_norm(x[real][None], None, apart[real][None], position_ids[real][None])
+                return states.new_zeros((B, T, states.shape[-1])).index_put((real,), states[0])
+        return self.layers_and_norm(x, attention_mask, sequence_ids, position_ids)  # (B, T, H)
+
+    def layers_and_norm(self, x: torch.Tensor, attention_mask: torch.Tensor | None, sequence_ids: torch.Tensor | None,
+                        position_ids: torch.Tensor | None) -> torch.Tensor:
+        cfg, T = self.config, x.shape[1]
         # Per kind of layer (global or not): its mask and rotary angles, made once per batch.
         masks = {is_global: layers_mask(x, attention_mask, sequence_ids, cfg, self.flex, self.training,
                                         window=None if is_global else cfg.local_attention // 2)
@@ -190,7 +204,7 @@ class ModernBertModel(nn.Module):
         angles = {True: self.global_rotary(position_ids, T), False: self.local_rotary(position_ids, T)}
         for layer, is_global in zip(self.layers, self.is_global):
             x = layer(x, masks[is_global], *angles[is_global])
-        return self.final_norm(x)  # (B, T, H)
+        return self.final_norm(x)
 
 
 class ModernBertPredictionHead(nn.Module):

@@ -49,10 +49,13 @@ Dropout masks are bool on CUDA (fused kernel) and of the dropped tensor's
 dtype on the CPU.
 
 ModernBERT (``model.family: modernbert``) is planned as its pre-training
-feeds it: packed rows (its recipe), so each kind of layer (global, and local
-when the window is shorter than the row) keeps an additive (B, 1, T, T) mask
-(none with ``execution.attention: flex``: block masks are a few bytes a
-block) and its rotary angles of the packed positions. Without attention
+feeds it: packed rows (its recipe) of two sequences, so on CUDA each kind of
+layer (global, and local when the window is shorter than the row) keeps an
+additive (B, 1, T, T) mask (none with ``execution.attention: flex``: block
+masks are a few bytes a block), and on the CPU, which attends one document at
+a time, the local layers keep a window bias per document length and every
+layer the concatenation of its documents' outputs; and its rotary angles of
+the packed positions. Without attention
 dropout SDPA runs a flash kernel on the CPU too (q, k, v, output and a
 logsumexp, no (T × T) probabilities). Its rotary tables (buffers, a few MB)
 are made with the model and not counted, as none of its other fixed state.
@@ -174,6 +177,16 @@ class _Shapes:
         return self.B * self.heads * self.T * self.T
 
     @property
+    def documents(self) -> bool:
+        """ModernBERT's packed rows attended one document at a time (models.bert.Documents: the CPU,
+        where FlexAttention skips no block); the plan's rows hold two sequences of about T/2."""
+        return self.modernbert and not self.cuda and not self.flex
+
+    @property
+    def S_document(self) -> int:  # attention score elements of one document
+        return self.heads * (self.T // 2) ** 2
+
+    @property
     def M(self) -> int:  # predicted positions
         return self.B * self.P
 
@@ -260,10 +273,12 @@ def _modernbert_layer_activations(s: _Shapes) -> dict[str, int]:
     nh = N * H
     norm = 2 * N * FP32 + nh * e  # a pre-norm's statistics and output (the next matmul's input)
     if s.dropout and not s.cuda:  # math SDPA, as BERT's: scaled q, k, v; probabilities, noise, dropped
-        kernel = 3 * nh * FP32 + 3 * s.S * FP32
+        kernel = 3 * nh * FP32 + 3 * (2 * s.B * s.S_document if s.documents else s.S) * FP32
     else:  # flash or memory-efficient SDPA, or FlexAttention: output and logsumexp
         rows = math.ceil(s.T / 32) * 32 if s.cuda else s.T
         kernel = nh * e + s.B * s.heads * rows * FP32
+    if s.documents:  # the documents' outputs concatenated: Wo keeps the concatenation
+        kernel += nh * e
     casts = (lambda n: n * e) if s.mixed and s.weight_casts else (lambda n: 0)
     dropout = (lambda n: n * s.dropout_mask(e)) if s.dropout else (lambda n: 0)
     return {
@@ -285,7 +300,9 @@ def _backward_transients(s: _Shapes) -> tuple[int, int]:
         # GeGLU: at the product's backward, the incoming gradient, the product's and the two it makes
         # (GELU output's and the gate's); flash attention: the incoming gradient, the output's, q, k, v's.
         ffn = nh + 3 * s.N * s.I * FP32
-        attention = 2 * s.S * FP32 + 2 * nh if s.dropout and not s.cuda else 5 * nh
+        # (One document's at a time when attending per document.)
+        scores = s.S_document if s.documents else s.S
+        attention = 2 * scores * FP32 + 2 * nh if s.dropout and not s.cuda else 5 * nh
         return ffn, attention
     ffn = s.N * s.I * FP32 + nh
     attention = 2 * s.S * FP32 + 2 * nh if not s.cuda else 4 * nh
@@ -323,7 +340,10 @@ def _modernbert_embedding_activations(s: _Shapes, recompute: str) -> int:
     N, nh = s.N, s.N * s.H
     summed = s.e if s.mixed and not s.weight_casts else FP32  # (as BERT's embeddings)
     dropout = nh * s.dropout_mask(s.r) if s.dropout else 0
-    masks = 0 if s.flex else s.mask_kinds * s.B * s.T * s.T * s.e
+    if s.documents:  # the local layers' window, a bias per document length (two about T/2)
+        masks = 2 * (s.T // 2) ** 2 * s.e if s.window is not None and s.T // 2 > s.window + 1 else 0
+    else:
+        masks = 0 if s.flex else s.mask_kinds * s.B * s.T * s.T * s.e
     angles = s.mask_kinds * 2 * N * (s.D // 2) * FP32
     first_norm = 0 if recompute == "layer" else 2 * N * FP32 + nh * s.e
     return N * 8 + nh * summed + 2 * N * FP32 + dropout + masks + angles - first_norm

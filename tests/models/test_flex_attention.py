@@ -21,6 +21,10 @@ from bertforge.data import PretrainingDataset
 from bertforge.data.packing import pack_arrays
 from bertforge.models.bert import (
     BertForPreTraining,
+    Documents,
+    attend,
+    attention_rule,
+    dense_bias,
     document_block_mask,
     layers_mask,
     padding_block_mask,
@@ -93,14 +97,36 @@ def test_block_masks_are_the_bias_rules_and_skip_what_no_query_sees():
     assert padding_block_mask(valid).sparsity() == 100 * 8 / 16
 
 
+@pytest.mark.parametrize("window", [None, 5, 40])
+def test_attention_per_document_equals_the_rows_bias(window):
+    """The CPU's per-document attention equals SDPA over the whole row with the rule's bias, forward and
+    backward: documents of consecutive tokens, one whose last token sits at the row's end (Graphcore's
+    BERT packing), padding between and after, and a row of one document."""
+    ids = torch.zeros(3, 64, dtype=torch.long)
+    ids[0, :20], ids[0, 20:45], ids[0, 45:50] = 1, 2, 3  # then 14 of padding
+    ids[1, :30], ids[1, 30:52], ids[1, 63] = 1, 2, 1  # sequence 1's [CLS] at the end; padding in between
+    ids[2, :] = 1
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(3, 2, 64, 8, requires_grad=True) for _ in range(3))
+    rule = attention_rule(None, ids, window)
+    want = attend(q, k, v, dense_bias(rule, 3, 64, torch.float32, q.device), None, 0.0)
+    got = attend(q, k, v, Documents(ids, window, torch.float32), None, 0.0)
+    real = (ids > 0)[:, None, :, None]  # a padding query's output is what no real token reads
+    torch.testing.assert_close(torch.where(real, got, 0.0), torch.where(real, want, 0.0), rtol=1e-6, atol=1e-6)
+    grads = [torch.autograd.grad((out * real).square().sum(), (q, k, v)) for out in (want, got)]
+    for theirs, ours in zip(*grads):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
 def test_flex_is_used_only_where_it_changes_nothing():
     rows = batch(packed=True)
     x = torch.zeros(4, 256, CFG.hidden_size)
     assert isinstance(layers_mask(x, None, rows["sequence_ids"], CFG, flex=True, training=True), BlockMask)
     dropout = ModelConfig(**{**CFG.__dict__, "attention_probs_dropout_prob": 0.1})
-    # FlexAttention has no dropout: a training forward with attention dropout takes the bias ...
-    bias = layers_mask(x, None, rows["sequence_ids"], dropout, flex=True, training=True)
-    assert isinstance(bias, torch.Tensor) and bias.shape == (4, 1, 256, 256)
+    # FlexAttention has no dropout: a training forward with attention dropout takes SDPA's path (on the
+    # CPU an attention per document; elsewhere the additive bias) ...
+    documents = layers_mask(x, None, rows["sequence_ids"], dropout, flex=True, training=True)
+    assert isinstance(documents, Documents) and len(documents.rows) == 4
     # ... and an evaluation, which has none, the block mask.
     assert isinstance(layers_mask(x, None, rows["sequence_ids"], dropout, flex=True, training=False), BlockMask)
     assert layers_mask(x, None, None, CFG, flex=True, training=True) is None  # no padding: no mask at all

@@ -195,6 +195,27 @@ def test_packed_rows_equal_transformers_padded_batch_of_the_same_sequences(twins
     assert relative_gap(gradients(ours, loss), gradients(theirs, want.loss)) < 1e-4
 
 
+def test_padding_after_packed_rows_changes_nothing_and_is_not_computed(twins):
+    """Rows with padding after their sequences (sequence id 0): the real tokens' logits, the loss and the
+    gradients are those of the rows without it; on the CPU the layers skip the padding (its states zero)."""
+    ours, _ = twins
+    packed, where = packed_batch()
+    padded = dict(packed)
+    for key in ("input_ids", "sequence_ids", "position_ids"):
+        padded[key] = torch.cat([packed[key], torch.zeros(2, 24, dtype=packed[key].dtype)], dim=1)
+    padded["input_ids"][:, T:] = CFG.pad_token_id
+    with torch.no_grad():
+        states = ours.model(padded["input_ids"], position_ids=padded["position_ids"],
+                            sequence_ids=padded["sequence_ids"])
+        want = ours.model(packed["input_ids"], position_ids=packed["position_ids"],
+                          sequence_ids=packed["sequence_ids"])
+    assert states.shape == (2, T + 24, CFG.hidden_size) and states[:, T:].abs().max().item() == 0
+    torch.testing.assert_close(states[:, :T], want, rtol=0, atol=1e-5)
+    loss, reference = our_loss(ours, padded), our_loss(ours, packed)
+    torch.testing.assert_close(loss, reference, rtol=0, atol=1e-6)
+    assert relative_gap(gradients(ours, loss), gradients(ours, reference)) < 1e-5
+
+
 def test_local_layers_see_a_window_of_local_attention_tokens(twins):
     """The window matters in rows of 300 (so the equalities above test it), and is transformers' exactly:
     keys at most local_attention // 2 = 64 away."""
