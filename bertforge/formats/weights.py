@@ -172,18 +172,21 @@ def check_config_fits(cfg: ModelConfig, checkpoint: Path) -> None:
     """A checkpoint's model config against the shapes of its weights (our names), before a model is
     built of it: an edited ``config.yaml`` (with no manifest to tell) would build a model of any size."""
     shapes = weight_shapes(checkpoint / "model.safetensors")
+    p = "model." if cfg.family == "modernbert" else "bert."
+    if not any(key.startswith(p) for key in shapes) and any(key.startswith("encoder.") for key in shapes):
+        p = "encoder."  # an embedding model's training checkpoint (tasks/retrieval): its encoder under Embedder's name
     if cfg.family == "modernbert":  # (rotary positions: no position table to measure)
-        layer_prefix = "model.layers."
-        dims = {"vocab_size": ("model.embeddings.tok_embeddings.weight", 0),
-                "hidden_size": ("model.embeddings.tok_embeddings.weight", 1),
-                "intermediate_size": ("model.layers.0.mlp.Wo.weight", 1)}
+        layer_prefix = f"{p}layers."
+        dims = {"vocab_size": (f"{p}embeddings.tok_embeddings.weight", 0),
+                "hidden_size": (f"{p}embeddings.tok_embeddings.weight", 1),
+                "intermediate_size": (f"{p}layers.0.mlp.Wo.weight", 1)}
     else:
-        layer_prefix = "bert.encoder.layer."
-        dims = {"vocab_size": ("bert.embeddings.word_embeddings.weight", 0),
-                "hidden_size": ("bert.embeddings.word_embeddings.weight", 1),
-                "max_position_embeddings": ("bert.embeddings.position_embeddings.weight", 0),
-                "type_vocab_size": ("bert.embeddings.token_type_embeddings.weight", 0),
-                "intermediate_size": ("bert.encoder.layer.0.intermediate.dense.weight", 0)}
+        layer_prefix = f"{p}encoder.layer."
+        dims = {"vocab_size": (f"{p}embeddings.word_embeddings.weight", 0),
+                "hidden_size": (f"{p}embeddings.word_embeddings.weight", 1),
+                "max_position_embeddings": (f"{p}embeddings.position_embeddings.weight", 0),
+                "type_vocab_size": (f"{p}embeddings.token_type_embeddings.weight", 0),
+                "intermediate_size": (f"{p}encoder.layer.0.intermediate.dense.weight", 0)}
     layers = {key[len(layer_prefix):].split(".")[0] for key in shapes if key.startswith(layer_prefix)}
     for name, (key, dim) in dims.items():
         shape = shapes.get(key)

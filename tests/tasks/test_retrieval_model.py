@@ -111,3 +111,57 @@ def test_settings_errors_name_the_value(tmp_path):
         load_embedder(MINILM, late_interaction=True, query_marker="<q>")
     with pytest.raises(ValueError, match="kind must be one of query, document"):
         load_embedder(MINILM).encode(["x"], "passage")
+
+
+@pytest.mark.shared_data
+def test_a_sentence_transformers_6_save_reads_back_with_its_pooling_and_length(sentence_transformer, tmp_path):
+    """sentence-transformers 6 writes ``pooling_mode: cls`` and keeps the length as the tokenizer's
+    model_max_length (sentence_bert_config.json has none): both are read."""
+    from sentence_transformers import SentenceTransformer, models
+
+    questions, paragraphs = squad_texts(6)
+    transformer, _, _ = list(sentence_transformer)
+    cls = SentenceTransformer(modules=[transformer, models.Pooling(384, pooling_mode="cls")], device="cpu")
+    cls.max_seq_length = 20
+    cls.save(str(tmp_path / "saved"))
+    assert json.loads((tmp_path / "saved" / "1_Pooling" / "config.json").read_text())["pooling_mode"] == "cls"
+    ours = load_embedder(tmp_path / "saved")
+    assert (ours.settings.pooling, ours.settings.document_max_length, ours.settings.normalize) == ("cls", 20, False)
+    texts = questions + paragraphs
+    assert F.cosine_similarity(ours.encode(texts, "document"), cls.encode(texts, convert_to_tensor=True),
+                               ).min().item() >= 1 - 1e-6
+
+
+@pytest.mark.parametrize("family", ["bert", "modernbert"])
+def test_a_packed_batch_gives_the_padded_batchs_states_and_gradients(family):
+    """On the CPU the Embedder runs a padded batch as one packed row (its texts attended one at a
+    time): the real tokens' states and the gradients equal the padded batch's; padding is zero."""
+    from bertforge.config import MODEL_PRESETS, ModelConfig
+    from bertforge.models.bert import BertModel
+    from bertforge.models.modernbert import ModernBertModel
+    from bertforge.tasks.retrieval.model import token_states
+
+    preset = {"bert": "tiny", "modernbert": "modernbert-tiny"}[family]
+    cfg = ModelConfig(**{**MODEL_PRESETS[preset], "vocab_size": 300, "hidden_dropout_prob": 0.0,
+                         "attention_probs_dropout_prob": 0.0, "local_attention": 16})
+    torch.manual_seed(0)
+    encoder = BertModel(cfg) if family == "bert" else ModernBertModel(cfg)
+    lengths = [37, 5, 60, 19]  # beyond ModernBERT's local window of 16 and within it
+    ids = torch.randint(5, 300, (4, 60))
+    mask = (torch.arange(60)[None] < torch.tensor(lengths)[:, None]).long()
+    ids = ids * mask
+    weights = torch.randn(4, 60, cfg.hidden_size)
+    states, grads = {}, {}
+    for packed in (False, True):
+        encoder.zero_grad()
+        out = token_states(encoder, ids, mask, packed=packed)
+        (out * mask[..., None] * weights).sum().backward()  # (not the squares: the final norm fixes their sum)
+        states[packed] = out
+        grads[packed] = {n: p.grad.clone() for n, p in encoder.named_parameters() if p.grad is not None}
+    real = mask.bool()
+    torch.testing.assert_close(states[True][real], states[False][real], rtol=1e-5, atol=1e-5)
+    assert states[True][~real].abs().max().item() == 0
+    assert grads[True].keys() == grads[False].keys()
+    largest = max(grad.abs().max().item() for grad in grads[False].values())
+    for name, grad in grads[False].items():  # float rounding (a key bias's gradient is zero but for it)
+        assert (grads[True][name] - grad).abs().max().item() <= 1e-5 * max(grad.abs().max().item(), largest / 100), name

@@ -10,6 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import shared_data
+from safetensors.torch import load_file
+from test_preemption import checkpoints
+from test_squad_dist import cut_copy
 
 from bertforge.cli import main
 from bertforge.data import DataError
@@ -31,11 +34,11 @@ def squad_pairs(path: Path, count: int = 32, negatives: bool = False) -> Path:
     return path
 
 
-def train(tmp_path: Path, name: str, *flags: str) -> Path:
+def train(tmp_path: Path, name: str, *flags: str, steps: int = 2) -> Path:
     out = tmp_path / name
     assert main(["retrieval", "train", "--init", str(MINILM), "--data", str(squad_pairs(tmp_path / "pairs.jsonl")),
                  "--out", str(out), "--no-progress", "--document-max-length", "48", "--query-max-length", "24",
-                 "--train.global_batch_size", "8", "--train.micro_batch_size", "8", "--train.steps", "2",
+                 "--train.global_batch_size", "8", "--train.micro_batch_size", "8", "--train.steps", str(steps),
                  "--train.epochs", "0", *flags]) == 0
     return out
 
@@ -61,6 +64,24 @@ def test_a_run_writes_a_model_that_sentence_transformers_loads_and_caching_chang
                                ).min().item() >= 1 - 1e-6
     before = load_embedder(MINILM, query_prefix="query: ", query_max_length=24).encode(texts, "query")
     assert (ours.encode(texts, "query") - before).abs().max().item() > 1e-4  # it trained
+
+
+@pytest.mark.slow
+@pytest.mark.shared_data
+def test_resume_from_a_cut_copy_continues_bit_identically(tmp_path):
+    """4 steps with a checkpoint every 2; a copy of the run as it stood at step 2, resumed: steps 3 and 4
+    have the uninterrupted run's losses and end at its weights, bit for bit (data order, dropout, AdamW state
+    and the lr schedule all carried over)."""
+    whole = train(tmp_path, "whole", "--checkpoint.every", "2", "--checkpoint.keep", "0", "--log.every", "1",
+                  steps=4)
+    assert checkpoints(whole) == ["step_00000002", "step_00000004"] and len(losses(whole)) == 4
+    cut = cut_copy(whole, tmp_path / "cut", 2)
+    assert main(["retrieval", "train", "--resume", str(cut), "--no-progress"]) == 0
+    assert losses(cut) == losses(whole)[2:]
+    ours, theirs = load_file(cut / "model.safetensors"), load_file(whole / "model.safetensors")
+    assert ours.keys() == theirs.keys()
+    for key, value in theirs.items():
+        assert torch.equal(ours[key], value), key
 
 
 @pytest.mark.slow

@@ -85,7 +85,7 @@ def cut_copy(run: Path, to: Path, step: int) -> Path:
     """A fine-tuning run as it stood after its step-``step`` checkpoint: its settings files, vocab and
     that checkpoint only, as if the later steps never happened."""
     (to / "checkpoints").mkdir(parents=True)
-    for name in ("config.yaml", "squad.yaml", "finetune.yaml", "vocab.txt"):
+    for name in ("config.yaml", "squad.yaml", "finetune.yaml", "retrieval.yaml", "vocab.txt"):
         if (run / name).is_file():
             shutil.copyfile(run / name, to / name)
     name = f"step_{step:08d}"

@@ -215,22 +215,30 @@ def read_st_layout(path: Path) -> STLayout | None:
     if layout.dense is None:  # without a Normalize module the embeddings are raw (tokens are always normalized)
         layout.values.setdefault("normalize", False)
     st_config = layout.transformer / "sentence_bert_config.json"
-    if st_config.is_file():
-        config = _read_json(st_config)
-        if config.get("max_seq_length"):
-            layout.values["query_max_length"] = layout.values["document_max_length"] = int(config["max_seq_length"])
-        layout.lowercase_text = bool(config.get("do_lower_case", False))
+    config = _read_json(st_config) if st_config.is_file() else {}
+    longest = config.get("max_seq_length")
+    if not longest and (layout.transformer / "tokenizer_config.json").is_file():
+        # sentence-transformers 6 keeps it as the tokenizer's model_max_length (10**30 and such: unset)
+        longest = _read_json(layout.transformer / "tokenizer_config.json").get("model_max_length")
+        longest = longest if isinstance(longest, int) and longest < 1_000_000 else None
+    if longest:
+        layout.values["query_max_length"] = layout.values["document_max_length"] = int(longest)
+    layout.lowercase_text = bool(config.get("do_lower_case", False))
     layout.values.update(_read_prompts(path / "config_sentence_transformers.json"))
     return layout
 
 
 def _read_pooling(file: Path) -> dict[str, Any]:
     config = _read_json(file)
-    modes = [name for name, on in config.items() if name.startswith("pooling_mode_") and on]
-    names = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls"}
+    if isinstance(config.get("pooling_mode"), str):  # sentence-transformers 6 names the mode
+        modes = [f"pooling_mode_{config['pooling_mode']}"]
+    else:  # earlier ones set a flag per mode
+        modes = [name for name, on in config.items() if name.startswith("pooling_mode_") and on]
+    names = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls", "pooling_mode_mean": "mean",
+             "pooling_mode_cls": "cls"}
     if len(modes) != 1 or modes[0] not in names:
-        raise FinetuneError(f"{file}: pooling {', '.join(modes) or 'none'} is not supported (one of "
-                            f"pooling_mode_mean_tokens, pooling_mode_cls_token)")
+        raise FinetuneError(f"{file}: pooling {', '.join(modes) or 'none'} is not supported (mean or cls: "
+                            f"pooling_mode_mean_tokens, pooling_mode_cls_token, or pooling_mode mean, cls)")
     if config.get("include_prompt", True) is False:
         raise FinetuneError(f"{file}: include_prompt=false is not supported (the prefix is pooled with the text)")
     return {"pooling": names[modes[0]]}
@@ -259,8 +267,23 @@ def _read_prompts(file: Path) -> dict[str, Any]:
 # ---------------------------------------------------------------- the models
 
 
-def token_states(encoder: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """The encoder's last hidden states (B, T, H), of either family (BERT's token types all 0)."""
+def token_states(encoder: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 packed: bool = False) -> torch.Tensor:
+    """The encoder's last hidden states (B, T, H), of either family (BERT's token types all 0).
+
+    ``packed``: the padded batch's tokens run as one packed row (each text a sequence of it, at
+    its padded positions), so that no layer computes padding and each text attends to itself
+    alone (one attention per text on the CPU: models.bert.Documents); the states are then put
+    back at their places, zeros at the padding, which what reads them (pooling) ignores."""
+    if packed and not bool(attention_mask.all()):
+        keep = attention_mask.bool()
+        B, T = input_ids.shape
+        columns = torch.arange(T, device=input_ids.device).expand(B, T)
+        rows = torch.arange(1, B + 1, device=input_ids.device)[:, None].expand(B, T)
+        row = {"position_ids": columns[keep][None], "sequence_ids": rows[keep][None]}
+        states = encoder(input_ids[keep][None], **row) if isinstance(encoder, ModernBertModel) \
+            else encoder(input_ids[keep][None], **row)[0]
+        return states.new_zeros((B, T, states.shape[-1])).index_put((keep,), states[0])
     if isinstance(encoder, ModernBertModel):
         return encoder(input_ids, attention_mask)
     return encoder(input_ids, None, attention_mask)[0]
@@ -315,10 +338,11 @@ class TextModel(nn.Module):
 
 class Embedder(TextModel):
     """One vector per text: the encoder's token states pooled (mean of the real tokens, or [CLS])
-    and, with ``settings.normalize``, L2-normalized."""
+    and, with ``settings.normalize``, L2-normalized. On the CPU a batch runs packed (see
+    :func:`token_states`): the same embeddings (to float rounding) without computing padding."""
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        states = token_states(self.encoder, input_ids, attention_mask)
+        states = token_states(self.encoder, input_ids, attention_mask, packed=input_ids.device.type == "cpu")
         embeddings = pool(states, attention_mask, self.settings.pooling)
         return F.normalize(embeddings, dim=-1) if self.settings.normalize else embeddings
 
