@@ -158,10 +158,11 @@ def test_batch_stream_position_is_the_whole_state():
 @pytest.mark.slow
 def test_loss_falls_and_accuracy_rises_on_the_builtin_corpus(tmp_path):
     cfg = small_config(tmp_path, "learn", **{
-        "train.steps": 80, "train.lr": 2e-2, "train.warmup_steps": 5, "train.micro_batch_size": 32,
+        "train.steps": 40, "train.lr": 2e-2, "train.warmup_steps": 5, "train.micro_batch_size": 32,
         "train.global_batch_size": 32, "checkpoint.every": 0, "log.every": 10, "data.dupe_factor": 2})
     summary = pretrain(cfg)
-    # Measured: training loss 8.34 -> 6.66, held-out MLM accuracy 0.001 -> 0.048, in ~11 s.
+    # Measured (40 steps; 80 gave 6.66, 6.77 and 0.046, in twice the time): training loss 8.34 -> 7.05,
+    # held-out loss 8.32 -> 6.99, held-out MLM accuracy 0.001 -> 0.043.
     assert summary["last_loss"] < summary["first_loss"] - 1.0
     assert summary["last_eval"]["loss"] < summary["first_eval"]["loss"] - 1.0
     assert summary["last_eval"]["mlm_accuracy"] > summary["first_eval"]["mlm_accuracy"] + 0.03
