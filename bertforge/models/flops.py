@@ -12,8 +12,10 @@ gradient for the input and one for the weight of every matmul)::
              + 2·P·(H² + H·V)            MLM head on the P gathered positions: transform, decoder
              + 2·S·(H² + 2H)             pooler and NSP classifier
 
-Attention counts the whole T × T block, as it is computed, also for packed
-rows whose attention is block-diagonal and for ModernBERT's windowed layers.
+Attention counts the whole T × T block, as CUDA's bias path computes it, also
+for packed rows whose attention is block-diagonal (the CPU attends them one
+document at a time and computes less: models.bert.Documents) and for
+ModernBERT's windowed layers.
 ModernBERT's GeGLU MLP is 3·H·I (``Wi`` to 2I, ``Wo`` back) in place of
 2·H·I; masked LM alone (ModernBERT, ``train.objective mlm``) has S = 0. For BERT-large (L=24, H=1024,
 I=4096, V=30522) at T=128, P=20 that is 240.6 GFLOP per sequence, so the
