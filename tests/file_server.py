@@ -70,10 +70,17 @@ def serving_files(monkeypatch, server_class: type[FileServer] = FileServer) -> I
     server = server_class(("127.0.0.1", 0), _Handler)
     server.files, server.drops, server.requests = {}, [], []
     server.timeout = 10
+    with in_a_thread(server):
+        yield server
+
+
+@contextlib.contextmanager
+def in_a_thread(server: http.server.HTTPServer) -> Iterator[None]:
+    """``server`` serving from a daemon thread until the block ends, then shut down and closed."""
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
-        yield server
+        yield
     finally:
         server.shutdown()
         server.server_close()

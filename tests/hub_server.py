@@ -20,8 +20,9 @@ import hashlib
 import http.server
 import json
 import re
-import threading
 from collections.abc import Iterator
+
+from file_server import in_a_thread
 
 
 def git_blob_id(data: bytes) -> str:
@@ -94,11 +95,5 @@ def serving_hub(repo: str, files: dict[str, bytes], commit: str = "c0ffee" * 6 +
     """A :class:`HubServer` of ``repo`` at ``commit`` on 127.0.0.1 (a free port) in a thread, until the block ends."""
     server = HubServer(("127.0.0.1", 0), _Handler)
     server.repo, server.commit, server.files, server.requests = repo, commit, files, []
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
+    with in_a_thread(server):
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)

@@ -54,7 +54,7 @@ def test_bad_rows_are_one_line_errors_naming_file_and_line(tmp_path, where, corp
 def test_malformed_json_names_its_line(tmp_path):
     root = write_beir(tmp_path / "b", CORPUS, QUERIES, "q1\td1\t1\n")
     (root / "queries.jsonl").write_text('{"_id": "q1", "text": "a"}\n{"_id": "q2",\n', encoding="utf-8")
-    with pytest.raises(DataError, match=r"queries\.jsonl:2: not valid JSON"):
+    with pytest.raises(DataError, match=r"queries\.jsonl: line 2: not JSON"):
         read_beir(root)
 
 

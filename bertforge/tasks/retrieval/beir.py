@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bertforge.data import DataError
+from bertforge.data.text import json_objects
 from bertforge.fileio import atomic_directory
 
 
@@ -44,19 +45,10 @@ class RetrievalSet:
 
 
 def _json_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, object) of each non-blank line of a JSON Lines file."""
+    """(line number, object) of each non-blank line of a JSON Lines file (data.text's reader), a missing one
+    named as part of a BEIR directory."""
     try:
-        with open(path, encoding="utf-8") as f:
-            for number, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise DataError(f"{path}:{number}: not valid JSON ({err.msg})") from None
-                if not isinstance(row, dict):
-                    raise DataError(f"{path}:{number}: expected a JSON object, got {type(row).__name__}")
-                yield number, row
+        yield from json_objects(path)
     except FileNotFoundError:
         raise DataError(f"{path}: no such file (a BEIR directory has corpus.jsonl, queries.jsonl and qrels/)"
                         ) from None
