@@ -517,3 +517,14 @@ def test_a_batch_size_below_one_is_refused_in_one_line(argv, value, said, capsys
     assert exit_info.value.code == 2
     prog = " ".join(argv[:2]) if argv[0] != "eval" else "eval"
     assert capsys.readouterr().err.splitlines()[-1] == f"bertforge {prog}: error: argument --batch-size: {said}"
+
+
+def test_retrieval_help_shows_every_subcommand_in_plain_text(capsys):
+    """Issue 41.7: the group's description named from-squad and eval only, in the docstring's
+    reST markup (``…``); it is plain text with a command line for each subcommand."""
+    with pytest.raises(SystemExit):
+        main(["retrieval", "--help"])
+    description = capsys.readouterr().out.split("positional arguments:")[0]
+    assert "``" not in description and ":data:" not in description
+    commands = [line.split()[2] for line in description.splitlines() if line.strip().startswith("bertforge retrieval ")]
+    assert commands == [name for path, name in ((p[:-1], p[-1]) for p in SUBCOMMANDS) if path == ["retrieval"]]

@@ -1,18 +1,22 @@
-"""``bertforge retrieval …``: retrieval data and evaluation.
-
-    bertforge retrieval from-squad dev-v1.1.json squad-ir/      # BEIR layout + pairs.jsonl
-    bertforge retrieval eval MODEL squad-ir/ --out eval/         # metrics.json and run.trec
-
-(``bertforge eval`` is the masked-LM evaluation of checkpoints, ``bertforge eval CKPT…``: a
-``retrieval`` word there would read as a checkpoint, so retrieval's evaluation lives here.)
-"""
-# (The docstring is the help of ``bertforge retrieval``.) Handlers raise; bertforge.cli.main
-# turns a user's mistake into one ``error: …`` line and exit status 2.
+"""``bertforge retrieval …``: retrieval data, evaluation and training (the help is :data:`DESCRIPTION`)."""
+# Handlers raise; bertforge.cli.main turns a user's mistake into one ``error: …`` line and exit status 2.
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+
+# The help of ``bertforge retrieval``: plain text (argparse prints it as written), every subcommand.
+DESCRIPTION = """\
+Retrieval data, evaluation and training.
+
+    bertforge retrieval from-squad dev-v1.1.json squad-ir/      # BEIR layout + pairs.jsonl
+    bertforge retrieval eval MODEL squad-ir/ --out eval/         # metrics.json and run.trec
+    bertforge retrieval train --init MODEL --data squad-ir/pairs.jsonl --out run/  # contrastive fine-tuning
+
+(bertforge eval is the masked-LM evaluation of checkpoints, bertforge eval CKPT...: a
+word "retrieval" there would read as a checkpoint, so retrieval's evaluation lives here.)
+"""
 
 
 def cmd_from_squad(args: argparse.Namespace, extra: list[str]) -> int:
@@ -71,7 +75,7 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_retrieval_commands(sub: argparse._SubParsersAction) -> None:
     group = sub.add_parser("retrieval", help="retrieval data (BEIR, SQuAD as retrieval) and evaluation",
-                           description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                           description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     group_sub = group.add_subparsers(dest="retrieval_command", required=True)
     p = group_sub.add_parser("from-squad", help="a SQuAD file → a BEIR directory (each question → its "
                                                 "paragraph) and training pairs")
