@@ -13,7 +13,7 @@
     bertforge data …                           # Wikipedia / text → records (see data/cli.py)
     bertforge squad train|predict|evaluate|ask # SQuAD v1.1 and v2.0 (see squad/cli.py)
     bertforge finetune glue|ner|predict|download-glue  # GLUE and NER (see finetune/cli.py)
-    bertforge retrieval from-squad|eval         # retrieval data and evaluation (see retrieval/cli.py)
+    bertforge retrieval from-squad|eval|train  # retrieval data, evaluation, training (see retrieval/cli.py)
 
 Every command handler takes ``(args, extra)`` and returns an exit status. ``main``
 is the one place that turns errors into exits: a mistake a user can make (see
