@@ -239,7 +239,9 @@ class ProgressBar(_Closing):
         self.progress: Progress | None = None
         self.main, self.total, self.start, self.label = main, total, start, label
         self.every_s, self.clock, self.console = every_s, clock, out or console
-        self.started = clock()
+        # The pace is timed from the first step's end: that step also compiles and warms up, and a run of
+        # minutes read an ETA of hours from it. (step, clock) there; None before.
+        self.paced_from: tuple[int, float] | None = None
         self.printed_at: float | None = None  # the clock at the last plain line
         # Plain lines where a live bar would show nothing until its end.
         self.plain = enabled and main and not self.console.is_terminal
@@ -261,15 +263,25 @@ class ProgressBar(_Closing):
         if self.progress is not None:
             fields: dict[str, Any] = {"status": status} if status is not None else {}
             self.progress.update(self.task, completed=step, **fields)
-        elif self.plain and status is not None:
+        elif self.plain:
             now = self.clock()
+            if self.paced_from is None:
+                self.paced_from = (step, now)
+            if status is None:
+                return
             if self.printed_at is None or step >= self.total or now - self.printed_at >= self.every_s:
                 self.printed_at = now
                 self.print(f"{self.label} step {step}/{self.total} {status.strip()} eta {self.eta(step, now)}")
 
     def eta(self, step: int, now: float) -> str:
-        """The time left at the mean pace of the steps done so far, as H:MM:SS."""
-        return eta(step - self.start, self.total - step, now - self.started)
+        """The time left at the mean pace of the steps after the first one, as H:MM:SS; -:--:-- until
+        one is done (the first step's time is mostly warm-up: compilation, allocation, caches)."""
+        if step >= self.total:
+            return "0:00:00"
+        if self.paced_from is None or step <= self.paced_from[0]:
+            return "-:--:--"
+        first, then = self.paced_from
+        return eta(step - first, self.total - step, now - then)
 
     def stage(self, name: str, count: str) -> Stage:
         """An evaluation or prediction :class:`Stage` (``name``: "step 4: eval"; ``count``: what it

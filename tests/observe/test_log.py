@@ -144,7 +144,7 @@ def test_off_a_terminal_steps_are_plain_lines_at_most_every_interval():
             clock.now += 2.0  # 2 s a step, a status every 5: a line every 15 steps
             bar.update(step, f"loss {1 / step:.3f} 8 seq/s " if step % 5 == 0 or step == 1 else None)
     assert out.file.getvalue().splitlines() == [
-        "pretrain step 1/100 loss 1.000 8 seq/s eta 0:03:18",  # the first logged step at once
+        "pretrain step 1/100 loss 1.000 8 seq/s eta -:--:--",  # the first logged step at once, not yet paced
         "pretrain step 20/100 loss 0.050 8 seq/s eta 0:02:40",  # 38 s later: the first logged step past 30 s
         "pretrain step 35/100 loss 0.029 8 seq/s eta 0:02:10",  # 30 s after the one before
         "pretrain step 50/100 loss 0.020 8 seq/s eta 0:01:40",
@@ -153,6 +153,22 @@ def test_off_a_terminal_steps_are_plain_lines_at_most_every_interval():
         "pretrain step 95/100 loss 0.011 8 seq/s eta 0:00:10",
         "pretrain step 100/100 loss 0.010 8 seq/s eta 0:00:00",  # the last, 10 s after the one before
     ]
+
+
+def test_the_eta_is_paced_by_the_steps_after_the_first():
+    """Issue 41.7: a first step of 10 minutes (compilation, warm-up) and then 2 s a step read
+    "eta 1:50:46"-like hours; the pace is timed from the first step's end."""
+    out, clock = plain(), FakeClock()
+    with ProgressBar(total=100, start=0, enabled=True, every_s=30, clock=clock, out=out) as bar:
+        clock.now += 600.0
+        bar.update(1, "loss 1.000")
+        for step in range(2, 101):
+            clock.now += 2.0
+            bar.update(step, "loss 0.500" if step in (20, 100) else None)
+    assert [line.split(" eta ")[1] for line in out.file.getvalue().splitlines()] == [
+        "-:--:--",  # no pace yet
+        "0:02:40",  # 19 steps in 38 s, 80 left (from the start: 638 s for 20 steps, 0:42:32)
+        "0:00:00"]
 
 
 def test_off_a_terminal_a_pass_has_a_start_and_an_end_line():
