@@ -35,7 +35,9 @@ def cmd_pretrain(args: argparse.Namespace, extra: list[str]) -> int:
         first, last = summary["first_eval"], summary["last_eval"]
         nsp = (f", NSP accuracy {first['nsp_accuracy']:.4f} → {last['nsp_accuracy']:.4f}"
                if "nsp_accuracy" in last else "")
-        print(f"held-out masked-LM accuracy {first['mlm_accuracy']:.4f} → {last['mlm_accuracy']:.4f}{nsp}")
+        print(f"held-out loss {first['loss']:.4f} → {last['loss']:.4f}, "
+              f"masked-LM accuracy {first['mlm_accuracy']:.4f} → {last['mlm_accuracy']:.4f}{nsp}")
+    # stdout is the run's result, printed at its end (progress and evaluations go to stderr as they come)
     print(f"run directory: {summary['run_dir']}")
     return 0
 

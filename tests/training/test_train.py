@@ -318,3 +318,35 @@ def test_pretrain_evaluations_into_a_file_print_their_batches(tmp_path, capsys):
             for line in lines[first + 1:first + batches]]
     assert [int(match.group(1)) for match in done if match] == list(range(1, batches)) and batches > 2
     assert re.fullmatch(rf"step 2: eval: done {sequences} sequences in [\d.]+ s", lines[first + batches])
+
+
+def test_pretrain_prints_its_result_on_stdout_and_its_progress_on_stderr(tmp_path, capsys):
+    """Issue 41.7: ``bertforge pretrain > log.txt`` holds the run's result (README, "Quick start"):
+    the held-out loss and accuracies from the first evaluation to the last, then the run directory;
+    the progress, the evaluations and the run directory at its start are on stderr as they come."""
+    import re
+
+    from bertforge.cli import main
+    from tiny_corpus import write_corpus
+
+    write_corpus(tmp_path)
+    run = tmp_path / "runs" / "result"
+    assert main(["pretrain", "--config", "tiny", "--data.input", str(tmp_path / "train.tfrecord"),
+                 "--data.eval_input", str(tmp_path / "eval.tfrecord"), "--data.vocab", str(tmp_path / "vocab.txt"),
+                 "--data.seq_len", "32", "--data.max_predictions", "4", "--steps", "2",
+                 "--train.micro_batch_size", "8", "--train.global_batch_size", "8", "--train.eval_every", "2",
+                 "--train.eval_at_start", "true", "--train.eval_batch_size", "8", "--log.every", "1",
+                 "--log.tensorboard", "false", "--run-dir", str(run.parent), "--name", run.name]) == 0
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    evals = [re.fullmatch(r"step (\d+): eval mlm_accuracy (\S+) nsp_accuracy (\S+) loss (\S+)", line)
+             for line in lines if " eval mlm_accuracy " in line]
+    assert [int(m.group(1)) for m in evals] == [r["step"] for r in read_metrics(run)[1]] == [0, 2]
+    for m, row in zip(evals, read_metrics(run)[1], strict=True):  # the lines print what was logged
+        assert [float(m.group(i)) for i in (2, 3, 4)] == pytest.approx(
+            [row["mlm_accuracy"], row["nsp_accuracy"], row["loss"]], abs=1e-4)
+    (_, acc0, nsp0, loss0), (_, acc2, nsp2, loss2) = (m.groups() for m in evals)
+    assert out == (f"held-out loss {loss0} → {loss2}, masked-LM accuracy {acc0} → {acc2}, "
+                   f"NSP accuracy {nsp0} → {nsp2}\nrun directory: {run}\n")
+    assert lines[0] == f"run directory: {run}" and "held-out" not in err
+    assert [line.split()[2] for line in lines if line.startswith("pretrain step ")] == ["1/2", "2/2"]
