@@ -1,4 +1,5 @@
-"""Shared test helpers: where the real data in ../shared/data lives, a small real disk, a live run."""
+"""Shared test helpers: where the real data in ../shared/data lives, a small real disk, a live run, and
+waits and clocks that no load can break (issue 41.6)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -143,3 +146,39 @@ def live_run(run_dir: Path) -> Iterator[subprocess.Popen]:
     finally:
         holder.kill()
         holder.wait()
+
+
+# What ends a wait that never ends (a hung process), far beyond the slowest wait on a loaded machine. It
+# stops the test; it does not judge its speed: the waits below end on an event (tests/test_suite_rules.py).
+HANG_GUARD_S = 900.0
+
+
+def wait_until(done: Callable[[], bool], *processes: subprocess.Popen, what: str) -> None:
+    """Poll ``done`` until it holds. Fails as soon as one of ``processes`` exits first, with its
+    status and the end of its stderr (when piped); a hang ends at :data:`HANG_GUARD_S`."""
+    guard = time.monotonic() + HANG_GUARD_S
+    while not done():
+        for process in processes:
+            if process.poll() is not None:
+                err = process.communicate()[1] if process.stderr is not None else ""
+                raise AssertionError(f"{what}: a process exited first (status {process.returncode}): "
+                                     f"{(err or '')[-3000:]}")
+        if time.monotonic() > guard:
+            raise TimeoutError(f"{what}: still waiting after {HANG_GUARD_S:.0f} s, a hang")
+        time.sleep(0.02)
+
+
+class SteadyClock:
+    """A stand-in for the ``time`` module of a module under test: each ``perf_counter()`` reads
+    ``tick`` seconds after the one before, so every timed stretch lasts exactly ``tick`` and the
+    rates made from it are exact numbers, however loaded the machine (the rest is ``time``'s)."""
+
+    def __init__(self, tick: float):
+        self.tick, self.reads = tick, 0
+
+    def perf_counter(self) -> float:
+        self.reads += 1
+        return self.reads * self.tick
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)

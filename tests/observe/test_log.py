@@ -5,9 +5,9 @@ from __future__ import annotations
 import io
 import json
 import sys
-import time
 
 import pytest
+from conftest import wait_until
 from rich.console import Console
 
 import bertforge.observe.log
@@ -295,11 +295,12 @@ def test_wandb_offline_run_holds_the_metrics_config_and_summary(tmp_path, monkey
     [path] = list((run / "wandb").glob("offline-run-*/run-*.wandb"))
     # wandb's service process writes the file; on a loaded machine its last records may land after
     # finish() returned (the test once read an empty file).
-    deadline = time.monotonic() + 60
-    while not (records := wandb_records(path)) or records[-1].WhichOneof("record_type") != "exit":
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
+    def exited() -> bool:
+        records = wandb_records(path)
+        return bool(records) and records[-1].WhichOneof("record_type") == "exit"
+
+    wait_until(exited, what="wandb's exit record")
+    records = wandb_records(path)
     kinds = [r.WhichOneof("record_type") for r in records]
     assert kinds[0] == "header" and kinds[-1] == "exit"
     [header] = [r.run for r in records if r.WhichOneof("record_type") == "run"]

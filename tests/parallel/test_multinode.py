@@ -14,11 +14,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import wait_until
 from test_preemption import REPO, checkpoints, env, finish, losses, run_args, torchrun, train_rows, worker_pids
 
 from bertforge.formats.load import load_model
@@ -102,11 +102,7 @@ def test_a_lost_node_is_replaced_and_the_run_continues_exactly(one_launcher, tmp
     fresh_store = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     a = node(tmp_path, "lost", STEPS, port, host=True, extra_env=fresh_store)
     b = node(tmp_path, "lost", STEPS, port, host=False, extra_env=fresh_store)
-    deadline = time.monotonic() + 180
-    while len(train_rows(run)) < 3:
-        assert a.poll() is None and b.poll() is None, (a.returncode, b.returncode)
-        assert time.monotonic() < deadline, "no third step"
-        time.sleep(0.02)
+    wait_until(lambda: len(train_rows(run)) >= 3, a, b, what="no third step")
     workers = worker_pids(b.pid)
     os.killpg(b.pid, signal.SIGKILL)
     for pid in workers.values():  # torchrun starts each worker in a session of its own

@@ -326,8 +326,9 @@ def test_pretrain_prints_its_result_on_stdout_and_its_progress_on_stderr(tmp_pat
     the progress, the evaluations and the run directory at its start are on stderr as they come."""
     import re
 
-    from bertforge.cli import main
     from tiny_corpus import write_corpus
+
+    from bertforge.cli import main
 
     write_corpus(tmp_path)
     run = tmp_path / "runs" / "result"
