@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import SteadyClock
 from test_packing import synthetic
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -111,7 +112,8 @@ def test_peaks_by_device_name_and_precision():
 
 
 class Counting:
-    """Counts the engine's forward passes and optimizer steps in bertforge.bench.pretrain."""
+    """Counts the engine's forward passes and optimizer steps in bertforge.bench.pretrain, whose clock
+    it steadies."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch):
         self.forwards = self.optimizer_steps = 0
@@ -128,6 +130,8 @@ class Counting:
 
         monkeypatch.setattr(bench, "training_loss", counted_loss)
         monkeypatch.setattr(bench, "build_optimizer", counted_optimizer)
+        # The timed stretch lasts exactly 0.8 s: the rates are exact, whatever the machine's load.
+        monkeypatch.setattr(bench, "time", SteadyClock(0.8))
 
 
 def test_accumulation_times_n_micro_batches_per_optimizer_step(monkeypatch, capsys):
@@ -140,11 +144,10 @@ def test_accumulation_times_n_micro_batches_per_optimizer_step(monkeypatch, caps
     assert (result["accumulation"], result["global_batch"], result["sequences"]) == (2, 6, 2 * 2 * 3)
     assert (result["data"], result["packed"], result["peak_tflops"]) == ("synthetic", False, 0.5)
     assert result["flops_per_seq"] == pretraining_flops(ModelConfig(**MODEL_PRESETS["tiny"]), 32, 5)
-    seconds = 2 * result["step_ms"] / 1000
-    assert result["seq_per_s"] == pytest.approx(12 / seconds, rel=1e-2)
-    assert result["rows_per_s"] == result["seq_per_s"]
-    assert result["tokens_per_s"] == result["real_tokens_per_s"] == pytest.approx(result["seq_per_s"] * 32, rel=1e-3)
-    assert result["model_tflops"] == pytest.approx(result["seq_per_s"] * result["flops_per_seq"] / 1e12, rel=1e-3)
+    # The timed steps last 0.8 s on the steady clock: 12 sequences of 32 tokens.
+    assert (result["step_ms"], result["seq_per_s"], result["rows_per_s"]) == (400.0, 15.0, 15.0)
+    assert result["tokens_per_s"] == result["real_tokens_per_s"] == 15.0 * 32
+    assert result["model_tflops"] == pytest.approx(15.0 * result["flops_per_seq"] / 1e12, rel=1e-3)
     assert result["mfu"] == pytest.approx(result["model_tflops"] / 0.5, rel=1e-3)
 
 
