@@ -43,6 +43,7 @@ def test_every_subcommand_is_covered():
 
 
 @pytest.mark.parametrize("words", SUBCOMMANDS, ids=" ".join)
+@pytest.mark.smoke
 def test_help(words, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main([*words, "--help"])
@@ -520,6 +521,7 @@ def test_a_batch_size_below_one_is_refused_in_one_line(argv, value, said, capsys
     assert capsys.readouterr().err.splitlines()[-1] == f"bertforge {prog}: error: argument --batch-size: {said}"
 
 
+@pytest.mark.smoke
 def test_retrieval_help_shows_every_subcommand_in_plain_text(capsys):
     """Issue 41.7: the group's description named from-squad and eval only, in the docstring's
     reST markup (``…``); it is plain text with a command line for each subcommand."""

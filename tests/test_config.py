@@ -51,6 +51,7 @@ def test_shipped_configs_include_the_four_named_ones():
 
 
 @pytest.mark.parametrize("name", SHIPPED)
+@pytest.mark.smoke
 def test_every_shipped_config_parses_and_round_trips(name):
     cfg = load_config(name)
     assert config_from_dict(yaml.safe_load(cfg.to_yaml())) == cfg

@@ -45,6 +45,7 @@ def test_sizes_in_messages_have_units():
         == ["0 bytes", "1 byte", "1023 bytes", "1.0 KiB", "1.5 KiB", "1.0 MiB", "50.7 MiB", "3.0 GiB", "5.0 TiB"]
 
 
+@pytest.mark.smoke
 def test_atomic_files_appear_together_or_not_at_all(tmp_path, monkeypatch):
     """A failure at the last file, in its block or when it is renamed into place, leaves none of them."""
     import errno

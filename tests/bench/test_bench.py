@@ -99,6 +99,7 @@ def test_the_formula_counts_a_packed_rows_cls_slots():
         rows * pretraining_flops(cfg, T, P, S) - attention * skipped
 
 
+@pytest.mark.smoke
 def test_peaks_by_device_name_and_precision():
     assert peak_tflops(H100_SXM, "fp16") == 989.4
     assert peak_tflops("NVIDIA H100 PCIe", "bf16") == 756.5

@@ -22,6 +22,7 @@ def shards(tmp_path):
     return directory
 
 
+@pytest.mark.smoke
 def test_manifest_holds_md5_and_size_of_every_file(shards, capsys):
     manifest = shards.parent / "records.md5"  # beside the directory: a run reads every file in it
     assert main(["data", "checksum", str(shards), "--workers", "2"]) == 0

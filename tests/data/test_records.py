@@ -80,6 +80,7 @@ def many(sample_arrays) -> PretrainingArrays:
 
 # ---------------------------------------------------------------- TFRecord framing and other tools' files
 
+@pytest.mark.smoke
 def test_masked_crc32c():
     # crc32c("123456789") = 0xE3069283, the standard check value; masked by hand:
     # (0x1C60D | 0x25060000) + 0xA282EAD8 = 0xC78AB0E5 (mod 2**32).
@@ -190,6 +191,7 @@ def _protobuf_example_class():
     return message_factory.GetMessageClass(pool.FindMessageTypeByName("bftest.Example"))
 
 
+@pytest.mark.smoke
 def test_protobuf_reads_ours_and_serializes_the_same_bytes(tmp_path, sample, sample_arrays):
     Example = _protobuf_example_class()
     out = write_records(tmp_path / "x.tfrecord", sample_arrays)

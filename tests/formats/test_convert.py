@@ -70,6 +70,7 @@ def hf_pretraining(tmp_path_factory):
     return model, path
 
 
+@pytest.mark.smoke
 def test_pretraining_parity_random_weights(hf_pretraining):
     hf, path = hf_pretraining
     ours = load_hf(path, head="pretraining")
@@ -225,6 +226,7 @@ def test_sharded_safetensors(tmp_path, hf_pretraining):
 
 # ---------------------------------------------------------------- key map and config
 
+@pytest.mark.smoke
 def test_hf_to_ours_key_map():
     w = torch.randn(10, 4)
     bias = torch.randn(10)

@@ -322,6 +322,7 @@ def test_block_masks_skip_the_blocks_no_query_sees(T, lengths):
         assert mask.sparsity() == pytest.approx(100 * (1 - (64 + 2 * 63) / 4096))  # 95.4 % skipped
 
 
+@pytest.mark.smoke
 def test_presets_are_the_published_models():
     """modernbert-base is transformers' ModernBertConfig defaults (answerdotai/ModernBERT-base);
     -large is answerdotai/ModernBERT-large's config.json (28 layers, 1024 wide, 16 heads, 2624)."""
@@ -400,6 +401,7 @@ def test_families_build_their_models_and_bert_classes_refuse_modernbert():
         build_pretraining_model(dataclasses.replace(CFG, pad_token_id=200), "mlm")
 
 
+@pytest.mark.smoke
 def test_initialisation_is_transformers(twins):
     """Truncated normal within ± 2 std, with transformers' std per tensor: each tensor's spread and
     bound equal those of transformers' fresh model to a few percent."""

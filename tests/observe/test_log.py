@@ -136,6 +136,7 @@ class FakeClock:
         return self.now
 
 
+@pytest.mark.smoke
 def test_off_a_terminal_steps_are_plain_lines_at_most_every_interval():
     out, clock = plain(), FakeClock()
     with ProgressBar(total=100, start=0, enabled=True, label="pretrain", every_s=30, clock=clock, out=out) as bar:
@@ -155,6 +156,7 @@ def test_off_a_terminal_steps_are_plain_lines_at_most_every_interval():
     ]
 
 
+@pytest.mark.smoke
 def test_the_eta_is_paced_by_the_steps_after_the_first():
     """Issue 41.7: a first step of 10 minutes (compilation, warm-up) and then 2 s a step read
     "eta 1:50:46"-like hours; the pace is timed from the first step's end."""

@@ -102,6 +102,7 @@ def _measure_step(cfg, model) -> dict[str, int]:
 # ------------------------------------------------------------ parameters and state
 
 @pytest.mark.parametrize("preset", ["tiny", "base", "large"])
+@pytest.mark.smoke
 def test_parameter_and_state_bytes_are_exact(preset):
     cfg = load_config(preset)
     with torch.device("meta"):

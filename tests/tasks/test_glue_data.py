@@ -354,6 +354,7 @@ def test_features_equal_run_classifier(glue_dir, vocab, seq_len):
     assert truncated > 0  # the long pairs were cut
 
 
+@pytest.mark.smoke
 def test_features_equal_transformers_on_ascii(vocab):
     """transformers' glue_convert_examples_to_features is ``tokenizer(pairs, padding="max_length",
     truncation=True)`` (its "longest_first"); transformers 5 dropped the function, its tokenizer stays."""

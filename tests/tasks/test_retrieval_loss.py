@@ -23,6 +23,7 @@ def embeddings(seed: int, *shape: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.smoke
 def test_loss_and_gradients_equal_multiple_negatives_ranking_loss(symmetric):
     from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
 

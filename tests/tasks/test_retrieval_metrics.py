@@ -30,6 +30,7 @@ def random_case(seed):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.smoke
 def test_every_metric_equals_trec_eval_on_ties_and_grades(seed):
     qrels, run = random_case(seed)
     means, per_query = evaluate_run(qrels, run)

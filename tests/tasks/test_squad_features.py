@@ -184,6 +184,7 @@ def test_long_question_is_truncated(tokenizer):
     assert features.token_is_max_context[0].sum() == 60
 
 
+@pytest.mark.smoke
 def test_windows_overlap_by_the_stride(tokenizer):
     # 200 one-WordPiece words, 64 - 2 - 3 = 59 per window, advancing by 20.
     features = convert_examples_to_features(

@@ -44,6 +44,7 @@ HAND_PREDICTIONS = {
 # EM = 100 × 3/8 = 37.5; F1 = 100 × (1 + 0.8 + 0.5 + 1 + 0 + 0 + 0 + 2/3)/8 = 100 × (119/30)/8.
 
 
+@pytest.mark.smoke
 def test_hand_checked_scores(caplog):
     with caplog.at_level(logging.WARNING, logger="bertforge.tasks.squad.metric"):
         scores = evaluate(HAND, HAND_PREDICTIONS)

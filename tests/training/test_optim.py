@@ -113,6 +113,7 @@ G2 = [-0.2, 0.1, 0.3, -0.4, 0.02]
 # ------------------------------------------------------------------ LAMB
 
 @pytest.mark.parametrize("bias_correction", [True, False])
+@pytest.mark.smoke
 def test_lamb_first_step_by_hand(bias_correction):
     # Without weight decay the trust ratio cancels Adam's scale: the step has
     # norm lr·||w|| along sign(g) (first step), with or without bias correction.
