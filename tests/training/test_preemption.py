@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import test_squad_cli
 import torch
-from conftest import live_run, shared_data, wait_until
+from conftest import HANG_GUARD_S, live_run, shared_data, wait_until
 
 from bertforge.cli import main
 from bertforge.config import ConfigError, load_config
@@ -479,7 +479,7 @@ def _start_run(cfg, lined_up, results, release) -> None:
             results.put((os.getpid(), str(err)))
             return
         results.put((os.getpid(), str(run_dir)))
-        release.wait(60)
+        release.wait(HANG_GUARD_S)  # the test sets it once every run has reported, however slowly
 
 
 @pytest.mark.parametrize("resume", ["auto", ""])
@@ -501,7 +501,7 @@ def test_runs_of_one_name_started_at_once_leave_one_live_run_per_directory(tmp_p
         for starter in starters:
             starter.start()
         try:
-            outcomes = dict(results.get(timeout=60) for _ in starters)
+            outcomes = dict(results.get(timeout=HANG_GUARD_S) for _ in starters)
             if resume:
                 winners = [pid for pid, outcome in outcomes.items() if outcome == str(run)]
                 assert len(winners) == 1, outcomes
@@ -517,7 +517,7 @@ def test_runs_of_one_name_started_at_once_leave_one_live_run_per_directory(tmp_p
         finally:
             release.set()
             for starter in starters:
-                starter.join(60)
+                starter.join(HANG_GUARD_S)
         assert [starter.exitcode for starter in starters] == [0] * 8
 
 
