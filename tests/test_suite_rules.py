@@ -33,7 +33,7 @@ CLOCKS |= {f"{name}_ns" for name in CLOCKS}
 ORDERINGS = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)
 
 
-def test_files() -> list[Path]:
+def suite_files() -> list[Path]:
     return sorted(p for p in TESTS.rglob("*.py") if "fixtures" not in p.relative_to(TESTS).parts)
 
 
@@ -177,7 +177,7 @@ def counts(result):
 
 @pytest.mark.smoke
 def test_no_test_asserts_a_wall_clock_time():
-    found = [where for path in test_files()
+    found = [where for path in suite_files()
              for where in wall_clock_assertions(path.read_text(encoding="utf-8"), str(path.relative_to(REPO)))]
     assert found == []
 
@@ -195,14 +195,14 @@ def smoke_tests(path: Path) -> list[str]:
     return [t.name for t in tests if marks_module or any("mark.smoke" in ast.unparse(d) for d in t.decorator_list)]
 
 
-def test_folders() -> list[Path]:
+def suite_folders() -> list[Path]:
     return sorted({p.parent for p in TESTS.rglob("test_*.py") if "fixtures" not in p.relative_to(TESTS).parts})
 
 
 @pytest.mark.smoke
 def test_every_test_folder_has_smoke_tests():
     """``pytest -m smoke`` (README, "Tests") runs a few tests of every folder of tests/."""
-    assert [folder.relative_to(REPO).as_posix() for folder in test_folders()
+    assert [folder.relative_to(REPO).as_posix() for folder in suite_folders()
             if not any(smoke_tests(p) for p in folder.glob("test_*.py"))] == []
 
 
@@ -222,7 +222,7 @@ def test_the_smoke_tests_import_every_package_folder():
     """The files holding smoke tests import (at the top or in a test) from every folder of bertforge/
     that holds modules: the subset touches the whole package, not one corner of it."""
     imported = set()
-    for path in test_files():
+    for path in suite_files():
         if path.name.startswith("test_") and smoke_tests(path):
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
                 if isinstance(node, ast.ImportFrom) and node.module:
