@@ -66,6 +66,7 @@ SETTINGS = [
 
 
 @pytest.mark.shared_data
+@pytest.mark.slow  # the first settings encode the texts both ways
 @pytest.mark.parametrize("with_corpus", [False, True], ids=["positives", "corpus"])
 @pytest.mark.parametrize("settings", SETTINGS, ids=["defaults", "range-relative", "absolute-max-random",
                                                     "min-random"])
