@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import random
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -113,7 +112,7 @@ def test_mined_rows_train(tmp_path, capsys):
     said = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     rows = read_pairs(mined, negatives=2)
     assert said["rows"] == len(rows.queries) >= 40 and len(rows.negatives) == 2
-    for query, positive, first in zip(rows.queries, rows.positives, rows.negatives[0]):
+    for positive, first in zip(rows.positives, rows.negatives[0]):
         assert first != positive and first in set(corpus) | set(positives)
     out = tmp_path / "run"
     assert main(["retrieval", "train", "--init", str(MINILM), "--data", str(mined), "--negatives", "2",

@@ -91,6 +91,8 @@ def add_retrieval_commands(sub: argparse._SubParsersAction) -> None:
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     from .train import run_command
 
+    if args.data and len(args.data) == 1:  # one dataset: retrieval.data stays a path, as before several
+        args.data = args.data[0]
     return run_command(args, extra)
 
 
@@ -98,7 +100,8 @@ def add_train_command(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("train", help="contrastive fine-tuning of an embedding model (in-batch negatives)",
                             epilog="Config fields are set with dotted flags, e.g. --train.lr 2e-5 --train.steps 100.")
     p.add_argument("--init", help="our checkpoint, a transformers or sentence-transformers directory")
-    p.add_argument("--data", help="query/positive[/negatives] rows: JSON Lines, Parquet or a save_to_disk directory")
+    p.add_argument("--data", nargs="+", help="query/positive[/negatives] rows: JSON Lines, Parquet or a save_to_disk "
+                                             "directory; several: one dataset each, a batch from one of them")
     p.add_argument("--out", help="the run directory")
     p.add_argument("--config", default=None, help="retrieval_base (default) or a YAML path")
     p.add_argument("--pooling", choices=["mean", "cls"])
@@ -109,6 +112,10 @@ def add_train_command(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--negatives", type=int, help="hard negatives per row (default 0)")
     p.add_argument("--symmetric", action="store_true", help="also each positive against every query")
     p.add_argument("--cache-chunk", type=int, help="GradCache: rows per forward with gradients")
+    p.add_argument("--batch-sampler", choices=("batch_sampler", "no_duplicates"),
+                   help="no_duplicates: no text twice in a batch (default batch_sampler: a random order)")
+    p.add_argument("--multi-dataset-batch-sampler", choices=("proportional", "round_robin"),
+                   help="with several --data: every batch of each (proportional, the default) or one of each in turn")
     p.add_argument("--late-interaction", action="store_true", help="ColBERT: token embeddings and MaxSim")
     p.add_argument("--projection-dim", type=int)
     p.add_argument("--resume", help="a run or step directory to continue exactly")
