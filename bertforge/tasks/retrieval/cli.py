@@ -134,8 +134,9 @@ def cmd_mine(args: argparse.Namespace, extra: list[str]) -> int:
     from .model import load_embedder
     from .pairs import read_pairs
 
-    if args.out.exists() and not args.overwrite:
-        raise ConfigError(f"{args.out} exists: choose another output file, or pass --overwrite")
+    if args.out.is_dir() or (args.out.exists() and not args.overwrite):
+        raise ConfigError(f"{args.out} exists: choose another output file"
+                          + ("" if args.out.is_dir() else ", or pass --overwrite"))
     settings = MiningSettings(num_negatives=args.num_negatives, range_min=args.range_min, range_max=args.range_max,
                               max_score=args.max_score, min_score=args.min_score,
                               absolute_margin=args.absolute_margin, relative_margin=args.relative_margin,
