@@ -131,3 +131,15 @@ def test_settings_that_leave_no_window_are_refused_in_one_line_and_nothing_is_wr
     assert code == 2 and capsys.readouterr().err == (
         "error: --range-max 7: the ranks 5 to 7 hold fewer than --num-negatives 3 candidates\n")
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_late_interaction_model_is_refused_in_one_line():
+    """MaxSim scores are not the cosine mine_hard_negatives ranks by: token-vector models are refused."""
+
+    class Tokens:
+        def encode(self, texts, kind="query", batch_size=64):
+            return [torch.ones(3, 4) for _ in texts]
+
+    with pytest.raises(Exception, match=r"^mining takes a single-vector model; this one is late interaction"):
+        mine_negatives(Tokens(), Pairs(["q1", "q2"], ["p1", "p2"]), ["d1", "d2", "d3", "d4"],
+                       MiningSettings(num_negatives=1))
