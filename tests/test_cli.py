@@ -24,7 +24,8 @@ SUBCOMMANDS = [["pretrain"], ["bench"], ["bench", "pretrain"], ["bench", "squad"
                ["squad", "evaluate"], ["squad", "ask"], ["eval"], ["report"], ["data", "checksum"], ["data", "pack"],
                ["import"], ["import", "tf1"], ["import", "tf2"], ["import", "hf"], ["finetune"], ["finetune", "glue"],
                ["finetune", "ner"], ["finetune", "predict"], ["finetune", "download-glue"],
-               ["retrieval"], ["retrieval", "from-squad"], ["retrieval", "eval"], ["retrieval", "train"]]
+               ["retrieval"], ["retrieval", "from-squad"], ["retrieval", "eval"], ["retrieval", "mine"],
+               ["retrieval", "train"]]
 
 
 def all_commands(parser, prefix=()):

@@ -229,7 +229,8 @@ def epoch_order(seed: int, epoch: int, size: int) -> torch.Tensor:
 
 
 class Batches(Protocol):
-    """What :class:`BatchStream` reads: a length and a batch of given rows."""
+    """What :class:`BatchStream` reads: a length and a batch of given rows. Rows with an
+    ``epoch_order(seed, epoch)`` give the epoch's order themselves (``len`` rows, batch after batch)."""
 
     def __len__(self) -> int: ...
 
@@ -268,7 +269,9 @@ class BatchStream:
 
     def _permutation(self, epoch: int) -> torch.Tensor:
         if epoch != self._order_epoch:
-            self._order_epoch, self._order = epoch, epoch_order(self.seed, epoch, len(self.dataset))
+            planned = getattr(self.dataset, "epoch_order", None)  # rows that plan their own batches (retrieval's)
+            self._order_epoch = epoch
+            self._order = planned(self.seed, epoch) if planned else epoch_order(self.seed, epoch, len(self.dataset))
         return self._order
 
     def next(self) -> dict[str, torch.Tensor]:

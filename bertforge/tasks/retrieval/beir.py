@@ -139,6 +139,12 @@ def read_beir(directory: str | Path, split: str = "test") -> RetrievalSet:
     return RetrievalSet(corpus, {q: queries[q] for q in queries if q in qrels}, qrels)
 
 
+def read_corpus(path: str | Path) -> list[str]:
+    """The documents of a corpus.jsonl (or of a BEIR directory's), as ``read_beir`` reads them."""
+    path = Path(path)
+    return list(_read_texts(path / "corpus.jsonl" if path.is_dir() else path, with_title=True).values())
+
+
 def _squad_pairs(path: Path) -> tuple[dict[str, str], list[tuple[str, str, str]]]:
     """The paragraphs (id → text, repeated texts once) and (question id, question, paragraph id)
     of each answerable question of a SQuAD file."""

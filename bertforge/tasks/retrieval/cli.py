@@ -12,6 +12,7 @@ Retrieval data, evaluation and training.
 
     bertforge retrieval from-squad dev-v1.1.json squad-ir/      # BEIR layout + pairs.jsonl
     bertforge retrieval eval MODEL squad-ir/ --out eval/         # metrics.json and run.trec
+    bertforge retrieval mine MODEL squad-ir/pairs.jsonl mined.jsonl   # hard negatives by the model
     bertforge retrieval train --init MODEL --data squad-ir/pairs.jsonl --out run/  # contrastive fine-tuning
 
 (bertforge eval is the masked-LM evaluation of checkpoints, bertforge eval CKPT...: a
@@ -88,11 +89,14 @@ def add_retrieval_commands(sub: argparse._SubParsersAction) -> None:
     add_eval_arguments(p)
     p.set_defaults(func=cmd_eval)
     add_train_command(group_sub)
+    add_mine_command(group_sub)
 
 
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     from .train import run_command
 
+    if args.data and len(args.data) == 1:  # one dataset: retrieval.data stays a path, as before several
+        args.data = args.data[0]
     return run_command(args, extra)
 
 
@@ -100,7 +104,8 @@ def add_train_command(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("train", help="contrastive fine-tuning of an embedding model (in-batch negatives)",
                             epilog="Config fields are set with dotted flags, e.g. --train.lr 2e-5 --train.steps 100.")
     p.add_argument("--init", help="our checkpoint, a transformers or sentence-transformers directory")
-    p.add_argument("--data", help="query/positive[/negatives] rows: JSON Lines, Parquet or a save_to_disk directory")
+    p.add_argument("--data", nargs="+", help="query/positive[/negatives] rows: JSON Lines, Parquet or a save_to_disk "
+                                             "directory; several: one dataset each, a batch from one of them")
     p.add_argument("--out", help="the run directory")
     p.add_argument("--config", default=None, help="retrieval_base (default) or a YAML path")
     p.add_argument("--pooling", choices=["mean", "cls"])
@@ -111,9 +116,73 @@ def add_train_command(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--negatives", type=int, help="hard negatives per row (default 0)")
     p.add_argument("--symmetric", action="store_true", help="also each positive against every query")
     p.add_argument("--cache-chunk", type=int, help="GradCache: rows per forward with gradients")
+    p.add_argument("--batch-sampler", choices=("batch_sampler", "no_duplicates"),
+                   help="no_duplicates: no text twice in a batch (default batch_sampler: a random order)")
+    p.add_argument("--multi-dataset-batch-sampler", choices=("proportional", "round_robin"),
+                   help="with several --data: every batch of each (proportional, the default) or one of each in turn")
     p.add_argument("--late-interaction", action="store_true", help="ColBERT: token embeddings and MaxSim")
     p.add_argument("--projection-dim", type=int)
     p.add_argument("--resume", help="a run or step directory to continue exactly")
     p.add_argument("--overwrite", action="store_true", help="replace the run in --out")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_train, takes_overrides=True)
+
+
+def cmd_mine(args: argparse.Namespace, extra: list[str]) -> int:
+    import json
+
+    from bertforge.config import ConfigError
+
+    from .beir import read_corpus
+    from .mine import MiningSettings, mine_negatives, write_rows
+    from .model import load_embedder
+    from .pairs import read_pairs
+
+    if args.out.is_dir() or (args.out.exists() and not args.overwrite):
+        raise ConfigError(f"{args.out} exists: choose another output file"
+                          + ("" if args.out.is_dir() else ", or pass --overwrite"))
+    settings = MiningSettings(num_negatives=args.num_negatives, range_min=args.range_min, range_max=args.range_max,
+                              max_score=args.max_score, min_score=args.min_score,
+                              absolute_margin=args.absolute_margin, relative_margin=args.relative_margin,
+                              sampling_strategy=args.sampling_strategy, seed=args.seed)
+    pairs = read_pairs(args.pairs)  # bad input is refused before the model loads
+    corpus = read_corpus(args.corpus) if args.corpus else []
+    settings.window(1)
+    model = load_embedder(args.model, pooling=args.pooling, query_prefix=args.query_prefix,
+                          document_prefix=args.document_prefix, query_max_length=args.query_max_length,
+                          document_max_length=args.document_max_length)
+    mined = mine_negatives(model, pairs, corpus, settings, args.batch_size, progress=not args.no_progress)
+    write_rows(mined.rows, args.out)
+    print(json.dumps({"out": str(args.out), "rows": len(mined.rows), "queries": mined.queries,
+                      "left_out": mined.left_out, "skipped": mined.skipped}))
+    return 0
+
+
+def add_mine_command(commands: argparse._SubParsersAction) -> None:
+    p = commands.add_parser("mine", help="hard negatives mined by an embedding model (sentence-transformers' "
+                                         "mine_hard_negatives), written as training rows")
+    p.add_argument("model", help="the embedding model: ours, a transformers or sentence-transformers directory")
+    p.add_argument("pairs", type=Path, metavar="PAIRS", help="query/positive rows (JSON Lines, Parquet, save_to_disk)")
+    p.add_argument("out", type=Path, metavar="OUT_JSONL", help="the rows with their negatives, for retrieval train")
+    p.add_argument("--corpus", type=Path, help="more candidates: a BEIR corpus.jsonl or directory "
+                                               "(default: the positives alone)")
+    p.add_argument("--num-negatives", type=int, default=3, help="negatives per row (default 3)")
+    p.add_argument("--range-min", type=int, default=0, help="candidates skipped first, best first (default 0)")
+    p.add_argument("--range-max", type=int, help="the last candidate rank considered (default: enough for "
+                                                 "--num-negatives, ten times that with a margin or --max-score)")
+    p.add_argument("--max-score", type=float, help="drop candidates scoring above this")
+    p.add_argument("--min-score", type=float, help="drop candidates scoring below this")
+    p.add_argument("--absolute-margin", type=float, help="drop candidates within this of the query's positive")
+    p.add_argument("--relative-margin", type=float, help="drop candidates above positive - |positive| × this")
+    p.add_argument("--sampling-strategy", choices=("top", "random"), default="top",
+                   help="the best candidates, or a random draw among those left (default top)")
+    p.add_argument("--seed", type=int, default=0, help="of --sampling-strategy random (default 0)")
+    p.add_argument("--batch-size", type=int, default=32, help="texts per encoder call (default 32)")
+    p.add_argument("--pooling", choices=("mean", "cls"), help="over the model's own setting")
+    p.add_argument("--query-prefix")
+    p.add_argument("--document-prefix")
+    p.add_argument("--query-max-length", type=int)
+    p.add_argument("--document-max-length", type=int)
+    p.add_argument("--overwrite", action="store_true", help="replace OUT_JSONL")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_mine)

@@ -20,7 +20,7 @@ import argparse
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import torch
 from safetensors.torch import save_file
@@ -37,7 +37,8 @@ from ..finetune.run import train as train_job
 from .export import export_sentence_transformers
 from .loss import RetrievalLoss
 from .model import PROJECTION_FILE, Embedder, EmbeddingSettings, LateInteraction, load_embedder, pad
-from .pairs import Pairs, read_pairs
+from .pairs import Pairs
+from .sampling import data_paths, read_datasets, sampled_rows
 
 SECTION = "retrieval"  # its yaml beside the model is model.SETTINGS_FILE
 EXPORT_DIR = "sentence-transformers"
@@ -47,11 +48,13 @@ EXPORT_DIR = "sentence-transformers"
 class RetrievalConfig(EmbeddingSettings):
     """The ``retrieval:`` section: the model's settings, and the training's."""
 
-    data: str = ""              # the training rows (pairs.py)
+    data: str | list[str] = ""  # the training rows (pairs.py); several files: one dataset each (sampling.py)
     negatives: int = 0          # hard negatives per row
     scale: float = 0.0          # the scores' scale: 0 is 20 for cosine, 1 for MaxSim (PyLate's)
     symmetric: bool = False     # also each positive against every query
     cache_chunk: int = 0        # GradCache: rows per forward with gradients (0: the whole batch)
+    batch_sampler: Literal["batch_sampler", "no_duplicates"] = "batch_sampler"  # no_duplicates: no text twice a batch
+    multi_dataset_batch_sampler: Literal["proportional", "round_robin"] = "proportional"  # several datasets
 
 
 class PairRows:
@@ -113,12 +116,15 @@ def finetune_retrieval(cfg: Config, section: RetrievalConfig, init: str | Path |
         assert model.ids.file is not None
         cfg.data.vocab = str(model.ids.file.resolve())
         validate(cfg)
-        data = Path(section.data).resolve()
-        pairs = read_pairs(data, section.negatives)
+        files = [path.resolve() for path in data_paths(section.data)]
+        pairs, sizes = read_datasets(files, section.negatives)
+        rows = sampled_rows(PairRows(model, pairs), pairs, sizes, files, cfg.train.global_batch_size,
+                            section.batch_sampler, section.multi_dataset_batch_sampler, cfg.train.seed)
         scale = section.scale or (1.0 if section.late_interaction else 20.0)
-        job = Job(kind=SECTION, model=model, rows=PairRows(model, pairs),
-                  loss_fn=RetrievalLoss(scale, section.symmetric, section.cache_chunk), data_files=[data],
-                  description=f"{len(pairs.queries)} rows of {data} ({section.negatives} hard negatives each)",
+        job = Job(kind=SECTION, model=model, rows=rows,
+                  loss_fn=RetrievalLoss(scale, section.symmetric, section.cache_chunk), data_files=files,
+                  description=f"{len(pairs.queries)} rows of {', '.join(map(str, files))} "
+                              f"({section.negatives} hard negatives each)",
                   rebuild=lambda: model, save=save_model,
                   write_settings=lambda d: write_run_files(d, cfg.to_yaml(), section, SECTION, Path(cfg.data.vocab)),
                   counts={"rows": len(pairs.queries)})
@@ -126,7 +132,7 @@ def finetune_retrieval(cfg: Config, section: RetrievalConfig, init: str | Path |
                          started)
 
     return launch(cfg.execution, cfg.log, cfg.checkpoint.resume, out_dir, f"{SECTION}.yaml", SECTION, body,
-                  overwrite, (init, section.data))
+                  overwrite, (init, *data_paths(section.data)))
 
 
 def run_command(args: argparse.Namespace, extra: list[str]) -> int:
@@ -137,7 +143,9 @@ def run_command(args: argparse.Namespace, extra: list[str]) -> int:
     for flag, key in (("data", "data"), ("pooling", "pooling"), ("query_prefix", "query_prefix"),
                       ("document_prefix", "document_prefix"), ("query_max_length", "query_max_length"),
                       ("document_max_length", "document_max_length"), ("negatives", "negatives"),
-                      ("cache_chunk", "cache_chunk"), ("projection_dim", "projection_dim")):
+                      ("cache_chunk", "cache_chunk"), ("projection_dim", "projection_dim"),
+                      ("batch_sampler", "batch_sampler"),
+                      ("multi_dataset_batch_sampler", "multi_dataset_batch_sampler")):
         if getattr(args, flag) is not None:
             overrides.append((f"{SECTION}.{key}", getattr(args, flag)))
     for flag in ("symmetric", "late_interaction"):
