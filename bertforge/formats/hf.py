@@ -208,7 +208,7 @@ HF_MODELLED_KEYS = {
     "modernbert": {key for f in dataclasses.fields(ModelConfig) if f.name not in (*LEFT_OUT["modernbert"], "family",
                                                                                   "rope_scaling_factor")
                    for key in MODERNBERT_KEYS.get(f.name, (f.name,))}
-    | {"layer_types", "rope_parameters", "rope_scaling", "problem_type"},
+    | {"layer_types", "rope_parameters", "rope_scaling", "sliding_window", "problem_type"},
 }
 HF_IGNORED_KEYS = {
     "_name_or_path": "where transformers read it from", "transformers_version": "who wrote it",
@@ -287,6 +287,14 @@ def modernbert_keys(config_json: dict, source: str) -> dict:
                                   f"bertforge's ModernBERT has one value for both (model.{f.name})")
         if keys:
             ours[f.name] = config_json[keys[0]]
+    # ModernBertConfig's sliding_window is half the window: transformers 5 sets local_attention = 2 * sliding_window,
+    # over a local_attention also given.
+    window = config_json.get("sliding_window")
+    if window is not None:
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ConversionError(f"{source}: sliding_window={json.dumps(window)} is not supported (a positive "
+                                  "integer: half the local layers' window, model.local_attention // 2)")
+        ours["local_attention"] = 2 * window
     # transformers 5 writes the layers' pattern as layer_types and the thetas under rope_parameters.
     layer_types = config_json.get("layer_types")
     if layer_types is not None and "global_attn_every_n_layers" not in config_json:
