@@ -57,7 +57,6 @@ from bertforge.config import (
     replaced,
 )
 from bertforge.data import PretrainingDataset, SyntheticDataset, build_datasets, decode_sample
-from bertforge.data.vocab import load_vocab
 from bertforge.data.checksum import fingerprint
 from bertforge.data.errors import warn_prediction_cap
 from bertforge.data.feed import copied_ahead, widen
@@ -71,6 +70,7 @@ from bertforge.data.loader import (
     masking_spec,
     record_files,
 )
+from bertforge.data.vocab import load_vocab
 from bertforge.fileio import atomic_file
 from bertforge.formats import weights
 from bertforge.formats.hf import HF_MODEL_ID, find_model, is_model, resolve_model
