@@ -44,6 +44,7 @@ from torch import nn
 
 from bertforge import runs
 from bertforge.config import (
+    MODEL_PRESETS,
     CheckpointConfig,
     Config,
     ConfigError,
@@ -583,6 +584,7 @@ def with_init_model(cfg: Config) -> Config:
     and ``data.vocab``, when not given, is the vocab beside its weights (a Hugging Face directory's
     ``tokenizer.json``, a run's vocab). Shape fields given must equal the init's (checked on load)."""
     init = read_model_config(cfg.checkpoint.init)
+    check_named_preset(cfg, init)
     values: dict[str, Any] = {f"model.{field.name}": getattr(init, field.name) for field in dataclasses.fields(init)
                               if f"model.{field.name}" not in cfg.given}
     if init.family == "modernbert" and "train.objective" not in cfg.given:
@@ -591,6 +593,21 @@ def with_init_model(cfg: Config) -> Config:
     if not cfg.data.vocab and vocab is not None:
         values["data.vocab"] = str(vocab.resolve())
     return replaced(cfg, values)
+
+
+def check_named_preset(cfg: Config, init: ModelConfig) -> None:
+    """A model preset the user named is a model asked for: with ``checkpoint.init`` it must be the init's
+    (each field the preset sets and the user did not give), or the init's would replace it in silence.
+    The vocab's fields (size, [PAD] id) are left out: the data decides them, not the preset."""
+    if not cfg.preset:
+        return
+    preset = {"family": "bert", **MODEL_PRESETS[cfg.preset]}  # BERT's presets leave the default family
+    differ = [f"model.{name}={getattr(init, name)} (the preset's {value})" for name, value in preset.items()
+              if name not in ("vocab_size", "pad_token_id") and f"model.{name}" not in cfg.given
+              and getattr(init, name) != value]
+    if differ:
+        raise ConfigError(f"checkpoint.init {cfg.checkpoint.init} is not the named model preset {cfg.preset}: it has "
+                          f"{', '.join(differ)}; leave the preset out to train the init's model")
 
 
 def init_vocab_size(cfg: Config, decided: dict[str, Any]) -> dict[str, Any]:
