@@ -667,7 +667,7 @@ def export_hf(model: nn.Module, out_dir: Path | str, vocab_path: Path | str | No
         save_file(state, tmp / SAFETENSORS, metadata={"format": "pt"})  # transformers checks "format"
         for name, content in files.items():
             (tmp / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
-        if words is not None:
+        if vocab is not None and words is not None:
             (tmp / vocab_file_name(vocab)).write_text(json.dumps(words, ensure_ascii=False), encoding="utf-8")
         elif vocab is not None:
             shutil.copyfile(vocab, tmp / vocab_file_name(vocab))

@@ -584,7 +584,7 @@ def with_init_model(cfg: Config) -> Config:
     and ``data.vocab``, when not given, is the vocab beside its weights (a Hugging Face directory's
     ``tokenizer.json``, a run's vocab). Shape fields given must equal the init's (checked on load)."""
     init = read_model_config(cfg.checkpoint.init)
-    check_named_preset(cfg, init)
+    check_named_preset(cfg.preset, cfg.given, cfg.checkpoint.init, init)
     values: dict[str, Any] = {f"model.{field.name}": getattr(init, field.name) for field in dataclasses.fields(init)
                               if f"model.{field.name}" not in cfg.given}
     if init.family == "modernbert" and "train.objective" not in cfg.given:
@@ -595,18 +595,18 @@ def with_init_model(cfg: Config) -> Config:
     return replaced(cfg, values)
 
 
-def check_named_preset(cfg: Config, init: ModelConfig) -> None:
-    """A model preset the user named is a model asked for: with ``checkpoint.init`` it must be the init's
+def check_named_preset(preset: str, given: Collection[str], init_path: str, init: ModelConfig) -> None:
+    """A model ``preset`` the user named ("": none) is a model asked for: ``checkpoint.init``'s must be it
     (each field the preset sets and the user did not give), or the init's would replace it in silence.
     The vocab's fields (size, [PAD] id) are left out: the data decides them, not the preset."""
-    if not cfg.preset:
+    if not preset:
         return
-    preset = {"family": "bert", **MODEL_PRESETS[cfg.preset]}  # BERT's presets leave the default family
-    differ = [f"model.{name}={getattr(init, name)} (the preset's {value})" for name, value in preset.items()
-              if name not in ("vocab_size", "pad_token_id") and f"model.{name}" not in cfg.given
+    fields = {"family": "bert", **MODEL_PRESETS[preset]}  # BERT's presets leave the default family
+    differ = [f"model.{name}={getattr(init, name)} (the preset's {value})" for name, value in fields.items()
+              if name not in ("vocab_size", "pad_token_id") and f"model.{name}" not in given
               and getattr(init, name) != value]
     if differ:
-        raise ConfigError(f"checkpoint.init {cfg.checkpoint.init} is not the named model preset {cfg.preset}: it has "
+        raise ConfigError(f"checkpoint.init {init_path} is not the named model preset {preset}: it has "
                           f"{', '.join(differ)}; leave the preset out to train the init's model")
 
 
