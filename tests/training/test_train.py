@@ -1,5 +1,6 @@
 """The training loop: loss falls, checkpoints are atomic, resume is bit-exact."""
 
+import argparse
 import json
 import shutil
 from pathlib import Path
@@ -11,7 +12,7 @@ from safetensors.torch import load_file
 
 from bertforge.config import ConfigError, load_config
 from bertforge.formats.load import load_model, read_model_config
-from bertforge.runs import CheckpointError, find_checkpoint
+from bertforge.runs import CheckpointError, config_from_args, find_checkpoint
 from bertforge.training.engine import BatchStream
 from bertforge.training.pretrain import pretrain, with_init_model
 
@@ -128,6 +129,10 @@ def test_a_named_preset_must_be_the_inits_model(full_run, tmp_path):
     cfg = load_config("mini", [*pairs.items(), *given])
     assert cfg.preset == "mini"
     assert with_init_model(cfg).model == read_model_config(run_dir)
+    # The command's default config (pretrain_tiny: model tiny) names no preset; --model.preset and --config do.
+    named = {(None, ()): "", (None, ("--model.preset", "mini")): "mini", ("mini", ()): "mini"}
+    for (config, extra), preset in named.items():
+        assert config_from_args(argparse.Namespace(config=config), list(extra), "pretrain_tiny").preset == preset
 
 
 @pytest.mark.slow
