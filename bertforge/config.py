@@ -360,6 +360,9 @@ class Config(Freezable):
         # The keys a config file or an override set, even to their default value: where the data
         # decides a value too (the records' seq_len), one the user gave must agree with it.
         self.given: set[str] = set()
+        # The model preset the user named (--config NAME, model.preset), "" for none: checkpoint.init's
+        # model must be it (its fields are not given, so the init's would silently replace them).
+        self.preset = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "model": model_dict(self.model)}
@@ -486,6 +489,7 @@ def apply_model_preset(cfg: Config, preset: Any) -> None:
                           f"(presets: {', '.join(MODEL_PRESETS)})")
     for key, value in MODEL_PRESETS[preset].items():
         setattr(cfg.model, key, value)
+    cfg.preset = preset
 
 
 def apply_dict(cfg: Config, data: dict[str, Any], source: str = "") -> None:

@@ -492,6 +492,8 @@ def config_from_args(args: argparse.Namespace, extra: list[str], default: str | 
         # A resumed run continues with the config it was saved with, plus the overrides.
         name = str(find_checkpoint(resume) / "config.yaml")
     cfg = load_config(name or default, overrides)
+    if name is None:  # the default config's preset is not one the user named (checkpoint.init's model replaces it)
+        cfg.preset = next((str(value) for key, value in reversed(overrides) if key in ("model", "model.preset")), "")
     if cfg.checkpoint.resume == AUTO:  # unnamed, refused here: before torch loads, on every rank torchrun starts
         auto_run_dir(cfg.log.run_dir, cfg.log.name)
     return cfg

@@ -48,10 +48,7 @@ class FastTokenizer:
         assert vocab.spec is not None  # a tokenizer.json
         specials = vocab.special_ids(": fine-tuning places its classifier and separator tokens")
         text = json.dumps(vocab.spec)
-        spec = json.loads(text)
-        for pre in _byte_level(spec.get("pre_tokenizer")):
-            pre["add_prefix_space"] = True
-        tokenizer, words = Tokenizer.from_str(text), Tokenizer.from_str(json.dumps(spec))
+        tokenizer, words = Tokenizer.from_str(text), Tokenizer.from_str(json.dumps(words_spec(vocab.spec)))
         tokenizer.encode_special_tokens = words.encode_special_tokens = False  # as transformers: "[MASK]" is the mask
         return cls(tokenizer, words, specials, vocab.tokens, Path(path))
 
@@ -95,6 +92,22 @@ class FastTokenizer:
     def encode_words(self, sentences: list[list[str]]) -> list[Encoding]:
         """Sentences given as words, without special tokens: each token's word in ``word_ids``."""
         return self.words.encode_batch(sentences, is_pretokenized=True, add_special_tokens=False)
+
+
+def words_spec(spec: dict) -> dict:
+    """A copy of a ``tokenizer.json``'s contents that encodes as ``FastTokenizer.words`` does: its
+    byte-level pre-tokenizer puts a space before the text (``add_prefix_space``), so a text's first
+    word is ``Ġword`` as the others are. A NER export carries it, so that transformers'
+    token-classification pipeline encodes a sentence as typed as fine-tuning encoded its words."""
+    spec = json.loads(json.dumps(spec))
+    for pre in _byte_level(spec.get("pre_tokenizer")):
+        pre["add_prefix_space"] = True
+    return spec
+
+
+def prefixes_words(spec: dict) -> bool:
+    """Whether ``words_spec`` changes how ``spec`` encodes: it has a byte-level step without the prefix space."""
+    return any(not pre.get("add_prefix_space") for pre in _byte_level(spec.get("pre_tokenizer")))
 
 
 def _byte_level(pre: dict | None) -> list[dict]:

@@ -47,6 +47,7 @@ from bertforge.config import (
     ModelConfig,
     model_dict,
 )
+from bertforge.data.fast_tokenizer import prefixes_words, words_spec
 from bertforge.data.vocab import load_vocab
 from bertforge.fileio import atomic_directory
 from bertforge.models.bert import ACTIVATIONS
@@ -208,7 +209,7 @@ HF_MODELLED_KEYS = {
     "modernbert": {key for f in dataclasses.fields(ModelConfig) if f.name not in (*LEFT_OUT["modernbert"], "family",
                                                                                   "rope_scaling_factor")
                    for key in MODERNBERT_KEYS.get(f.name, (f.name,))}
-    | {"layer_types", "rope_parameters", "rope_scaling", "problem_type"},
+    | {"layer_types", "rope_parameters", "rope_scaling", "sliding_window", "problem_type"},
 }
 HF_IGNORED_KEYS = {
     "_name_or_path": "where transformers read it from", "transformers_version": "who wrote it",
@@ -287,6 +288,14 @@ def modernbert_keys(config_json: dict, source: str) -> dict:
                                   f"bertforge's ModernBERT has one value for both (model.{f.name})")
         if keys:
             ours[f.name] = config_json[keys[0]]
+    # ModernBertConfig's sliding_window is half the window: transformers 5 sets local_attention = 2 * sliding_window,
+    # over a local_attention also given.
+    window = config_json.get("sliding_window")
+    if window is not None:
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ConversionError(f"{source}: sliding_window={json.dumps(window)} is not supported (a positive "
+                                  "integer: half the local layers' window, model.local_attention // 2)")
+        ours["local_attention"] = 2 * window
     # transformers 5 writes the layers' pattern as layer_types and the thetas under rope_parameters.
     layer_types = config_json.get("layer_types")
     if layer_types is not None and "global_attn_every_n_layers" not in config_json:
@@ -646,6 +655,9 @@ def export_hf(model: nn.Module, out_dir: Path | str, vocab_path: Path | str | No
                               "alone (without_tokenizer=True, --without-tokenizer)")
     files = {} if vocab is None else hf_tokenizer_files(vocab, cfg, lowercase if lowercase is not None else
                                                          saved_lowercase(source) if source is not None else True)
+    words = None if vocab is None else ner_tokenizer_spec(model, vocab)
+    if words is not None:  # said where transformers' tokenizer reads its settings (it takes the pipeline's)
+        files["tokenizer_config.json"]["add_prefix_space"] = True
     # Cloned, contiguous CPU tensors: safetensors refuses views and shared storage.
     state = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
     # transformers reads the weights' dtype from here (it otherwise logs a notice and guesses).
@@ -655,9 +667,22 @@ def export_hf(model: nn.Module, out_dir: Path | str, vocab_path: Path | str | No
         save_file(state, tmp / SAFETENSORS, metadata={"format": "pt"})  # transformers checks "format"
         for name, content in files.items():
             (tmp / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
-        if vocab is not None:
+        if vocab is not None and words is not None:
+            (tmp / vocab_file_name(vocab)).write_text(json.dumps(words, ensure_ascii=False), encoding="utf-8")
+        elif vocab is not None:
             shutil.copyfile(vocab, tmp / vocab_file_name(vocab))
     return out_dir
+
+
+def ner_tokenizer_spec(model: nn.Module, vocab: Path | str) -> dict | None:
+    """The ``tokenizer.json`` of a NER export whose byte-level BPE adds no space before a text: its
+    pre-tokenizer then does (``words_spec``), as our NER encodes every word (``Ġword``, the first
+    too), so that ``pipeline("token-classification")`` on a sentence as typed sees the ids we
+    trained on and labels its words as we do; None where the vocab is copied as it is."""
+    if head_of(model) != "token_classification":
+        return None
+    spec = load_vocab(vocab).spec
+    return words_spec(spec) if spec is not None and prefixes_words(spec) else None
 
 
 def import_hf(path: str | Path, out_dir: Path | str, overwrite: bool = False) -> Path:

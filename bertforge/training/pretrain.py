@@ -44,6 +44,7 @@ from torch import nn
 
 from bertforge import runs
 from bertforge.config import (
+    MODEL_PRESETS,
     CheckpointConfig,
     Config,
     ConfigError,
@@ -56,7 +57,7 @@ from bertforge.config import (
     freeze,
     replaced,
 )
-from bertforge.data import PretrainingDataset, SyntheticDataset, build_datasets, decode_sample, vocab_size_of
+from bertforge.data import PretrainingDataset, SyntheticDataset, build_datasets, decode_sample
 from bertforge.data.checksum import fingerprint
 from bertforge.data.errors import warn_prediction_cap
 from bertforge.data.feed import copied_ahead, widen
@@ -70,6 +71,7 @@ from bertforge.data.loader import (
     masking_spec,
     record_files,
 )
+from bertforge.data.vocab import load_vocab
 from bertforge.fileio import atomic_file
 from bertforge.formats import weights
 from bertforge.formats.hf import HF_MODEL_ID, find_model, is_model, resolve_model
@@ -292,12 +294,10 @@ def load_data(model: ModelConfig, data: DataConfig, train: TrainConfig, run_dir:
     if files is None:
         built, eval_set, vocab = build_datasets(data, run_dir, mlm_only=train.objective == "mlm")
         built.always_mask = eval_set.always_mask = always_mask
-        vocab_size = vocab_size_of(vocab)
-        if data.vocab:
-            check_given_vocab_size(model, data.vocab, vocab_size, given)
         # The saved config names the vocab actually used, so a resume rebuilds the same data.
         return TrainingData(lambda position: BatchStream(built, batch_size, seed, **position, **split), eval_set,
-                            {"data.vocab": str(Path(vocab).resolve()), "model.vocab_size": vocab_size})
+                            {"data.vocab": str(Path(vocab).resolve()),
+                             **vocab_decides(model, vocab, given, named=bool(data.vocab))})
     return load_records(files, model, data, train, given=given, mlperf_log=mlperf_log, split=split, pin=pin,
                         always_mask=always_mask)
 
@@ -312,9 +312,8 @@ def load_records(files: list[Path], model: ModelConfig, data: DataConfig, train:
     shape = records_shape(files)
     first, seq_len, max_predictions, _ = shape
     check_records_shape(shape, model, data, train, given=given, mlperf_log=mlperf_log)
-    vocab_size = vocab_size_of(data.vocab) if data.vocab else model.vocab_size
-    if data.vocab:
-        check_given_vocab_size(model, data.vocab, vocab_size, given)
+    decided = vocab_decides(model, data.vocab, given) if data.vocab else {"model.vocab_size": model.vocab_size}
+    vocab_size = decided["model.vocab_size"]
     masking = records_masking(files, shape, data, vocab_size)
     # Token ids ≥ the vocab size are refused, naming the file and record, by the readers.
     eval_set = (PretrainingDataset(read_eval_records(data.eval_input, (first, seq_len, max_predictions), vocab_size),
@@ -327,15 +326,24 @@ def load_records(files: list[Path], model: ModelConfig, data: DataConfig, train:
         return (Prefetcher(stream, data.prefetch, pin=pin, threads=data.reader_threads) if data.prefetch > 0
                 else stream)
     return TrainingData(make_stream, eval_set, {"data.seq_len": seq_len, "data.max_predictions": max_predictions,
-                                                "model.vocab_size": vocab_size})
+                                                **decided})
 
 
-def check_given_vocab_size(model: ModelConfig, vocab: str, size: int, given: Collection[str]) -> None:
-    """``data.vocab`` decides ``model.vocab_size``: a value the config sets must agree, or it would be
-    silently replaced."""
-    if "model.vocab_size" in given and model.vocab_size != size:
-        raise ConfigError(f"model.vocab_size={model.vocab_size}, but data.vocab {vocab} has {size} tokens: leave "
-                          f"model.vocab_size out to take the vocab's size, or give a vocab of {model.vocab_size}")
+def vocab_decides(model: ModelConfig, vocab: str | Path, given: Collection[str], named: bool = True) -> dict[str, Any]:
+    """What the vocab decides: ``model.vocab_size`` (its size), and ``model.pad_token_id`` (its [PAD] id)
+    unless the config sets it, so that a preset's [PAD] (ModernBERT-base's 50283) follows a vocab of
+    one's own. A ``model.vocab_size`` the config sets must agree, or it would be silently replaced
+    (``named``: the user named the vocab, rather than one trained into the run)."""
+    vocab_info = load_vocab(vocab)
+    if named and "model.vocab_size" in given and model.vocab_size != vocab_info.size:
+        raise ConfigError(f"model.vocab_size={model.vocab_size}, but data.vocab {vocab} has {vocab_info.size} tokens: "
+                          f"leave model.vocab_size out to take the vocab's size, or give a vocab of "
+                          f"{model.vocab_size}")
+    decided: dict[str, Any] = {"model.vocab_size": vocab_info.size}
+    pad = vocab_info.roles.pad if vocab_info.roles else None
+    if pad is not None and "model.pad_token_id" not in given:
+        decided["model.pad_token_id"] = pad
+    return decided
 
 
 def check_records_shape(shape: RecordsShape, model: ModelConfig, data: DataConfig, train: TrainConfig, *,
@@ -576,6 +584,7 @@ def with_init_model(cfg: Config) -> Config:
     and ``data.vocab``, when not given, is the vocab beside its weights (a Hugging Face directory's
     ``tokenizer.json``, a run's vocab). Shape fields given must equal the init's (checked on load)."""
     init = read_model_config(cfg.checkpoint.init)
+    check_named_preset(cfg.preset, cfg.given, cfg.checkpoint.init, init)
     values: dict[str, Any] = {f"model.{field.name}": getattr(init, field.name) for field in dataclasses.fields(init)
                               if f"model.{field.name}" not in cfg.given}
     if init.family == "modernbert" and "train.objective" not in cfg.given:
@@ -584,6 +593,21 @@ def with_init_model(cfg: Config) -> Config:
     if not cfg.data.vocab and vocab is not None:
         values["data.vocab"] = str(vocab.resolve())
     return replaced(cfg, values)
+
+
+def check_named_preset(preset: str, given: Collection[str], init_path: str, init: ModelConfig) -> None:
+    """A model ``preset`` the user named ("": none) is a model asked for: ``checkpoint.init``'s must be it
+    (each field the preset sets and the user did not give), or the init's would replace it in silence.
+    The vocab's fields (size, [PAD] id) are left out: the data decides them, not the preset."""
+    if not preset:
+        return
+    fields = {"family": "bert", **MODEL_PRESETS[preset]}  # BERT's presets leave the default family
+    differ = [f"model.{name}={getattr(init, name)} (the preset's {value})" for name, value in fields.items()
+              if name not in ("vocab_size", "pad_token_id") and f"model.{name}" not in given
+              and getattr(init, name) != value]
+    if differ:
+        raise ConfigError(f"checkpoint.init {init_path} is not the named model preset {preset}: it has "
+                          f"{', '.join(differ)}; leave the preset out to train the init's model")
 
 
 def init_vocab_size(cfg: Config, decided: dict[str, Any]) -> dict[str, Any]:
@@ -597,7 +621,7 @@ def init_vocab_size(cfg: Config, decided: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"data.vocab {cfg.data.vocab or 'of the records'} has {tokens} tokens, more than the "
                           f"{cfg.model.vocab_size} embeddings of checkpoint.init {cfg.checkpoint.init}: use the "
                           f"tokenizer the model was trained with")
-    return {key: value for key, value in decided.items() if key != "model.vocab_size"}
+    return {key: value for key, value in decided.items() if key not in ("model.vocab_size", "model.pad_token_id")}
 
 
 def pretraining_model(model: ModelConfig, train: TrainConfig, init: str = "") -> nn.Module:

@@ -18,7 +18,7 @@ from conftest import shared_data
 from test_loader import records_config
 
 from bertforge.cli import main
-from bertforge.config import ConfigError
+from bertforge.config import ConfigError, load_config
 from bertforge.data.errors import DataError
 from bertforge.data.loader import check_tokenizer, record_files
 from bertforge.data.record_reader import open_records
@@ -111,3 +111,19 @@ def test_a_set_model_vocab_size_must_agree_with_data_vocab(made, tmp_path, sourc
     cfg = records_config(tmp_path, **{"data.input": data, "data.vocab": str(made["bpe"]), "model.vocab_size": 600,
                                       "data.seq_len": 64, "data.max_predictions": 8, "data.dupe_factor": 1})
     assert load_data(cfg.model, cfg.data, cfg.train, tmp_path, given=cfg.given).decided["model.vocab_size"] == 600
+
+
+@pytest.mark.parametrize("source", ["records", "text"])
+def test_the_vocabs_pad_id_follows_unless_set(made, tmp_path, source):
+    """ModernBERT-base's preset has [PAD] at 50283 (its tokenizer's): with a tokenizer of one's own
+    (`data vocab --kind bpe`: [PAD] 0) the recipe's model takes the vocab's [PAD] id, as it takes its
+    size (issue 40.7: refused before, for a [PAD] outside the vocab); a model.pad_token_id set is kept."""
+    data = str(made["records"]) if source == "records" else str(shared_data("text/sample_text.txt"))
+    pairs = {"log.run_dir": str(tmp_path / "runs"), "data.prefetch": 0, "data.input": data,
+             "data.vocab": str(made["bpe"]), "data.seq_len": 64, "data.max_predictions": 8, "data.dupe_factor": 1}
+    cfg = load_config("modernbert_base_1024", list(pairs.items()))
+    assert cfg.model.pad_token_id == 50283
+    decided = load_data(cfg.model, cfg.data, cfg.train, tmp_path, given=cfg.given).decided
+    assert (decided["model.vocab_size"], decided["model.pad_token_id"]) == (600, 0)
+    cfg = load_config("modernbert_base_1024", [*pairs.items(), ("model.pad_token_id", 3)])
+    assert "model.pad_token_id" not in load_data(cfg.model, cfg.data, cfg.train, tmp_path, given=cfg.given).decided

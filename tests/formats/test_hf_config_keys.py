@@ -92,7 +92,25 @@ def test_linear_rope_scaling_equals_transformers_both_ways(tmp_path, layout):
     assert logits_gap(ours, back) < 1e-5
 
 
+def test_sliding_window_sets_the_window_as_transformers_does(tmp_path):
+    """transformers 5 reads a config.json's ``sliding_window`` as half the window (local_attention =
+    2 * sliding_window, over the local_attention written beside it): our import, the same (issue 40.6)."""
+    torch.manual_seed(0)
+    perturbed(transformers.ModernBertForMaskedLM(hf_config(CFG))).save_pretrained(tmp_path / "hf")
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    config["sliding_window"] = 16  # a window of 32 where local_attention says 128
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    theirs = transformers.ModernBertForMaskedLM.from_pretrained(tmp_path / "hf", attn_implementation="eager").eval()
+    assert (config["local_attention"], theirs.config.local_attention) == (128, 32)
+    assert main(["import", "hf", str(tmp_path / "hf"), str(tmp_path / "ours")]) == 0
+    ours = load_model(tmp_path / "ours")
+    assert ours.config.local_attention == 32
+    assert logits_gap(ours, theirs) < 1e-5
+
+
 REFUSED = [  # (family, key, value, the message's end)
+    ("modernbert", "sliding_window", 0, "sliding_window=0 is not supported (a positive integer: half the local "
+     "layers' window, model.local_attention // 2)"),
     ("modernbert", "rope_scaling", {"rope_type": "dynamic", "factor": 2.0},
      "rope_scaling={\"rope_type\": \"dynamic\", \"factor\": 2.0} is not supported (rope_type 'default', or 'linear' "
      "with a positive factor)"),

@@ -1,5 +1,6 @@
 """The training loop: loss falls, checkpoints are atomic, resume is bit-exact."""
 
+import argparse
 import json
 import shutil
 from pathlib import Path
@@ -9,11 +10,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from bertforge.config import load_config
-from bertforge.formats.load import load_model
-from bertforge.runs import CheckpointError, find_checkpoint
+from bertforge.config import ConfigError, load_config
+from bertforge.formats.load import load_model, read_model_config
+from bertforge.runs import CheckpointError, config_from_args, find_checkpoint
 from bertforge.training.engine import BatchStream
-from bertforge.training.pretrain import pretrain
+from bertforge.training.pretrain import pretrain, with_init_model
 
 
 def small_config(tmp_path: Path, name: str, **overrides):
@@ -108,6 +109,30 @@ def test_shape_mismatch_names_the_field(full_run, tmp_path):
                                              "checkpoint.init": str(run_dir)})
     with pytest.raises(CheckpointError, match=r"model.hidden_size=128 but the config asks for model.hidden_size=256"):
         pretrain(cfg)
+
+
+def test_a_named_preset_must_be_the_inits_model(full_run, tmp_path):
+    """checkpoint.init's model fills the fields not given (issue 31.4), but a preset the user named asks for
+    a model too: one that is not the init's is refused, not trained as the init's in silence (issue 40.10)."""
+    _, run_dir, _ = full_run  # BERT-tiny: 2 layers, hidden 128
+    pairs = {"checkpoint.init": str(run_dir), "data.vocab": str(run_dir / "vocab.txt"), "log.run_dir": str(tmp_path),
+             "log.name": "mini", "train.steps": 1}
+    with pytest.raises(ConfigError) as refused:
+        pretrain(load_config("mini", list(pairs.items())))
+    assert str(refused.value) == (f"checkpoint.init {run_dir} is not the named model preset mini: it has "
+                                  "model.num_hidden_layers=2 (the preset's 4), model.hidden_size=128 (the preset's "
+                                  "256), model.num_attention_heads=2 (the preset's 4), model.intermediate_size=512 "
+                                  "(the preset's 1024); leave the preset out to train the init's model")
+    assert not (tmp_path / "mini").exists()
+    given = [("model.num_hidden_layers", 2), ("model.hidden_size", 128), ("model.num_attention_heads", 2),
+             ("model.intermediate_size", 512)]  # the preset's fields given as the init's: no conflict left
+    cfg = load_config("mini", [*pairs.items(), *given])
+    assert cfg.preset == "mini"
+    assert with_init_model(cfg).model == read_model_config(run_dir)
+    # The command's default config (pretrain_tiny: model tiny) names no preset; --model.preset and --config do.
+    named = {(None, ()): "", (None, ("--model.preset", "mini")): "mini", ("mini", ()): "mini"}
+    for (config, extra), preset in named.items():
+        assert config_from_args(argparse.Namespace(config=config), list(extra), "pretrain_tiny").preset == preset
 
 
 @pytest.mark.slow
