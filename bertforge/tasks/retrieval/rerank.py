@@ -81,6 +81,10 @@ class Reranker(nn.Module):
         if int(getattr(model, "num_labels", 0)) != 1:
             raise FinetuneError(f"{source}: a reranker has one output; this classifier has "
                                 f"{getattr(model, 'num_labels', None)}")
+        longest = typing.cast(ModelConfig, model.config).max_position_embeddings
+        if settings.max_length > longest:
+            raise FinetuneError(f"{source}: max_length={settings.max_length} is more than the model's "
+                                f"max_position_embeddings={longest}")
         self.model, self.ids, self.settings = model, ids, settings
 
     @property
@@ -159,7 +163,8 @@ def listwise_loss(logits: torch.Tensor) -> torch.Tensor:
 
 
 class RerankLoss:
-    """The engine's loss: a batch is whole rows of ``candidates`` pairs each (positive, then negatives)."""
+    """The engine's loss: a batch is whole rows of ``candidates`` pairs each (positive, then negatives);
+    the model a :class:`Reranker` or its classifier ((B, 1) logits)."""
 
     def __init__(self, kind: str, candidates: int):
         if kind not in LOSSES:
@@ -167,7 +172,7 @@ class RerankLoss:
         self.kind, self.candidates = kind, candidates
 
     def __call__(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+        logits = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]).reshape(-1)
         if self.kind == "bce":
             return {"loss": binary_loss(logits, batch["labels"])}
         return {"loss": listwise_loss(logits.view(-1, self.candidates))}
@@ -189,7 +194,7 @@ def _directory_settings(path: Path, training: bool) -> tuple[Path, dict[str, Any
     ``sentence_bert_config.json``'s ``max_seq_length`` first) capped at ``max_position_embeddings``.
     For training, any sentence-transformers model gives its transformer (an embedding model's
     pooling is left out)."""
-    transformer, values = path, {}
+    transformer, values = path, dict[str, Any]()
     if (path / ST_MODULES).is_file():
         for module in _read_json(path / ST_MODULES) or []:
             kind = str(module.get("type", ""))
