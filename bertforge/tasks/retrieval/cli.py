@@ -2,6 +2,9 @@
 
     bertforge retrieval from-squad dev-v1.1.json squad-ir/      # BEIR layout + pairs.jsonl
     bertforge retrieval eval MODEL squad-ir/ --out eval/         # metrics.json and run.trec
+    bertforge retrieval train --init MODEL --data pairs.jsonl --out run/   # an embedding model
+    bertforge retrieval train --kind cross-encoder --init MODEL --data rows.jsonl --negatives 3 --out rr/
+    bertforge retrieval eval MODEL squad-ir/ --rerank 20 --reranker rr/   # its top 20 reranked
 
 (``bertforge eval`` is the masked-LM evaluation of checkpoints, ``bertforge eval CKPT…``: a
 ``retrieval`` word there would read as a checkpoint, so retrieval's evaluation lives here.)
@@ -103,7 +106,8 @@ def add_retrieval_commands(sub: argparse._SubParsersAction) -> None:
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
     from .rerank_train import is_reranker_run
 
-    if args.kind == "cross-encoder" or (args.kind is None and is_reranker_run(args.resume)):
+    resumed = args.out if args.resume == "auto" else args.resume  # a reranker's run is resumed as one
+    if args.kind == "cross-encoder" or (args.kind is None and resumed and is_reranker_run(resumed)):
         from .rerank_train import run_command as train_reranker
 
         return train_reranker(args, extra)
