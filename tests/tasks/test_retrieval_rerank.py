@@ -247,3 +247,8 @@ def test_an_embedding_model_is_no_reranker_and_rerank_needs_one(cross_encoder, t
         load_reranker(tmp_path / "encoder")
     assert main(["retrieval", "eval", str(cross_encoder / "hf"), str(tmp_path), "--rerank", "5"]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == "error: --rerank K and --reranker MODEL go together"
+    assert main(["retrieval", "train", "--init", str(cross_encoder / "hf"), "--data", "rows.jsonl", "--loss", "bce",
+                 "--out", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == ("error: --loss is a cross-encoder setting "
+                                                                "(--kind cross-encoder)")
+    assert not (tmp_path / "run").exists()
