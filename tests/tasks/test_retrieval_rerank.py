@@ -78,6 +78,12 @@ def test_our_scores_of_crossencoder_and_transformers_directories_equal_predict(c
         got = ours.score([q for q, _ in pairs], [p for _, p in pairs])
         assert (got - logits).abs().max().item() <= 1e-5
         assert logits.std().item() > 1e-4  # the pairs score differently: the check can fail
+        # the same ids, token types and mask as their tokenizer's (pairs cut longest-first)
+        queries, passages = [q for q, _ in pairs], [p for _, p in pairs]
+        expected_ids = theirs.tokenizer(queries, passages, truncation=True, padding=True, return_tensors="pt",
+                                        max_length=theirs.max_seq_length)
+        for name, value in ours.batch(ours.tokenize(queries, passages)).items():
+            assert torch.equal(value, expected_ids[name]), name
 
 
 @pytest.mark.shared_data
