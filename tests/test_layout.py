@@ -197,7 +197,7 @@ def takes_the_whole_config(function: ast.FunctionDef | ast.AsyncFunctionDef) -> 
 # The jobs' entry points take the whole Config; every component below them takes its own section
 # (ModelConfig, TrainConfig, DataConfig, ...), so a reader sees what it depends on and a test builds
 # only that. config.py's own functions (load, override, freeze the Config) are not counted.
-WHOLE_CONFIG_SIGNATURES = 15
+WHOLE_CONFIG_SIGNATURES = 16
 LONGEST_FUNCTION = 80  # lines, decorators and docstring included
 
 

@@ -6,14 +6,18 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from bertforge.config import ConfigError
+
 # The help of ``bertforge retrieval``: plain text (argparse prints it as written), every subcommand.
 DESCRIPTION = """\
 Retrieval data, evaluation and training.
 
     bertforge retrieval from-squad dev-v1.1.json squad-ir/      # BEIR layout + pairs.jsonl
     bertforge retrieval eval MODEL squad-ir/ --out eval/         # metrics.json and run.trec
+                        (--rerank 20 --reranker RR/: the top 20 reranked by a cross-encoder)
     bertforge retrieval mine MODEL squad-ir/pairs.jsonl mined.jsonl   # hard negatives by the model
     bertforge retrieval train --init MODEL --data squad-ir/pairs.jsonl --out run/  # contrastive fine-tuning
+                        (--kind cross-encoder --negatives 3: a reranker)
 
 (bertforge eval is the masked-LM evaluation of checkpoints, bertforge eval CKPT...: a
 word "retrieval" there would read as a checkpoint, so retrieval's evaluation lives here.)
@@ -38,6 +42,10 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
     from .evaluate import directory_fingerprint, evaluate_retrieval
     from .model import load_embedder
 
+    if (args.rerank is None) != (args.reranker is None):
+        raise ConfigError("--rerank K and --reranker MODEL go together")
+    if args.rerank is not None and args.rerank < 1:
+        raise ConfigError(f"--rerank {args.rerank}: rerank at least 1 document per query")
     data = read_beir(args.beir_dir, args.split)  # bad data is refused before the model loads
     overrides = {"pooling": args.pooling, "query_prefix": args.query_prefix,
                  "document_prefix": args.document_prefix, "query_max_length": args.query_max_length,
@@ -48,8 +56,13 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
     key = None
     if cache is not None:  # the model's files and the settings given here decide its embeddings
         key = f"{directory_fingerprint(find_model(args.model))}\0{json.dumps(overrides, sort_keys=True)}"
+    reranking = None
+    if args.reranker is not None:
+        from .rerank import load_reranker
+
+        reranking = (load_reranker(args.reranker), args.rerank)
     result = evaluate_retrieval(model, data, args.out, top_k=args.top_k, batch_size=args.batch_size,
-                                cache_dir=cache, model_key=key, progress=not args.no_progress)
+                                cache_dir=cache, model_key=key, progress=not args.no_progress, rerank=reranking)
     print(json.dumps(result))
     return 0
 
@@ -71,6 +84,9 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--query-max-length", type=int, help="tokens per query")
     p.add_argument("--document-max-length", type=int, help="tokens per document")
     p.add_argument("--late-interaction", action="store_true", help="score by MaxSim of token embeddings (ColBERT)")
+    p.add_argument("--rerank", type=int, metavar="K", help="rerank each query's first K documents with --reranker")
+    p.add_argument("--reranker", help="a cross-encoder: ours, a transformers or sentence-transformers CrossEncoder "
+                                      "directory")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -93,16 +109,30 @@ def add_retrieval_commands(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_train(args: argparse.Namespace, extra: list[str]) -> int:
-    from .train import run_command
+    from .rerank_train import is_reranker_run
 
     if args.data and len(args.data) == 1:  # one dataset: retrieval.data stays a path, as before several
         args.data = args.data[0]
+    resumed = args.out if args.resume == "auto" else args.resume  # a reranker's run is resumed as one
+    if args.kind == "cross-encoder" or (args.kind is None and resumed and is_reranker_run(resumed)):
+        from .rerank_train import run_command as train_reranker
+
+        if isinstance(args.data, list):
+            raise ConfigError(f"--data: a cross-encoder trains on one dataset, not {len(args.data)}")
+        return train_reranker(args, extra)
+    given = [flag for flag in ("loss", "max_length") if getattr(args, flag) is not None]
+    if given:
+        raise ConfigError(f"--{given[0].replace('_', '-')} is a cross-encoder setting (--kind cross-encoder)")
+    from .train import run_command
+
     return run_command(args, extra)
 
 
 def add_train_command(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("train", help="contrastive fine-tuning of an embedding model (in-batch negatives)",
                             epilog="Config fields are set with dotted flags, e.g. --train.lr 2e-5 --train.steps 100.")
+    p.add_argument("--kind", choices=["bi-encoder", "cross-encoder"],
+                   help="bi-encoder (an embedding model, the default) or cross-encoder (a reranker)")
     p.add_argument("--init", help="our checkpoint, a transformers or sentence-transformers directory")
     p.add_argument("--data", nargs="+", help="query/positive[/negatives] rows: JSON Lines, Parquet or a save_to_disk "
                                              "directory; several: one dataset each, a batch from one of them")
@@ -122,6 +152,9 @@ def add_train_command(commands: argparse._SubParsersAction) -> None:
                    help="with several --data: every batch of each (proportional, the default) or one of each in turn")
     p.add_argument("--late-interaction", action="store_true", help="ColBERT: token embeddings and MaxSim")
     p.add_argument("--projection-dim", type=int)
+    p.add_argument("--loss", choices=["bce", "listwise"], help="cross-encoder: each pair against its label "
+                                                                "(bce, default) or each positive among its negatives")
+    p.add_argument("--max-length", type=int, help="cross-encoder: tokens of a (query, passage) pair")
     p.add_argument("--resume", help="a run or step directory to continue exactly")
     p.add_argument("--overwrite", action="store_true", help="replace the run in --out")
     p.add_argument("--no-progress", action="store_true")

@@ -234,14 +234,23 @@ def trec_lines(run: dict[str, dict[str, float]], tag: str) -> str:
 
 def evaluate_retrieval(model: Encoder, data: RetrievalSet, out: str | Path | None = None, *,
                        top_k: int = DEPTH, batch_size: int = 64, cache_dir: str | Path | None = None,
-                       model_key: str | None = None, tag: str = "bertforge", progress: bool = False
-                       ) -> dict[str, Any]:
+                       model_key: str | None = None, tag: str = "bertforge", progress: bool = False,
+                       rerank: tuple[Any, int] | None = None) -> dict[str, Any]:
     """Search ``data`` with ``model`` and score the run: the mean of each metric (METRICS), the
-    number of queries and documents; written to ``out/metrics.json`` with ``out/run.trec``."""
-    run = search_run(model, data, top_k, batch_size, cache_dir, model_key, progress)
+    number of queries and documents; written to ``out/metrics.json`` with ``out/run.trec``.
+    ``rerank``, (a reranker, k): the run is each query's first k documents by the reranker's scores
+    (rerank.py's ``rerank_run``)."""
+    run = search_run(model, data, max(top_k, rerank[1]) if rerank else top_k, batch_size, cache_dir, model_key,
+                     progress)
+    if rerank is not None:
+        from .rerank import rerank_run
+
+        run = rerank_run(rerank[0], run, data.queries, data.corpus, rerank[1], batch_size, progress)
     means, _ = evaluate_run(data.qrels, run)
     result: dict[str, Any] = {name: means[name] for name in METRICS}
     result.update(queries=len(run), documents=len(data.corpus), top_k=min(top_k, len(data.corpus)))
+    if rerank is not None:
+        result.update(top_k=min(rerank[1], len(data.corpus)), reranked=rerank[1])
     if out is not None:
         out = Path(out)
         with atomic_files([out / "run.trec", out / "metrics.json"]) as (run_file, metrics_file):

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from safetensors.torch import save_file
+from torch import nn
 
 from bertforge.config import ModelConfig
 from bertforge.data.vocab import is_tokenizer_json
@@ -30,7 +31,16 @@ from bertforge.fileio import atomic_directory
 from bertforge.formats.hf import hf_config_from_model_config
 from bertforge.formats.weights import check_export_target, save_weights
 
-from .model import PYLATE_DENSE, ST_MODULES, ST_NORMALIZE, ST_POOLING, ST_TRANSFORMER, Embedder, LateInteraction
+from .model import (
+    PYLATE_DENSE,
+    ST_MODULES,
+    ST_NORMALIZE,
+    ST_POOLING,
+    ST_TRANSFORMER,
+    Embedder,
+    LateInteraction,
+    TextIds,
+)
 
 TOKEN_NAMES = {"cls_token": "cls_id", "sep_token": "sep_id", "pad_token": "pad_id", "mask_token": "mask_id"}
 
@@ -43,26 +53,36 @@ def _write_json(file: Path, value: Any) -> None:
 def write_transformer(model: Embedder | LateInteraction, directory: Path) -> None:
     """The encoder as a transformers directory: config.json, model.safetensors and the tokenizer
     (its tokenizer.json as it is, or its vocab.txt with a BertTokenizer config)."""
-    encoder = model.encoder
-    config = hf_config_from_model_config(typing.cast(ModelConfig, encoder.config), [type(encoder).__name__])
-    ids = model.ids
+    write_hf_model(model.encoder, model.ids, directory,
+                   max(model.settings.query_max_length, model.settings.document_max_length))
+
+
+def write_hf_model(module: nn.Module, ids: TextIds, directory: Path, max_length: int,
+                   extra: dict[str, Any] | None = None) -> None:
+    """``module`` (an encoder, or a task model of ours with transformers' names) as a transformers
+    directory: config.json (with ``extra``), model.safetensors and the tokenizer, whose
+    ``model_max_length`` is ``max_length``."""
+    config = hf_config_from_model_config(typing.cast(ModelConfig, module.config), [type(module).__name__])
+    config.update(extra or {})
     tokens = {name: ids.tokenizer.id_to_token(getattr(ids, attribute)) for name, attribute in TOKEN_NAMES.items()}
     if config["model_type"] == "modernbert":  # ModernBertConfig's ids are the tokenizer's
         config.update({"cls_token_id": ids.cls_id, "sep_token_id": ids.sep_id, "pad_token_id": ids.pad_id,
                        "bos_token_id": ids.cls_id, "eos_token_id": ids.sep_id})
     config["dtype"] = "float32"
-    save_weights(encoder, directory / "model.safetensors")
+    save_weights(module, directory / "model.safetensors")
     _write_json(directory / "config.json", config)
     if ids.file is None:
         raise ValueError("the model's tokenizer has no file to export")
     if is_tokenizer_json(ids.file):
         shutil.copyfile(ids.file, directory / "tokenizer.json")
         tokenizer_config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", **tokens}
+        if config["model_type"] == "bert":  # else PreTrainedTokenizerFast gives no token types (all 0 then)
+            tokenizer_config["model_input_names"] = ["input_ids", "token_type_ids", "attention_mask"]
     else:
         shutil.copyfile(ids.file, directory / "vocab.txt")
         tokenizer_config = {"tokenizer_class": "BertTokenizer", "do_lower_case": ids.lowercase,
                             "unk_token": "[UNK]", **tokens}
-    tokenizer_config["model_max_length"] = max(model.settings.query_max_length, model.settings.document_max_length)
+    tokenizer_config["model_max_length"] = max_length
     _write_json(directory / "tokenizer_config.json", tokenizer_config)
 
 
