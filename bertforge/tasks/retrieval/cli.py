@@ -50,7 +50,7 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
     overrides = {"pooling": args.pooling, "query_prefix": args.query_prefix,
                  "document_prefix": args.document_prefix, "query_max_length": args.query_max_length,
                  "document_max_length": args.document_max_length,
-                 "late_interaction": True if args.late_interaction else None}
+                 "late_interaction": True if args.late_interaction else None, "truncate_dim": args.dim}
     model = load_embedder(args.model, **overrides)
     cache = args.cache or (args.out / "cache" if args.out else None)
     key = None
@@ -87,6 +87,8 @@ def add_eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rerank", type=int, metavar="K", help="rerank each query's first K documents with --reranker")
     p.add_argument("--reranker", help="a cross-encoder: ours, a transformers or sentence-transformers CrossEncoder "
                                       "directory")
+    p.add_argument("--dim", type=int, help="the first N dimensions of each embedding (a Matryoshka model's "
+                                           "smaller size; sentence-transformers' truncate_dim)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -150,6 +152,13 @@ def add_train_command(commands: argparse._SubParsersAction) -> None:
                    help="no_duplicates: no text twice in a batch (default batch_sampler: a random order)")
     p.add_argument("--multi-dataset-batch-sampler", choices=("proportional", "round_robin"),
                    help="with several --data: every batch of each (proportional, the default) or one of each in turn")
+    p.add_argument("--matryoshka-dims", type=int, nargs="+", metavar="N",
+                   help="Matryoshka: the loss also at the first N dimensions, for each N (e.g. 384 256 64)")
+    p.add_argument("--matryoshka-weights", type=float, nargs="+", metavar="W", help="a weight per dimension (1s)")
+    p.add_argument("--dev", help="a BEIR directory scored every --train.eval_every steps and at the end; the best "
+                                 "model is kept in OUT/best")
+    p.add_argument("--dev-split", help="the dev set's qrels/SPLIT.tsv (default dev)")
+    p.add_argument("--best-metric", help="the dev metric that picks OUT/best (default ndcg@10)")
     p.add_argument("--late-interaction", action="store_true", help="ColBERT: token embeddings and MaxSim")
     p.add_argument("--projection-dim", type=int)
     p.add_argument("--loss", choices=["bce", "listwise"], help="cross-encoder: each pair against its label "

@@ -3,9 +3,12 @@
 A sentence-transformers directory is the transformers model at its root (``config.json``,
 ``model.safetensors``, the tokenizer files) and the modules that follow it, listed in
 ``modules.json``: ``1_Pooling`` (mean or CLS) and, when normalizing, ``2_Normalize``;
-``sentence_bert_config.json`` holds the maximum length (the documents': sentence-transformers
-has one), ``config_sentence_transformers.json`` the prefixes as the prompts ``query`` and
-``document`` (``SentenceTransformer.encode_query`` / ``encode_document`` put them first).
+``sentence_bert_config.json`` holds the maximum lengths: ``query_length`` and ``document_length``
+(sentence-transformers 6 cuts ``encode_query`` and ``encode_document`` texts at them) and
+``max_seq_length``, the documents' (for a plain ``encode``); ``config_sentence_transformers.json``
+the prefixes as the prompts ``query`` and ``document`` (``SentenceTransformer.encode_query`` /
+``encode_document`` put them first), ``truncate_dim`` when the model truncates, and the
+dimensions a Matryoshka loss trained (``matryoshka_dims``, also said in ``README.md``).
 
 A :class:`~.model.LateInteraction` becomes PyLate's ColBERT directory: the transformer, then
 ``1_Dense`` (the projection as ``linear.weight``, no bias, identity activation), with the
@@ -19,6 +22,7 @@ import json
 import shutil
 import string
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +52,15 @@ TOKEN_NAMES = {"cls_token": "cls_id", "sep_token": "sep_id", "pad_token": "pad_i
 def _write_json(file: Path, value: Any) -> None:
     file.parent.mkdir(parents=True, exist_ok=True)
     file.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")
+
+
+def _matryoshka_card(hidden: int, dims: Sequence[int]) -> str:
+    sizes = ", ".join(map(str, dims))
+    return (f"# Matryoshka embeddings\n\nTrained with a Matryoshka loss (bertforge retrieval train "
+            f"--matryoshka-dims) at {sizes} dimensions: the first N of the {hidden} dimensions of an embedding, "
+            f"for N one of {sizes}, are an embedding on their own (cosine similarity).\n\n"
+            f"```python\nfrom sentence_transformers import SentenceTransformer\n\n"
+            f"model = SentenceTransformer(\"path/to/this/directory\", truncate_dim={dims[-1]})\n```\n")
 
 
 def write_transformer(model: Embedder | LateInteraction, directory: Path) -> None:
@@ -87,18 +100,19 @@ def write_hf_model(module: nn.Module, ids: TextIds, directory: Path, max_length:
 
 
 def export_sentence_transformers(model: Embedder | LateInteraction, out_dir: str | Path,
-                                 overwrite: bool = False) -> Path:
+                                 overwrite: bool = False, matryoshka_dims: Sequence[int] = ()) -> Path:
     """Write ``model`` as a sentence-transformers directory (a :class:`LateInteraction` as PyLate's),
-    whole or not at all; returns it."""
+    whole or not at all; returns it. ``matryoshka_dims``: the sizes its training made usable
+    (SentenceTransformer(dir, truncate_dim=N) for one of them)."""
     out_dir = Path(out_dir)
     check_export_target(out_dir, overwrite)
     settings = model.settings
     with atomic_directory(out_dir) as tmp:
         write_transformer(model, tmp)
         modules = [{"idx": 0, "name": "0", "path": "", "type": ST_TRANSFORMER}]
-        _write_json(tmp / "sentence_bert_config.json", {"max_seq_length": settings.document_max_length,
-                                                        "do_lower_case": model.ids.lowercase_text})
         if isinstance(model, LateInteraction):
+            _write_json(tmp / "sentence_bert_config.json", {"max_seq_length": settings.document_max_length,
+                                                            "do_lower_case": model.ids.lowercase_text})
             modules.append({"idx": 1, "name": "1", "path": "1_Dense", "type": PYLATE_DENSE})
             projection = model.projection
             (tmp / "1_Dense").mkdir()
@@ -124,9 +138,17 @@ def export_sentence_transformers(model: Embedder | LateInteraction, out_dir: str
             if settings.normalize:
                 modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": ST_NORMALIZE})
                 (tmp / "2_Normalize").mkdir()
+            _write_json(tmp / "sentence_bert_config.json", {
+                "max_seq_length": settings.document_max_length, "query_length": settings.query_max_length,
+                "document_length": settings.document_max_length, "do_lower_case": model.ids.lowercase_text})
             prompts = {kind: settings.prefix(kind) for kind in ("query", "document") if settings.prefix(kind)}
-            _write_json(tmp / "config_sentence_transformers.json", {
-                "model_type": "SentenceTransformer", "prompts": prompts, "default_prompt_name": None,
-                "similarity_fn_name": "cosine"})
+            config: dict[str, Any] = {"model_type": "SentenceTransformer", "prompts": prompts,
+                                      "default_prompt_name": None, "similarity_fn_name": "cosine"}
+            if settings.truncate_dim:
+                config["truncate_dim"] = settings.truncate_dim
+            if matryoshka_dims:  # no key of sentence-transformers' (it ignores it): the card says it to people
+                config["matryoshka_dims"] = sorted(matryoshka_dims, reverse=True)
+                (tmp / "README.md").write_text(_matryoshka_card(hidden, config["matryoshka_dims"]), encoding="utf-8")
+            _write_json(tmp / "config_sentence_transformers.json", config)
         _write_json(tmp / ST_MODULES, modules)
     return out_dir

@@ -6,7 +6,10 @@ negatives), and the cross-entropy of its own positive; ``symmetric`` averages th
 denominator with the one of each positive over all queries (their MultipleNegativesSymmetric-
 RankingLoss, now ``directions=("query_to_doc", "doc_to_query"), partition_mode="per_direction"``).
 Late interaction scores with PyLate's MaxSim instead (each query token's best document token,
-summed; tokens left out count 0) at scale 1, as PyLate's Contrastive loss.
+summed; tokens left out count 0) at scale 1, as PyLate's Contrastive loss. Matryoshka (``sizes``):
+the single-vector loss summed over (dimension, weight) pairs, each on the embeddings' first
+``dimension`` entries (cosine renormalizes them), as sentence-transformers' MatryoshkaLoss wrapped
+around MultipleNegativesRankingLoss.
 
 :class:`RetrievalLoss` is the engine's loss function. Under torchrun the documents (and for the
 symmetric loss the queries) of every rank are gathered (:func:`gather_rows`): each rank's loss is
@@ -22,6 +25,8 @@ live at a time and the loss and gradients are those of the whole batch.
 from __future__ import annotations
 
 import contextlib
+import typing
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -135,10 +140,13 @@ class RetrievalLoss:
     """The engine's loss for a batch of ``query_ids``/``query_mask`` rows and ``document_ids``/
     ``document_mask`` rows (the positives, then the hard negatives, each in query order); ``scale``
     multiplies the scores (20 for cosine, 1 for MaxSim), ``cache_chunk`` rows per forward with
-    gradients (0: the whole batch at once)."""
+    gradients (0: the whole batch at once), ``sizes`` Matryoshka's (dimension, weight) pairs
+    (single vectors; none: the whole embedding, weight 1)."""
 
-    def __init__(self, scale: float = 20.0, symmetric: bool = False, cache_chunk: int = 0):
+    def __init__(self, scale: float = 20.0, symmetric: bool = False, cache_chunk: int = 0,
+                 sizes: Sequence[tuple[int, float]] = ()):
         self.scale, self.symmetric, self.cache_chunk = scale, symmetric, cache_chunk
+        self.sizes: list[tuple[int | None, float]] = list(sizes) or [(None, 1.0)]  # (None: every dimension)
 
     def __call__(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         sides = [(batch["query_ids"], batch["query_mask"]), (batch["document_ids"], batch["document_mask"])]
@@ -163,24 +171,22 @@ class RetrievalLoss:
         everyone = torch.cat([gather_rows(group) for group in groups])
         positives = torch.arange(count, device=queries.device) + rank * count
         query_kept, document_kept = self.kept(model, batch, "query"), self.kept(model, batch, "document")
-        if query_kept is None:
-            scores = cosine_scores(queries, everyone)
-        else:
+        all_queries = gather_rows(queries) if self.symmetric else None  # for this rank's positives against them
+        if query_kept is not None:
             assert document_kept is not None
             kept_groups = document_kept.view(negatives + 1, count, -1).unbind(0)
             everyone_kept = torch.cat([gather_rows(group, False) for group in kept_groups])
             scores = maxsim_scores(queries, everyone, query_kept, everyone_kept)
-        reverse = None
-        if self.symmetric:  # this rank's positives against every rank's queries
-            all_queries = gather_rows(queries)
-            if query_kept is None:
-                reverse = cosine_scores(all_queries, groups[0]).T
-            else:
-                assert document_kept is not None
-                reverse = maxsim_scores(all_queries, groups[0], gather_rows(query_kept, False),
-                                        document_kept[:count]).T
-            reverse = reverse * self.scale
-        return in_batch_loss(scores * self.scale, positives, reverse)
+            reverse = None if all_queries is None else maxsim_scores(
+                all_queries, groups[0], gather_rows(query_kept, False), document_kept[:count]).T * self.scale
+            return in_batch_loss(scores * self.scale, positives, reverse)
+        total: torch.Tensor | float = 0.0
+        for dim, weight in self.sizes:
+            scores = cosine_scores(queries[:, :dim], everyone[:, :dim])
+            reverse = None if all_queries is None else \
+                cosine_scores(all_queries[:, :dim], groups[0][:, :dim]).T * self.scale
+            total = total + weight * in_batch_loss(scores * self.scale, positives, reverse)
+        return typing.cast(torch.Tensor, total)
 
     def cached(self, model: nn.Module, batch: dict[str, torch.Tensor],
                sides: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:

@@ -74,6 +74,8 @@ class EmbeddingSettings:
     query_marker: str = QUERY_MARKER        # late interaction: the token after [CLS]; "" for none
     document_marker: str = DOCUMENT_MARKER
     query_expansion: bool = True    # late interaction: queries padded to query_max_length with [MASK]
+    truncate_dim: int = 0           # single vector: encode keeps the first N dimensions (0: all), as
+                                    # sentence-transformers' truncate_dim (a Matryoshka model's smaller sizes)
 
     def check(self, source: str = "") -> None:
         where = f"{source}: " if source else ""
@@ -86,6 +88,9 @@ class EmbeddingSettings:
                                     f"(at least {least})")
         if self.projection_dim < 1:
             raise FinetuneError(f"{where}projection_dim={self.projection_dim} must be positive")
+        if self.truncate_dim < 0 or (self.truncate_dim and self.late_interaction):
+            raise FinetuneError(f"{where}truncate_dim={self.truncate_dim}: a positive number of dimensions of a "
+                                f"single-vector model (0: all)")
 
     def prefix(self, kind: str) -> str:
         return self.query_prefix if kind == "query" else self.document_prefix
@@ -223,6 +228,9 @@ def read_st_layout(path: Path) -> STLayout | None:
         longest = longest if isinstance(longest, int) and longest < 1_000_000 else None
     if longest:
         layout.values["query_max_length"] = layout.values["document_max_length"] = int(longest)
+    for kind in KINDS:  # sentence-transformers 6's per-task lengths (encode_query, encode_document) win
+        if config.get(f"{kind}_length"):
+            layout.values[f"{kind}_max_length"] = int(config[f"{kind}_length"])
     layout.lowercase_text = bool(config.get("do_lower_case", False))
     layout.values.update(_read_prompts(path / "config_sentence_transformers.json"))
     return layout
@@ -261,6 +269,8 @@ def _read_prompts(file: Path) -> dict[str, Any]:
             values[f"{kind}_max_length"] = int(config[f"{kind}_length"])
     if "do_query_expansion" in config:
         values["query_expansion"] = bool(config["do_query_expansion"])
+    if config.get("truncate_dim"):  # what SentenceTransformer(dir) truncates to
+        values["truncate_dim"] = int(config["truncate_dim"])
     return values
 
 
@@ -352,13 +362,16 @@ class Embedder(TextModel):
 
     @torch.no_grad()
     def encode(self, texts: Sequence[str], kind: str = "query", batch_size: int = 64) -> torch.Tensor:
-        """(n, dim) float32 on the CPU, in the order of ``texts``; in eval mode, without gradients."""
-        out = torch.zeros((len(texts), self.dim), dtype=torch.float32)
+        """(n, dim) float32 on the CPU, in the order of ``texts``; in eval mode, without gradients. With
+        ``settings.truncate_dim`` the first that many dimensions, as they are (sentence-transformers'
+        truncate_dim: not normalized again; cosine scores renormalize)."""
+        width = self.settings.truncate_dim or self.dim
+        out = torch.zeros((len(texts), width), dtype=torch.float32)
         was_training = self.training
         self.eval()
         try:
             for positions, ids, mask in self.sorted_batches(texts, kind, batch_size):
-                out[positions] = self(ids, mask).float().cpu()
+                out[positions] = self(ids, mask)[:, :width].float().cpu()
         finally:
             self.train(was_training)
         return out
@@ -435,22 +448,18 @@ def load_embedder(path: str | Path, vocab: str | Path | None = None, **overrides
     fields over what the directory says; ``late_interaction=True`` (or a PyLate directory, or a
     fine-tuned late-interaction model) gives a :class:`LateInteraction`."""
     path = find_model(path, FinetuneError)
-    values: dict[str, Any] = {}
     layout = read_st_layout(path) if path.is_dir() else None
     transformer = layout.transformer if layout else path
-    if layout is not None:
-        values.update(layout.values)
-        if layout.dense is not None:
-            values["late_interaction"] = True
-    if path.is_dir() and (path / SETTINGS_FILE).is_file():
-        import yaml
-
-        values.update(yaml.safe_load((path / SETTINGS_FILE).read_text(encoding="utf-8")) or {})
+    values = directory_settings(path, layout)
     values.update({k: v for k, v in overrides.items() if v is not None})
     settings = settings_from(values, str(path))
     encoder = load_model(transformer, head="encoder").float()
     ids = text_ids(transformer, vocab, layout.lowercase_text if layout else False)
     if not settings.late_interaction:
+        hidden = typing.cast(ModelConfig, encoder.config).hidden_size
+        if settings.truncate_dim > hidden:
+            raise FinetuneError(f"{path}: truncate_dim={settings.truncate_dim} is more than the model's {hidden} "
+                                f"dimensions")
         return Embedder(encoder, ids, settings)
     projection = _load_projection(layout.dense, str(path)) if layout and layout.dense else None
     if projection is None and path.is_dir() and (path / PROJECTION_FILE).is_file():
@@ -458,6 +467,28 @@ def load_embedder(path: str | Path, vocab: str | Path | None = None, **overrides
     if projection is not None:  # its size is the weights'
         settings.projection_dim = projection.out_features
     return LateInteraction(encoder, ids, settings, projection, str(path))
+
+
+def directory_settings(path: str | Path, layout: STLayout | None = None) -> dict[str, Any]:
+    """The :class:`EmbeddingSettings` fields that the model directory at ``path`` sets itself: a
+    sentence-transformers (or PyLate) directory's modules and configs, our ``retrieval.yaml``;
+    ``{}`` for a plain encoder (ours or a transformers one), whose settings are the defaults."""
+    path = find_model(path, FinetuneError)
+    if not path.is_dir():
+        return {}
+    layout = layout or read_st_layout(path)
+    values: dict[str, Any] = {}
+    if layout is not None:
+        values.update(layout.values)
+        if layout.dense is not None:
+            values["late_interaction"] = True
+    if (path / SETTINGS_FILE).is_file():
+        import yaml
+
+        names = {f.name for f in dataclasses.fields(EmbeddingSettings)}
+        saved = yaml.safe_load((path / SETTINGS_FILE).read_text(encoding="utf-8")) or {}
+        values.update({k: v for k, v in saved.items() if k in names})
+    return values
 
 
 PROJECTION_FILE = "projection.safetensors"  # our late-interaction model's projection, beside its encoder
