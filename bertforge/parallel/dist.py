@@ -324,10 +324,36 @@ def prepare_model(model: nn.Module, execution: ExecutionConfig, ctx: DistContext
         model = model.to(ctx.device)
     if compiles(execution, ctx.device):
         use_compile_cache(execution.compile_cache)
-        # Static shapes: a batch shape compiles once, and is not traced again as a dynamic one.
-        # torch's stub says a callable; compiling a module gives a module (an OptimizedModule)
-        model = torch.compile(model, dynamic=False, mode=execution.compile_mode)  # type: ignore[assignment]
+        if execution.compile_scope == "layers":
+            compile_layers(model, execution.compile_mode)
+        else:
+            # Static shapes: a batch shape compiles once, and is not traced again as a dynamic one.
+            # torch's stub says a callable; compiling a module gives a module (an OptimizedModule)
+            model = torch.compile(model, dynamic=False, mode=execution.compile_mode)  # type: ignore[assignment]
     return model
+
+
+def compile_layers(model: nn.Module, mode: str = "default") -> int:
+    """Regional compilation: every encoder layer's forward under torch.compile; how many.
+
+    The layers run one code object (their class's ``forward``, or ``_recomputed``
+    under recomputation), so Dynamo traces one layer and every other layer reuses
+    that graph: a cold start compiles one layer's forward and backward instead of
+    the whole model unrolled (``benchmarks/compile_start.py`` counts both). The
+    embeddings and heads run eager, the loss compiled (``is_compiled``). The
+    forward is replaced in place: parameter names, and the hooks of DDP, FSDP2
+    and recomputation around each layer, stay outside the graph.
+    """
+    layers = [module for module in model.modules() if isinstance(module, EncoderLayer)]
+    for layer in layers:
+        forward = layer.forward
+        if isinstance(forward, functools.partial):  # recomputation's: its function compiled, one for every layer
+            # (Dynamo would guard on each layer's own partial object, and compile again for the next.)
+            function = torch.compile(forward.func, dynamic=False, mode=mode)
+            layer.forward = functools.partial(function, *forward.args, **forward.keywords)  # type: ignore[method-assign]
+        else:  # static shapes, as for the whole model
+            layer.forward = torch.compile(forward, dynamic=False, mode=mode)  # type: ignore[method-assign]
+    return len(layers)
 
 
 RECOMPUTE_UNITS = {"layer": EncoderLayer, "attention": SelfAttention}  # execution.recompute → what it checkpoints
@@ -429,7 +455,12 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 def is_compiled(model: nn.Module) -> bool:
-    return hasattr(model, "_orig_mod")  # torch.compile's OptimizedModule
+    """Whether the model runs compiled: whole (torch.compile's OptimizedModule) or layer by layer
+    (``compile_layers``: a forward torch.compile wrapped)."""
+    if hasattr(model, "_orig_mod"):
+        return True
+    return any(hasattr(getattr(module.forward, "func", module.forward), "_torchdynamo_orig_callable")
+               for module in model.modules() if isinstance(module, EncoderLayer))
 
 
 def is_sharded(model: nn.Module) -> bool:
@@ -462,6 +493,22 @@ def _fsdp_requires_sync(model: Any, enabled: bool) -> Iterator[None]:
         yield
     finally:
         model.set_requires_gradient_sync(True)  # a backward outside a step reduces as usual
+
+
+def compile_counts() -> dict[str, int | float]:
+    """What torch.compile did in this process so far: the graphs it compiled (``graphs``), how many of
+    them were recompilations of code already compiled (a guard failed: ``recompiles``), and its
+    seconds: all (``compile_s``), Dynamo's tracing (``dynamo_s``), AOT autograd and Inductor's
+    (``aot_inductor_s``: the forward's and the backward's, which compiles at its first call)."""
+    from torch._dynamo.utils import calculate_time_spent, counters, guard_failures
+
+    seconds = calculate_time_spent()
+    frame, backend, backward = (seconds.get(key, 0.0) for key in
+                                ("entire_frame_compile", "backend_compile", "entire_backward_compile"))
+    return {"graphs": counters["stats"]["unique_graphs"],
+            "recompiles": sum(len(reasons) for reasons in guard_failures.values()),
+            "compile_s": round(frame + backward, 2), "dynamo_s": round(frame - backend, 2),
+            "aot_inductor_s": round(backend + backward, 2)}
 
 
 def use_compile_cache(path: str) -> Path:
