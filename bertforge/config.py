@@ -955,6 +955,9 @@ def _check_pipeline(cfg: Config) -> None:
     if ex.compile is True:
         raise ConfigError(f"execution.pipeline_stages={stages} cannot be used with execution.compile=true "
                           f"(stages run eager; compile: auto does so)")
+    if ex.fp8:
+        raise ConfigError(f"execution.pipeline_stages={stages} cannot be used with execution.fp8=true "
+                          f"(stages run eager bf16); use one of them")
 
 
 def _check_weights(cfg: Config) -> None:
