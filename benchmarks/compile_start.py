@@ -1,7 +1,8 @@
 """The cold start (issue 39.1): what compiling BERT costs before its first step, whole model against
 regional compilation, in one go.
 
-    python benchmarks/compile_start.py                       # BERT-large, 1 x 128, CPU (minutes)
+    python benchmarks/compile_start.py                       # BERT-large, 1 x 128, CPU (long)
+    python benchmarks/compile_start.py --layers 4            # BERT-large's layers, 4 of them
     python benchmarks/compile_start.py --config base --device cuda --batch-size 256
 
 Three fresh processes of ``bertforge bench pretrain`` (synthetic data, ``execution.compile true``,
@@ -30,7 +31,8 @@ def bench(args: argparse.Namespace, scope: str, cache: Path) -> dict:
                "--execution.device", args.device, "--execution.precision", args.precision,
                "--execution.compile", "true", "--execution.compile_scope", scope,
                "--execution.compile_cache", str(cache), "--batch-size", str(args.batch_size),
-               "--seq-len", str(args.seq_len), "--steps", "1", "--warmup", "1", "--json"]
+               "--seq-len", str(args.seq_len), "--steps", "1", "--warmup", "1", "--json",
+               *(["--model.num_hidden_layers", str(args.layers)] if args.layers else [])]
     out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
     result = json.loads(out.strip().splitlines()[-1])
     return {"first_step_s": result["first_step_s"], **result["compiled"], "step_ms": result["step_ms"]}
@@ -43,10 +45,11 @@ def main() -> None:
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=0, help="encoder layers (0: the config's)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        result = {"config": args.config, "device": args.device, "precision": args.precision,
+        result = {"config": args.config, "layers": args.layers or None, "device": args.device, "precision": args.precision,
                   "batch_size": args.batch_size, "seq_len": args.seq_len,
                   "model_cold": bench(args, "model", root / "model"),
                   "layers_cold": bench(args, "layers", root / "layers")}
