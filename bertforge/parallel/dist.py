@@ -327,9 +327,8 @@ def prepare_model(model: nn.Module, execution: ExecutionConfig, ctx: DistContext
         model = model.to(ctx.device)
     if compiles(execution, ctx.device):
         use_compile_cache(execution.compile_cache)
-        if execution.compile_scope == "layers":
-            compile_layers(model, execution.compile_mode)
-        else:
+        # Each encoder layer; a model without any (or compile_scope model) is compiled whole.
+        if execution.compile_scope == "model" or not compile_layers(model, execution.compile_mode):
             # Static shapes: a batch shape compiles once, and is not traced again as a dynamic one.
             # torch's stub says a callable; compiling a module gives a module (an OptimizedModule)
             model = torch.compile(model, dynamic=False, mode=execution.compile_mode)  # type: ignore[assignment]
