@@ -49,8 +49,8 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        result = {"config": args.config, "layers": args.layers or None, "device": args.device, "precision": args.precision,
-                  "batch_size": args.batch_size, "seq_len": args.seq_len,
+        result = {"config": args.config, "layers": args.layers or None, "device": args.device,
+                  "precision": args.precision, "batch_size": args.batch_size, "seq_len": args.seq_len,
                   "model_cold": bench(args, "model", root / "model"),
                   "layers_cold": bench(args, "layers", root / "layers")}
         result["layers_warm"] = bench(args, "layers", root / "layers")

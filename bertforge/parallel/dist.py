@@ -367,16 +367,20 @@ def fp32_matmul_precision(execution: ExecutionConfig, device: torch.device) -> s
     return "tf32" if execution.tf32 else "ieee"
 
 
-def use_fp32_matmul_precision(precision: str | None) -> None:
-    """Set CUDA's fp32 matmul precision (``fp32_matmul_precision``; None leaves it). Through torch's
-    per-backend setting where it has one (torch >= 2.9: mixing it with the old flags is an error)."""
-    if precision is None:
-        return
+def use_fp32_matmul_precision(precision: str | None) -> str:
+    """Set CUDA's fp32 matmul precision (``fp32_matmul_precision``; None leaves it); the one before, to
+    restore. Through torch's per-backend setting where it has one (torch >= 2.9: mixing it with the old
+    flags is an error)."""
     matmul = torch.backends.cuda.matmul
     if hasattr(matmul, "fp32_precision"):
-        matmul.fp32_precision = precision
+        before = str(matmul.fp32_precision)
+        if precision is not None:
+            matmul.fp32_precision = precision
     else:
-        matmul.allow_tf32 = precision == "tf32"
+        before = "tf32" if matmul.allow_tf32 else "ieee"
+        if precision is not None:
+            matmul.allow_tf32 = precision == "tf32"
+    return before
 
 
 FP8_MULTIPLE = 16  # FP8 matmuls (torch._scaled_mm) take dimensions that are multiples of 16

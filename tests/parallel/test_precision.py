@@ -27,9 +27,9 @@ CUDA = torch.device("cuda")
 @pytest.fixture
 def matmul_precision():
     """CUDA's fp32 matmul setting, as it was after the test."""
-    before = torch.backends.cuda.matmul.fp32_precision
+    before = use_fp32_matmul_precision(None)
     yield
-    torch.backends.cuda.matmul.fp32_precision = before
+    use_fp32_matmul_precision(before)
 
 
 def test_fp32_matmuls_on_cuda_run_tf32_unless_exact_fp32_is_asked(matmul_precision):
@@ -37,9 +37,9 @@ def test_fp32_matmuls_on_cuda_run_tf32_unless_exact_fp32_is_asked(matmul_precisi
     assert fp32_matmul_precision(ExecutionConfig(tf32=False), CUDA) == "ieee"
     assert fp32_matmul_precision(ExecutionConfig(), torch.device("cpu")) is None
     torch.backends.cuda.matmul.fp32_precision = "none"
-    use_fp32_matmul_precision("tf32")
+    assert use_fp32_matmul_precision("tf32") == "none"
     assert torch.backends.cuda.matmul.fp32_precision == "tf32"
-    use_fp32_matmul_precision("ieee")
+    assert use_fp32_matmul_precision("ieee") == "tf32"
     assert torch.backends.cuda.matmul.fp32_precision == "ieee"
     # The model's device decides: on the CPU prepare_model leaves torch's setting as it was.
     prepare_model(BertForPreTraining(ModelConfig(**MODEL_PRESETS["tiny"])), ExecutionConfig(), DistContext())

@@ -129,10 +129,9 @@ def test_an_engine_step_makes_no_host_sync_compiled():
 @pytest.fixture
 def exact_fp32():
     """fp32 matmuls in exact fp32 for the test (training's default on CUDA is TF32: dist.fp32_matmul_precision)."""
-    before = torch.backends.cuda.matmul.fp32_precision
-    use_fp32_matmul_precision("ieee")
+    before = use_fp32_matmul_precision("ieee")
     yield
-    torch.backends.cuda.matmul.fp32_precision = before
+    use_fp32_matmul_precision(before)
 
 
 @pytest.mark.parametrize("precision, tolerance", [("bf16", 0.03), ("fp16", 0.01)])
