@@ -1,26 +1,33 @@
 #!/usr/bin/env bash
-# One command measures a GPU, in under 8 minutes on one H100/H200:
+# One command measures a GPU, in one call of at most 9 minutes on a cold H100/H200:
 #
 #   benchmarks/gpu.sh --prepare            # here, once: .gpu/ (packed Wikipedia rows from ../shared, a few MB)
 #                                          # and .whl/ (google-crc32c's cp312 wheel, which the GPU machine lacks)
 #   benchmarks/gpu.sh OUT                  # there (carry .gpu and .whl): every stage, then OUT/summary.json
 #   benchmarks/gpu.sh --dry-run OUT        # anywhere: the same stages at toy sizes on the CPU (CI runs it)
 #
-# Stages, each in its own time box, each one's output in OUT/STAGE.out and .err (a stage that fails is
-# recorded in the summary and the next one runs):
-#   cuda_tests           pytest -m cuda (kernels against math, no host syncs, bf16/fp16 against fp32, ...)
-#   phase1_ours          bench pretrain: BERT-large, bf16, 256 x 128, 20 predictions, compiled
-#   phase1_transformers  benchmarks/transformers_peer.py: the same batch, SDPA, bf16 autocast, fused AdamW,
-#                        clip 1.0, compiled
-#   phase2_packed        bench pretrain on .gpu/wiki-512-packed.bfrec (32 rows a step; synthetic 512/76
-#                        rows when .gpu is absent)
-#   pretrain_profiled    bertforge pretrain --config pretrain_large_128_phase1 at 256, synthetic, steps 0..7,
-#                        profiled over 5..6: the GPU's busy and idle time per step, the optimizer's, top kernels
-#   modernbert_step      benchmarks/modernbert_step.py: a ModernBERT-base training step, bf16, ours on 16 packed
-#                        rows of 1024 with FlexAttention block masks against transformers' ModernBertForMaskedLM
-#                        (SDPA, the same sequences padded; sparse_prediction off and on)
-# OUT/summary.json gathers them: seq/s and MFU of both sides and their ratio, pretrain's seq/s against
-# bench's, the profile's numbers, ModernBERT's seq/s of the three and the ratios, each stage's exit status and seconds.
+# Stages, in this order, each in its own time box (seconds, sized from the H200 runs of 3397f00 and
+# fb4a0b0: /work/shared/GPU-NOTES.md; they add up to 540), each one's output in OUT/STAGE.out and .err
+# (a stage that fails or runs out of its box is recorded in the summary and the next one runs). What
+# gives a ratio comes first, ours before the peer's; the CUDA tests last:
+#   phase1_ours          130  bench pretrain: BERT-large, bf16, 256 x 128, 20 predictions, compiled from an empty
+#                             cache (the cold start: first_step_s; fb4a0b0 took over 170 s, transformers 83)
+#   phase1_transformers   95  benchmarks/transformers_peer.py: the same batch, SDPA, bf16 autocast, fused AdamW,
+#                             clip 1.0, compiled (83 s before)
+#   modernbert_step       55  benchmarks/modernbert_step.py: a ModernBERT-base training step, bf16, ours on 16
+#                             packed rows of 1024 with FlexAttention block masks against transformers'
+#                             ModernBertForMaskedLM (SDPA, the same sequences padded; sparse_prediction off
+#                             and on) (48 s before)
+#   phase2_packed         65  bench pretrain on .gpu/wiki-512-packed.bfrec (32 rows a step; synthetic 512/76
+#                             rows when .gpu is absent) (80 s before, the whole model compiled again)
+#   pretrain_profiled     80  bertforge pretrain --config pretrain_large_128_phase1 at 256, synthetic, steps
+#                             0..7, profiled over 5..6: the GPU's busy and idle time per step, the optimizer's,
+#                             top kernels (92 s before; phase 1's graphs are in the cache by then)
+#   cuda_tests           115  pytest -m cuda (kernels against math, no host syncs, bf16/fp16 against fp32, ...)
+#                             (114 s before, 108 of them tests)
+# OUT/summary.json gathers them: seq/s, MFU, first_step_s and compile counts of both sides and their ratio,
+# pretrain's seq/s against bench's, the profile's numbers, ModernBERT's seq/s of the three and the ratios,
+# each stage's exit status, seconds and time box.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit
 python="${PYTHON:-python3}"
@@ -96,31 +103,38 @@ else
               --train.steps 8 --log.profile 5:7)
     modernbert=(--device cuda --precision bf16 --attention flex --layers 22 --hidden 768 --heads 12 --intermediate 1152
                 --rows 16 --seq-len 1024 --steps 10 --warmup 3)
-    limit=240
 fi
 
-printf 'stage\texit\tseconds\n' > "$out/stages.tsv"
-stage() {  # stage NAME SECONDS COMMAND...: run it in its time box, record its exit status and time
+printf 'stage\texit\tseconds\tbox\n' > "$out/stages.tsv"
+stage() {  # stage NAME SECONDS COMMAND...: run it in its time box (the dry run's: $limit), record its exit and time
     local name="$1" box="$2" started=$SECONDS
     shift 2
-    echo "== $name (at most ${box} s)"
-    timeout "$box" "$@" > "$out/$name.out" 2> "$out/$name.err"
+    local applied=$(( dry_run ? limit : box ))
+    echo "== $name (at most ${applied} s)"
+    timeout "$applied" "$@" > "$out/$name.out" 2> "$out/$name.err"
     local status=$?
-    printf '%s\t%s\t%s\n' "$name" "$status" "$((SECONDS - started))" >> "$out/stages.tsv"
+    printf '%s\t%s\t%s\t%s\n' "$name" "$status" "$((SECONDS - started))" "$box" >> "$out/stages.tsv"
     echo "   exit $status after $((SECONDS - started)) s"
 }
 
-mapfile -t cuda_files < <(grep -rl --include="test_*.py" "mark.cuda" tests | sort)  # (collecting only these saves half a minute)
-stage cuda_tests "$limit" "$python" -m pytest -q -m cuda "${cuda_files[@]}" -p no:cacheprovider \
-    --junitxml="$out/cuda_tests.xml"
-stage phase1_ours "$limit" "$python" -m bertforge bench pretrain "${model[@]}" "${phase1[@]}" --json
-stage phase1_transformers "$limit" "$python" benchmarks/transformers_peer.py "${peer[@]}" --json
-stage phase2_packed "$limit" "$python" -m bertforge bench pretrain "${model[@]}" "${phase2[@]}" --json
+# Empty compile caches for phase 1, ours and the peer's: the cold start a fresh machine sees (our later
+# stages reuse ours).
+cache="$out/compile-cache"
+rm -rf "$cache" "$out/peer-cache"
+stage phase1_ours 130 "$python" -m bertforge bench pretrain "${model[@]}" "${phase1[@]}" \
+    --execution.compile_cache "$cache" --json
+stage phase1_transformers 95 env TORCHINDUCTOR_CACHE_DIR="$out/peer-cache" \
+    "$python" benchmarks/transformers_peer.py "${peer[@]}" --json
+stage modernbert_step 55 "$python" benchmarks/modernbert_step.py "${modernbert[@]}" --json
+stage phase2_packed 65 "$python" -m bertforge bench pretrain "${model[@]}" "${phase2[@]}" \
+    --execution.compile_cache "$cache" --json
 rm -rf "$out/runs"
-stage pretrain_profiled "$limit" "$python" -m bertforge pretrain "${pretrain[@]}" --data.synthetic true \
+stage pretrain_profiled 80 "$python" -m bertforge pretrain "${pretrain[@]}" --data.synthetic true \
     --train.eval_at_start false --train.eval_every 0 --checkpoint.every 0 --log.every 1 --log.tensorboard false \
-    --log.run_dir "$out/runs" --log.name profiled --no-progress
-stage modernbert_step "$limit" "$python" benchmarks/modernbert_step.py "${modernbert[@]}" --json
+    --log.run_dir "$out/runs" --log.name profiled --execution.compile_cache "$cache" --no-progress
+mapfile -t cuda_files < <(grep -rl --include="test_*.py" "mark.cuda" tests | sort)  # (collecting only these saves half a minute)
+stage cuda_tests 115 "$python" -m pytest -q -m cuda "${cuda_files[@]}" -p no:cacheprovider \
+    --junitxml="$out/cuda_tests.xml"
 
 "$python" - "$out" <<'PYTHON'
 """OUT/summary.json from the stages' outputs (a missing or failed stage's part is null)."""
@@ -153,7 +167,8 @@ def cuda_tests():
 
 
 def side(result):
-    keys = ("seq_per_s", "rows_per_s", "step_ms", "mfu", "peak_mem_mb", "device_name", "compile")
+    keys = ("seq_per_s", "rows_per_s", "step_ms", "mfu", "peak_mem_mb", "device_name", "compile", "first_step_s",
+            "compiled")
     return None if result is None else {key: result.get(key) for key in keys}
 
 
@@ -179,10 +194,10 @@ def modernbert():
 
 ours, theirs = last_json("phase1_ours"), last_json("phase1_transformers")
 pretrain_rate, profile = pretrain()
-stages = [dict(zip(("stage", "exit", "seconds"), line.split("\t")))
+stages = [dict(zip(("stage", "exit", "seconds", "box"), line.split("\t")))
           for line in (out / "stages.tsv").read_text().splitlines()[1:]]
 summary = {
-    "stages": [{**s, "exit": int(s["exit"]), "seconds": int(s["seconds"])} for s in stages],
+    "stages": [{**s, "exit": int(s["exit"]), "seconds": int(s["seconds"]), "box": int(s["box"])} for s in stages],
     "cuda_tests": cuda_tests(),
     "phase1": {"ours": side(ours), "transformers": side(theirs),
                "ratio": ours["seq_per_s"] / theirs["seq_per_s"] if ours and theirs else None},

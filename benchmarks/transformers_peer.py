@@ -10,8 +10,11 @@ rows, 20 predictions of 128 by default, every token real); transformers
 projects every position onto the vocab and its loss ignores the unmasked ones,
 so its model FLOPs (for MFU) count the vocab projection at every position.
 Reported as ``bench pretrain`` reports: sequences per second over the timed
-steps, milliseconds per step, MFU against the device's bf16 peak, and peak
-memory (the CUDA allocator's, or the process's resident set on the CPU).
+steps, milliseconds per step, MFU against the device's bf16 peak, peak
+memory (the CUDA allocator's, or the process's resident set on the CPU), the
+cold start (``first_step_s``: from the process's start to the end of the
+first step) and with ``--compile`` what compiling took (``compiled``: graphs,
+recompiles, Dynamo's and AOT/Inductor's seconds).
 ``benchmarks/gpu.sh`` runs it beside ``bench pretrain`` in one session.
 """
 
@@ -33,10 +36,13 @@ def main() -> None:
     parser.add_argument("--precision", choices=("bf16", "fp32"), default="bf16")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument("--steps", type=int, default=10, help="timed steps")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compiling, on the first)")
+    parser.add_argument("--warmup", type=int, default=3,
+                        help="untimed steps first (compiling, on the first; at least 1: first_step_s)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
+    if args.warmup < 1:
+        parser.error(f"--warmup must be at least 1 (first_step_s is the first step's), got {args.warmup}")
     print(json.dumps(run(args)) if args.json else run(args))
 
 
@@ -46,8 +52,9 @@ def run(args: argparse.Namespace) -> dict:
     from bertforge.bench.pretrain import PeakMemory
     from bertforge.config import MODEL_PRESETS, ModelConfig
     from bertforge.data import SyntheticDataset
-    from bertforge.host import device_name
+    from bertforge.host import device_name, process_age_s
     from bertforge.models.flops import peak_tflops, pretraining_flops
+    from bertforge.parallel.dist import compile_counts
 
     device = torch.device(args.device)
     cfg = ModelConfig(**MODEL_PRESETS[args.preset])
@@ -76,11 +83,17 @@ def run(args: argparse.Namespace) -> dict:
         optimizer.zero_grad(set_to_none=True)
         return loss
 
+    def synchronize() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     compile_started = time.perf_counter()
-    for _ in range(args.warmup):
+    step()
+    synchronize()
+    first_step_s = process_age_s()  # the cold start, as bench pretrain's: process start to the first step's end
+    for _ in range(args.warmup - 1):
         step()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    synchronize()
     warmup_s = time.perf_counter() - compile_started
     started = time.perf_counter()
     for _ in range(args.steps):
@@ -99,6 +112,7 @@ def run(args: argparse.Namespace) -> dict:
         "step_ms": 1000 * elapsed / args.steps,
         "mfu": flops / elapsed / 1e12 / peak if peak else None, "warmup_s": round(warmup_s, 1),
         "peak_mem_mb": round(memory.peak_mb(), 1), "loss": final_loss,
+        "first_step_s": round(first_step_s, 2), "compiled": compile_counts() if args.compile else None,
     }
 
 

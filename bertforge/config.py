@@ -60,6 +60,9 @@ Attention = Literal["auto", "flash", "cudnn", "efficient", "math", "flex"]
 # torch.compile's modes without CUDA graphs (the optimizer step runs outside the compiled model):
 # max-autotune-no-cudagraphs benchmarks GEMM kernels and fuses their epilogues (bias, GELU) into them
 CompileMode = Literal["default", "max-autotune-no-cudagraphs"]
+# What torch.compile compiles: each encoder layer, all sharing one graph (regional compilation: a cold start
+# traces and compiles one layer, not the whole unrolled model), or the whole model as one graph
+CompileScope = Literal["layers", "model"]
 # What a checkpoint is loaded or exported as.
 Head = Literal["pretraining", "qa", "classification", "token_classification", "encoder"]
 
@@ -296,8 +299,13 @@ class ExecutionConfig(Freezable):
     # batches through FlexAttention's block masks (CUDA, no attention dropout), the rest through SDPA
     attention: Attention = "auto"
     compile_mode: CompileMode = "default"  # torch.compile's mode for the model (max-autotune: minutes more)
+    compile_scope: CompileScope = "layers"  # layers: one graph all encoder layers share; model: the whole model
     compile_cache: str = ""  # persistent compile cache directory; "" = ~/.cache/bertforge/compile
     threads: int = 0  # CPU threads for torch; 0 = torch's default
+    tf32: bool = True  # fp32 matmuls on CUDA in TF32 (10-bit mantissa, tensor cores); false = exact fp32
+    # FP8 (torchao's float8 training) for the encoder layers' linear layers, under precision bf16; CUDA with
+    # compute capability >= 8.9 (Ada, Hopper) and torchao installed
+    fp8: bool = False
     dist_timeout: int = 1800  # seconds a rank waits for the others in a collective (torch's default)
     fsdp_grad_sync: FsdpGradSync = "auto"  # step: reduce-scatter once per step; auto = step, micro_batch with offload
     reshard_after_forward: bool = True  # fsdp: false keeps gathered layers from forward to backward (memory for speed)
@@ -951,6 +959,9 @@ def _check_pipeline(cfg: Config) -> None:
     if ex.compile is True:
         raise ConfigError(f"execution.pipeline_stages={stages} cannot be used with execution.compile=true "
                           f"(stages run eager; compile: auto does so)")
+    if ex.fp8:
+        raise ConfigError(f"execution.pipeline_stages={stages} cannot be used with execution.fp8=true "
+                          f"(stages run eager bf16); use one of them")
 
 
 def _check_weights(cfg: Config) -> None:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import platform
 import resource
 import sys
+import time
 from importlib import metadata
 from typing import Any
 
@@ -16,6 +18,21 @@ def package_version(name: str) -> str | None:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
         return None
+
+
+_IMPORTED = time.time()  # the process's start where /proc does not say
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (Linux: its start time in /proc; elsewhere since this
+    module's import), what a first step's time is counted from."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        with open("/proc/self/stat") as f:  # field 22: start, clock ticks after boot (after the name's ")")
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return uptime - ticks / os.sysconf("SC_CLK_TCK")
+    return time.time() - _IMPORTED
 
 
 def cpu_name() -> str:

@@ -202,6 +202,7 @@ def test_choices_are_the_literal_types_of_the_fields():
         "execution.fsdp_grad_sync": ("auto", "step", "micro_batch"),
         "execution.attention": ("auto", "flash", "cudnn", "efficient", "math", "flex"),
         "execution.compile_mode": ("default", "max-autotune-no-cudagraphs"),
+        "execution.compile_scope": ("layers", "model"),
         "execution.pipeline_schedule": ("1f1b", "gpipe"),
         "execution.embeddings_placement": ("same_as_hidden_layers", "same_ipu", "two_ipus"),
     }

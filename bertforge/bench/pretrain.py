@@ -40,12 +40,13 @@ from bertforge.config import (
 )
 from bertforge.data import SyntheticDataset
 from bertforge.data.loader import RecordStream, record_files, records_shape
-from bertforge.host import current_rss_mb, device_name, peak_rss_mb, reset_peak_rss
+from bertforge.host import current_rss_mb, device_name, peak_rss_mb, process_age_s, reset_peak_rss
 from bertforge.models.bert import num_parameters
 from bertforge.models.families import build_pretraining_model
 from bertforge.models.flops import peak_tflops, pretraining_flops
 from bertforge.parallel.dist import (
     DistContext,
+    compile_counts,
     compiles,
     compiles_optimizer,
     destroy_distributed,
@@ -191,9 +192,9 @@ def _synthetic_micro_batches(m: ModelConfig, d: DataConfig, batch_size: int, seq
 
 def _time_steps(m: ModelConfig, tr: TrainConfig, ex: ExecutionConfig, device: torch.device,
                 micro_batches: list[dict[str, torch.Tensor]], order: list[list[int]], warmup: int,
-                accumulation: int) -> tuple[int, float, float]:
-    """(the model's parameters, the last step's loss, seconds of the steps after ``warmup``): each step
-    runs the micro-batches ``order`` names."""
+                accumulation: int) -> tuple[int, float, float, float]:
+    """(the model's parameters, the last step's loss, seconds of the steps after ``warmup``, seconds from
+    the process's start to the end of the first step): each step runs the micro-batches ``order`` names."""
     torch.manual_seed(tr.seed)
     dist = DistContext(device=device)
     try:
@@ -205,17 +206,20 @@ def _time_steps(m: ModelConfig, tr: TrainConfig, ex: ExecutionConfig, device: to
                         ex.precision, tr.grad_clip, dist, grad_sync=ex.grad_sync,
                         loss_scale=tr.loss_scale, scaled_state=tr.scaled_optimizer_state,
                         optimizer_in_backward=tr.optimizer_in_backward)
-        for indices in order[:warmup]:
-            engine.step([micro_batches[i] for i in indices], accumulation)
-        synchronize(device)
-        start = time.perf_counter()
-        for indices in order[warmup:]:
+        first_step_s, start = 0.0, 0.0
+        for step, indices in enumerate(order):
+            if step == warmup:
+                synchronize(device)
+                start = time.perf_counter()
             out = engine.step([micro_batches[i] for i in indices], accumulation)
+            if step == 0:  # the cold start: the model built, compiled (or its cache read), one step done
+                synchronize(device)
+                first_step_s = process_age_s()
         loss = out["loss"].item()  # also waits for the device
         elapsed = time.perf_counter() - start
     finally:
         destroy_distributed()
-    return num_parameters(unwrap(model)), loss, elapsed
+    return num_parameters(unwrap(model)), loss, elapsed, first_step_s
 
 
 def bench_pretrain(cfg: Config, batch_size: int, seq_len: int | None, steps: int, warmup: int = 3,
@@ -249,8 +253,8 @@ def bench_pretrain(cfg: Config, batch_size: int, seq_len: int | None, steps: int
     order = [[(step * accumulation + i) % len(micro_batches) for i in range(accumulation)]
              for step in range(warmup + steps)]
     memory = PeakMemory(device)
-    n_params, loss, elapsed = _time_steps(cfg.model, cfg.train, cfg.execution, device, micro_batches, order,
-                                          warmup, accumulation)
+    n_params, loss, elapsed, first_step_s = _time_steps(cfg.model, cfg.train, cfg.execution, device, micro_batches,
+                                                        order, warmup, accumulation)
     timed = [i for indices in order[warmup:] for i in indices]
     sequences = sum(counts[i][0] for i in timed)
     model_flops = sum(flops[i] for i in timed)
@@ -264,7 +268,8 @@ def bench_pretrain(cfg: Config, batch_size: int, seq_len: int | None, steps: int
         "model": "bertforge", "layers": cfg.model.num_hidden_layers, "hidden": cfg.model.hidden_size,
         "params_m": round(n_params / 1e6, 2), "device": str(device), "device_name": name,
         "precision": ex.precision, "parallel": ex.parallel, "recompute": ex.recompute, "offload": ex.offload,
-        "compile": compiles(ex, device), "threads": torch.get_num_threads(),
+        "compile": compiles(ex, device), "compile_scope": ex.compile_scope if compiles(ex, device) else None,
+        "threads": torch.get_num_threads(),
         "batch_size": batch_size, "seq_len": seq_len, "max_predictions": cfg.data.max_predictions,
         "accumulation": accumulation, "global_batch": batch_size * accumulation,
         "data": data or "synthetic", "packed": "sequence_ids" in micro_batches[0],
@@ -280,4 +285,8 @@ def bench_pretrain(cfg: Config, batch_size: int, seq_len: int | None, steps: int
         "mfu": float(f"{achieved / peak:.4g}") if peak else None,
         "peak_mem_mb": round(memory.peak_mb(), 1),
         "final_loss": round(loss, 4),
+        # The cold start: from the process's start to the end of the first step, and what compiling took
+        # (graphs, recompiles, seconds: parallel.dist.compile_counts).
+        "first_step_s": round(first_step_s, 2),
+        "compiled": compile_counts() if compiles(ex, device) else None,
     }

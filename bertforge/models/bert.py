@@ -124,7 +124,8 @@ class BertSelfAttention(SelfAttention):
 
     def forward(self, x: torch.Tensor, mask: Mask) -> torch.Tensor:
         B, T, H = x.shape
-        if torch.is_autocast_enabled(x.device.type):
+        # (Layers converted to FP8, execution.fp8, are not nn.Linear itself: they run their own matmuls.)
+        if torch.is_autocast_enabled(x.device.type) and type(self.query) is nn.Linear:
             # Autocast copies the weights to bf16/fp16 anyway; concatenated, they make one copy.
             weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])  # (3H, H)
             bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])

@@ -24,10 +24,11 @@ import json
 import logging
 import math
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, TextIO
 
 from rich.console import Console
 from rich.progress import (
@@ -72,10 +73,37 @@ def console_logging(level: str | int = "INFO") -> Iterator[None]:
     logger.addHandler(handler)
     logger.setLevel(level.upper() if isinstance(level, str) else level)
     try:
-        yield
+        with each_warning_once():
+            yield
     finally:
         logger.removeHandler(handler)
         logger.setLevel(before)
+
+
+@contextlib.contextmanager
+def each_warning_once() -> Iterator[None]:
+    """Show each warning (its category and text) at most once for the length of a ``with`` block.
+
+    Python's filters show a warning once per place, but forget what they showed whenever a filter
+    changes, which torch's compiler does around its work: a run showed Inductor's "Online softmax
+    is disabled on the fly" block once per graph compiled.
+    """
+    show = warnings.showwarning
+    shown: set[tuple[type[Warning], str]] = set()
+
+    def show_once(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: TextIO | None = None, line: str | None = None) -> None:
+        key = (category, str(message).strip())
+        if key not in shown:
+            shown.add(key)
+            show(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show_once
+    try:
+        yield
+    finally:
+        if warnings.showwarning is show_once:  # (unless someone replaced it since)
+            warnings.showwarning = show
 
 
 class _Closing:

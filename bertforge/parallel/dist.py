@@ -305,6 +305,9 @@ def prepare_model(model: nn.Module, execution: ExecutionConfig, ctx: DistContext
     if execution.pipeline_stages > 1:  # pre-training splits the model itself (pipeline_parallel.build_engine)
         raise ConfigError(f"execution.pipeline_stages={execution.pipeline_stages} is supported by "
                           f"bertforge pretrain only; use 1 here")
+    use_fp32_matmul_precision(fp32_matmul_precision(execution, ctx.device))
+    if execution.fp8:
+        convert_to_fp8(model, execution, ctx.device)
     apply_recompute(model, execution.recompute)
     config: ModelConfig | None = getattr(model, "config", None)  # (any module will do: one without attention)
     dropout = config.attention_probs_dropout_prob if config is not None else 0.0
@@ -324,10 +327,101 @@ def prepare_model(model: nn.Module, execution: ExecutionConfig, ctx: DistContext
         model = model.to(ctx.device)
     if compiles(execution, ctx.device):
         use_compile_cache(execution.compile_cache)
-        # Static shapes: a batch shape compiles once, and is not traced again as a dynamic one.
-        # torch's stub says a callable; compiling a module gives a module (an OptimizedModule)
-        model = torch.compile(model, dynamic=False, mode=execution.compile_mode)  # type: ignore[assignment]
+        # Each encoder layer; a model without any (or compile_scope model) is compiled whole.
+        if execution.compile_scope == "model" or not compile_layers(model, execution.compile_mode):
+            # Static shapes: a batch shape compiles once, and is not traced again as a dynamic one.
+            # torch's stub says a callable; compiling a module gives a module (an OptimizedModule)
+            model = torch.compile(model, dynamic=False, mode=execution.compile_mode)  # type: ignore[assignment]
     return model
+
+
+def compile_layers(model: nn.Module, mode: str = "default") -> int:
+    """Regional compilation: every encoder layer's forward under torch.compile; how many.
+
+    The layers run one code object (their class's ``forward``, or ``_recomputed``
+    under recomputation), so Dynamo traces one layer and every other layer reuses
+    that graph: a cold start compiles one layer's forward and backward instead of
+    the whole model unrolled (``benchmarks/compile_start.py`` counts both). The
+    embeddings and heads run eager, the loss compiled (``is_compiled``). The
+    forward is replaced in place: parameter names, and the hooks of DDP, FSDP2
+    and recomputation around each layer, stay outside the graph.
+    """
+    layers = [module for module in model.modules() if isinstance(module, EncoderLayer)]
+    for layer in layers:
+        forward = layer.forward
+        if isinstance(forward, functools.partial):  # recomputation's: its function compiled, one for every layer
+            # (Dynamo would guard on each layer's own partial object, and compile again for the next.)
+            function = torch.compile(forward.func, dynamic=False, mode=mode)
+            layer.forward = functools.partial(function, *forward.args, **forward.keywords)
+        else:  # static shapes, as for the whole model
+            layer.forward = torch.compile(forward, dynamic=False, mode=mode)
+    return len(layers)
+
+
+def fp32_matmul_precision(execution: ExecutionConfig, device: torch.device) -> str | None:
+    """What fp32 matmuls on ``device`` run as (torch's ``fp32_precision``): on CUDA ``tf32`` (tensor cores,
+    a 10-bit mantissa, as bf16 autocast's fp32 parts and fp32 runs are trained elsewhere) unless
+    ``execution.tf32`` is false: ``ieee``, exact fp32. None on the CPU, which has no TF32."""
+    if device.type != "cuda":
+        return None
+    return "tf32" if execution.tf32 else "ieee"
+
+
+def use_fp32_matmul_precision(precision: str | None) -> str:
+    """Set CUDA's fp32 matmul precision (``fp32_matmul_precision``; None leaves it); the one before, to
+    restore. Through torch's per-backend setting where it has one (torch >= 2.9: mixing it with the old
+    flags is an error)."""
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):
+        before = str(matmul.fp32_precision)
+        if precision is not None:
+            matmul.fp32_precision = precision
+    else:
+        before = "tf32" if matmul.allow_tf32 else "ieee"
+        if precision is not None:
+            matmul.allow_tf32 = precision == "tf32"
+    return before
+
+
+FP8_MULTIPLE = 16  # FP8 matmuls (torch._scaled_mm) take dimensions that are multiples of 16
+
+
+def fp8_layers(model: nn.Module) -> list[str]:
+    """The linear layers ``execution.fp8`` converts: those inside the encoder layers (the bulk of the
+    FLOPs) whose in- and out-features are multiples of 16; not the embeddings, nor the heads (the
+    masked-LM transform and projection, the pooler, NSP, classifiers), whose outputs feed the loss."""
+    return [f"{layer_name}.{name}" if name else layer_name
+            for layer_name, layer in model.named_modules() if isinstance(layer, EncoderLayer)
+            for name, module in layer.named_modules()
+            if isinstance(module, nn.Linear)
+            and module.in_features % FP8_MULTIPLE == 0 and module.out_features % FP8_MULTIPLE == 0]
+
+
+def check_fp8(execution: ExecutionConfig, device: torch.device) -> None:
+    """Refuse ``execution.fp8`` in one line where it cannot run: not bf16, not CUDA with FP8 tensor
+    cores (compute capability 8.9: Ada, Hopper and later), torchao not installed."""
+    import importlib.util
+
+    if execution.precision != "bf16":
+        raise ConfigError(f"execution.fp8=true runs under execution.precision=bf16, not {execution.precision}")
+    capability = torch.cuda.get_device_capability(device) if device.type == "cuda" else None
+    if capability is None or tuple(capability) < (8, 9):
+        where = "a CPU" if capability is None else f"compute capability {capability[0]}.{capability[1]}"
+        raise ConfigError(f"execution.fp8=true needs a GPU with FP8 tensor cores (compute capability 8.9 or "
+                          f"later: Ada, Hopper), not {where}; use execution.fp8 false")
+    if importlib.util.find_spec("torchao") is None:
+        raise ConfigError("execution.fp8=true needs torchao (pip install torchao), which is not installed")
+
+
+def convert_to_fp8(model: nn.Module, execution: ExecutionConfig, device: torch.device) -> list[str]:
+    """torchao's float8 training (dynamic scaling per tensor) on ``fp8_layers(model)``, in place; their
+    names. Refused by ``check_fp8`` where it cannot run. Before compile and sharding, as torchao asks."""
+    check_fp8(execution, device)
+    from torchao.float8 import convert_to_float8_training
+
+    names = set(fp8_layers(model))
+    convert_to_float8_training(model, module_filter_fn=lambda _module, name: name in names)
+    return sorted(names)
 
 
 RECOMPUTE_UNITS = {"layer": EncoderLayer, "attention": SelfAttention}  # execution.recompute → what it checkpoints
@@ -429,7 +523,12 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 def is_compiled(model: nn.Module) -> bool:
-    return hasattr(model, "_orig_mod")  # torch.compile's OptimizedModule
+    """Whether the model runs compiled: whole (torch.compile's OptimizedModule) or layer by layer
+    (``compile_layers``: a forward torch.compile wrapped)."""
+    if hasattr(model, "_orig_mod"):
+        return True
+    return any(hasattr(getattr(module.forward, "func", module.forward), "_torchdynamo_orig_callable")
+               for module in model.modules() if isinstance(module, EncoderLayer))
 
 
 def is_sharded(model: nn.Module) -> bool:
@@ -462,6 +561,26 @@ def _fsdp_requires_sync(model: Any, enabled: bool) -> Iterator[None]:
         yield
     finally:
         model.set_requires_gradient_sync(True)  # a backward outside a step reduces as usual
+
+
+def compile_counts() -> dict[str, int | float]:
+    """What torch.compile did in this process so far: the graphs it compiled (``graphs``), how many of
+    them were recompilations of code already compiled (a guard failed: ``recompiles``), the graphs
+    Inductor loaded from the compile cache and those it compiled (``cache_hits``, ``cache_misses``),
+    and its seconds: all (``compile_s``), Dynamo's tracing (``dynamo_s``), AOT autograd and Inductor's
+    (``aot_inductor_s``: the forward's and the backward's, which compiles at its first call)."""
+    from torch._dynamo.utils import calculate_time_spent, counters, guard_failures
+
+    seconds = calculate_time_spent()
+    frame, backend, backward = (seconds.get(key, 0.0) for key in
+                                ("entire_frame_compile", "backend_compile", "entire_backward_compile"))
+    return {"graphs": counters["stats"]["unique_graphs"],
+            "recompiles": sum(len(reasons) for reasons in guard_failures.values()),
+            # Graphs Inductor found in the persistent cache (execution.compile_cache) and compiled.
+            "cache_hits": counters["inductor"]["fxgraph_cache_hit"],
+            "cache_misses": counters["inductor"]["fxgraph_cache_miss"],
+            "compile_s": round(frame + backward, 2), "dynamo_s": round(frame - backend, 2),
+            "aot_inductor_s": round(backend + backward, 2)}
 
 
 def use_compile_cache(path: str) -> Path:

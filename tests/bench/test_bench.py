@@ -18,6 +18,7 @@ from bertforge.config import MODEL_PRESETS, ConfigError, ModelConfig, load_confi
 from bertforge.data.packing import pack_arrays, pack_command
 from bertforge.data.record_reader import read_records
 from bertforge.data.record_writer import write_records
+from bertforge.host import process_age_s
 from bertforge.models.bert import BertForPreTraining
 from bertforge.models.flops import peak_tflops, pretraining_flops
 from bertforge.training.pretrain import forward_loss
@@ -137,10 +138,15 @@ class Counting:
 
 def test_accumulation_times_n_micro_batches_per_optimizer_step(monkeypatch, capsys):
     counting = Counting(monkeypatch)
+    before = process_age_s()
     assert main(["bench", "pretrain", "--config", "tiny", "--batch-size", "3", "--seq-len", "32",
                  "--max-predictions", "5", "--accumulation", "2", "--steps", "2", "--warmup", "1",
                  "--peak-tflops", "0.5", "--json"]) == 0
+    after = process_age_s()
     result = json.loads(capsys.readouterr().out)
+    # The cold start: the process's age at the end of the first step (of three), and nothing compiled.
+    assert before < result["first_step_s"] < after
+    assert result["compiled"] is None and result["compile_scope"] is None
     assert (counting.forwards, counting.optimizer_steps) == (3 * 2, 3)
     assert (result["accumulation"], result["global_batch"], result["sequences"]) == (2, 6, 2 * 2 * 3)
     assert (result["data"], result["packed"], result["peak_tflops"]) == ("synthetic", False, 0.5)

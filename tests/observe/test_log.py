@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import sys
+import warnings
 
 import pytest
 from conftest import wait_until
@@ -12,7 +13,7 @@ from rich.console import Console
 
 import bertforge.observe.log
 from bertforge.config import ConfigError, LogConfig
-from bertforge.observe.log import MetricsLogger, ProgressBar, Stage, pass_progress, rounded
+from bertforge.observe.log import MetricsLogger, ProgressBar, Stage, console_logging, pass_progress, rounded
 
 
 def config(wandb: bool = False) -> LogConfig:
@@ -319,3 +320,24 @@ def test_wandb_offline_run_holds_the_metrics_config_and_summary(tmp_path, monkey
     summary = {i.key or "/".join(i.nested_key): json.loads(i.value_json)
                for r in records if r.WhichOneof("record_type") == "summary" for i in r.summary.update}
     assert (summary["run/event"], summary["run/step"]) == ("end", 3)
+
+
+ONLINE_SOFTMAX = ("\nOnline softmax is disabled on the fly since Inductor decides to\nsplit the reduction. Cut an "
+                  "issue to PyTorch if this is an\nimportant use case and you want to speed it up with online\n"
+                  "softmax.\n")
+
+
+def test_a_command_shows_each_warning_once():
+    """Inductor's online-softmax warning, as torch 2.11 words it, warned once per graph compiled, with the
+    filters changed in between as torch's compiler changes them (Python then forgets it showed it):
+    a command's console shows it once (the main job showed it four times), and another warning still."""
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("default")
+        with console_logging("INFO"):
+            for _ in range(4):
+                warnings.warn(ONLINE_SOFTMAX, UserWarning, stacklevel=1)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", DeprecationWarning)
+            warnings.warn("a second warning", UserWarning, stacklevel=1)
+        warnings.warn(ONLINE_SOFTMAX, UserWarning, stacklevel=1)  # after the command: Python's rules again
+    assert [str(w.message) for w in shown] == [ONLINE_SOFTMAX, "a second warning", ONLINE_SOFTMAX]

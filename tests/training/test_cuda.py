@@ -20,7 +20,7 @@ from bertforge.config import ModelConfig, TrainConfig
 from bertforge.data import PretrainingDataset
 from bertforge.data.packing import pack_arrays
 from bertforge.models.bert import BertForPreTraining, set_attention_backends, set_vocab_multiple
-from bertforge.parallel.dist import DistContext
+from bertforge.parallel.dist import DistContext, use_fp32_matmul_precision
 from bertforge.training.engine import Engine
 from bertforge.training.optim import build_optimizer, build_scheduler
 from bertforge.training.pipeline import BertStage
@@ -126,16 +126,25 @@ def test_an_engine_step_makes_no_host_sync_compiled():
     engine_step_without_sync(compiled=True)
 
 
+@pytest.fixture
+def exact_fp32():
+    """fp32 matmuls in exact fp32 for the test (training's default on CUDA is TF32: dist.fp32_matmul_precision)."""
+    before = use_fp32_matmul_precision("ieee")
+    yield
+    use_fp32_matmul_precision(before)
+
+
 @pytest.mark.parametrize("precision, tolerance", [("bf16", 0.03), ("fp16", 0.01)])
-def test_half_precision_losses_follow_fp32(precision, tolerance):
-    """20 steps of the same model, data and LAMB in fp32 and in bf16 or fp16 (with the loss scaler):
-    every step's loss within ``tolerance`` (relative) of fp32's."""
+def test_half_precision_losses_follow_fp32(precision, tolerance, exact_fp32):
+    """20 steps of the same model, data and LAMB in exact fp32 and in bf16 or fp16 (with the loss scaler):
+    every step's loss within ``tolerance`` (relative) of fp32's. At lr 5e-3 fp32 learns (6.96 to 5.76 on
+    the CPU); at 2e-3 it went to 6.45 only (the H200 run of fb4a0b0), short of the 10 % asked."""
     batches = [rows("padded", 8) for _ in range(2)]
 
     def losses(precision: str) -> list[float]:
         torch.manual_seed(0)
         model = BertForPreTraining(NO_DROPOUT).to(CUDA).train()
-        train = TrainConfig(optimizer="lamb", lr=2e-3, schedule="constant")
+        train = TrainConfig(optimizer="lamb", lr=5e-3, schedule="constant")
         optimizer = build_optimizer(model, train)
         engine = Engine(model, optimizer, build_scheduler(optimizer, train, 20), training_loss, precision, 1.0,
                         dist=DistContext(device=CUDA))
