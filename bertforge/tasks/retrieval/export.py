@@ -67,11 +67,12 @@ def write_transformer(model: Embedder | LateInteraction, directory: Path) -> Non
 
 
 def export_sentence_transformers(model: Embedder | LateInteraction, out_dir: str | Path,
-                                 overwrite: bool = False) -> Path:
+                                 overwrite: bool = False, own: Path | None = None) -> Path:
     """Write ``model`` as a sentence-transformers directory (a :class:`LateInteraction` as PyLate's),
-    whole or not at all; returns it."""
+    whole or not at all; returns it. ``own``: the lock of the run this process is, which may
+    replace its own export (check_export_target)."""
     out_dir = Path(out_dir)
-    check_export_target(out_dir, overwrite)
+    check_export_target(out_dir, overwrite, own)
     settings = model.settings
     with atomic_directory(out_dir) as tmp:
         write_transformer(model, tmp)

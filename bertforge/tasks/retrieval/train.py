@@ -27,7 +27,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from bertforge.config import Config, ConfigError, accumulation_steps, use_model, validate
-from bertforge.fileio import atomic_file
+from bertforge.fileio import LOCK, atomic_file
 from bertforge.formats import weights
 from bertforge.models.families import ENCODER_PREFIX
 from bertforge.parallel.dist import DistContext
@@ -85,7 +85,8 @@ def save_model(model: nn.Module, out_dir: Path) -> None:
         with atomic_file(out_dir / PROJECTION_FILE) as tmp:
             save_file({"linear.weight": embedder.projection.weight.detach().cpu().contiguous()}, str(tmp),
                       metadata={"format": "pt"})
-    export_sentence_transformers(embedder, out_dir / EXPORT_DIR, overwrite=True)
+    # a resumed run that had finished replaces the export it wrote then, under its own lock
+    export_sentence_transformers(embedder, out_dir / EXPORT_DIR, overwrite=True, own=out_dir / LOCK)
 
 
 def finetune_retrieval(cfg: Config, section: RetrievalConfig, init: str | Path | None,
@@ -147,6 +148,8 @@ def run_command(args: argparse.Namespace, extra: list[str]) -> int:
         overrides.append(("log.progress", "false"))
     if args.resume:
         overrides.append(("checkpoint.resume", args.resume))
+    if args.resume_with_changes:
+        overrides.append(("checkpoint.resume_with_changes", "true"))
     section = RetrievalConfig()
     cfg = load_config(section, SECTION, "retrieval_base", args.config, overrides, resume=args.resume, out_dir=args.out)
     section.check()
