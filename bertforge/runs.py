@@ -422,6 +422,23 @@ def config_changes(saved: dict[str, Any], new: dict[str, Any]) -> tuple[list[str
     return breaking, allowed
 
 
+# Fields read only where a run starts: a resume, whose weights are the checkpoint's, cannot apply them.
+STARTING_ONLY = ("model.initializer_range", "model.initializer_cutoff_factor")
+
+
+def ineffective_changes(saved: Config, cfg: Config) -> list[str]:
+    """The changes from ``saved`` to ``cfg`` that a resume could not make take effect, each with why."""
+    old, now = _flat(saved.to_dict()), _flat(cfg.to_dict())
+    found = [f"{key}: {old.get(key)!r} → {now.get(key)!r} only sets the weights a run starts from, which a "
+             f"resume takes from its checkpoint" for key in STARTING_ONLY if old.get(key) != now.get(key)]
+    t = cfg.train
+    sets_decay = t.optimizer == "stableadamw" and t.decouple_lr  # (its weight decay is scaled by lr / train.lr)
+    if saved.train.lr != t.lr and t.schedule == "table" and not sets_decay:
+        found.append(f"train.lr: {saved.train.lr!r} → {t.lr!r} changes nothing under the table schedule, whose "
+                     f"train.lr_table sets every step's lr: change train.lr_table")
+    return found
+
+
 def _same_file(a: Path, b: Path) -> bool:
     try:
         return a.read_bytes() == b.read_bytes()
@@ -435,7 +452,12 @@ def check_resume(checkpoint: Path, saved: Config, cfg: Config, saved_data: str |
     in what the run computes, or data (``data_name``; ``data``: its fingerprint) other than it
     trained on, each named; unless ``checkpoint.resume_with_changes``. Every change is logged.
 
+    A change that a resume cannot make take effect (``ineffective_changes``) is refused, with or
+    without ``checkpoint.resume_with_changes``.
+
     Two whole configs: what the run computes is in every section of them."""
+    if ineffective := ineffective_changes(saved, cfg):
+        raise ConfigError(f"resuming {checkpoint}: {'; '.join(ineffective)}")
     breaking, allowed = config_changes(saved.to_dict(), cfg.to_dict())
     # The vocab and the data are named by paths, which move with their directories: what is in
     # them is what counts (the vocab's tokens, the data's fingerprint).

@@ -46,7 +46,7 @@ SCHEDULES = {  # the run's schedule, and what the resume changes
     "poly": (["--train.schedule", "poly", "--train.lr", "1e-3", "--train.warmup_steps", "1"],
              ["--train.lr", "1e-4", "--train.end_lr", "1e-5"]),
     "table": (["--train.schedule", "table", "--train.lr", "1e-3", "--train.lr_table", "{0: 0.001, 3: 0.002}"],
-              ["--train.lr", "1e-4", "--train.lr_table", "{0: 0.0001, 3: 0.0003}"]),
+              ["--train.lr_table", "{0: 0.0001, 3: 0.0003}"]),
     "wsd": (["--train.schedule", "wsd", "--train.lr", "1e-3", "--train.warmup_steps", "1"],
             ["--train.lr", "1e-4", "--train.decay_steps", "2", "--train.end_lr", "1e-6"]),
 }
@@ -71,6 +71,36 @@ def test_a_pretraining_resumed_with_a_changed_lr_goes_on_as_a_run_given_that_lr(
     assert resumed.keys() == fresh.keys()
     for name in fresh:
         torch.testing.assert_close(resumed[name], fresh[name], rtol=1e-6, atol=1e-7, msg=name)
+
+
+def test_the_optimizers_settings_changed_on_a_resume_are_those_it_goes_on_with(tmp_path):
+    """train.weight_decay, beta2 and eps changed: the optimizer state saved after the resumed steps holds
+    the new ones (torch's load_state_dict had put back the checkpoint's)."""
+    assert main([*pretrain_args(tmp_path, "a", "--train.optimizer", "adamw"), "--steps", "2"]) == 0
+    assert main(["pretrain", "--resume", str(tmp_path / "a"), "--steps", "3", "--no-progress", "--resume-with-changes",
+                 "--train.weight_decay", "0.5", "--train.beta2", "0.95", "--train.eps", "1e-8"]) == 0
+    state = torch.load(tmp_path / "a" / "checkpoints" / "step_00000003" / "optimizer.pt", weights_only=True)
+    decays = [group["weight_decay"] for group in state["param_groups"]]
+    assert decays == [0.5, 0.0]  # (the second group: biases and norms, never decayed)
+    assert {(group["betas"], group["eps"]) for group in state["param_groups"]} == {((0.9, 0.95), 1e-8)}
+
+
+@pytest.mark.parametrize(("run", "change", "refused"), [
+    (["--train.schedule", "table", "--train.lr_table", "{0: 0.001}"], ["--train.lr", "1e-4"],
+     "train.lr: 0.001 → 0.0001 changes nothing under the table schedule, whose train.lr_table sets every "
+     "step's lr: change train.lr_table"),
+    ([], ["--model.initializer_range", "0.5"],
+     "model.initializer_range: 0.02 → 0.5 only sets the weights a run starts from, which a resume takes from "
+     "its checkpoint"),
+])
+def test_a_change_a_resume_cannot_apply_is_refused_in_one_line(tmp_path, capsys, run, change, refused):
+    assert main([*pretrain_args(tmp_path, "a", "--train.lr", "1e-3", *run), "--steps", "2"]) == 0
+    capsys.readouterr()
+    assert main(["pretrain", "--resume", str(tmp_path / "a"), "--steps", "3", "--no-progress",
+                 "--resume-with-changes", *change]) == 2
+    step_2 = tmp_path / "a" / "checkpoints" / "step_00000002"
+    assert capsys.readouterr().err.splitlines()[-1] == f"error: resuming {step_2}: {refused}"
+    assert sorted(p.name for p in (tmp_path / "a" / "checkpoints").iterdir()) == ["step_00000002"]
 
 
 def final_weights(out: Path) -> dict[str, torch.Tensor]:
