@@ -257,7 +257,13 @@ def find_resumable(run_dir: Path, only: Iterable[str] | None = None, warn: bool 
     A damaged one is skipped with a warning naming it (``--resume auto``).
     ``only`` limits the check to these files (config.yaml, to read the config).
     """
-    for checkpoint in reversed(complete_checkpoints(run_dir)):
+    return newest_verified(complete_checkpoints(run_dir), only, warn)
+
+
+def newest_verified(checkpoints: list[Path], only: Iterable[str] | None = None, warn: bool = False) -> Path | None:
+    """The newest of ``checkpoints`` (oldest first) that verifies against its manifest, or None;
+    each damaged one skipped (with a warning naming it, if ``warn``)."""
+    for checkpoint in reversed(checkpoints):
         try:
             verify(checkpoint, only)
         except CheckpointError as err:
@@ -278,8 +284,19 @@ def checkpoint_to_resume(resume: str, run_dir: Path | None = None) -> Path | Non
         return find_resumable(run_dir)
     checkpoint = find_checkpoint(resume)
     remove_temporaries_of(checkpoint.parent.parent)
-    verify(checkpoint)
+    try:
+        verify(checkpoint)
+    except CheckpointError as err:
+        raise CheckpointError(f"{err}; {_sound_instead(checkpoint)}") from None
     return checkpoint
+
+
+def _sound_instead(damaged: Path) -> str:
+    """What to resume instead of the damaged step directory ``damaged``: its run's newest sound one."""
+    sound = newest_verified([c for c in complete_checkpoints(damaged.parent.parent) if c.name < damaged.name])
+    if sound is None:
+        return "no checkpoint before it is whole"
+    return f"the newest whole checkpoint before it is {sound}: resume with --resume {sound}"
 
 
 def auto_run_dir(run_dir: str | Path, name: str, flag: str = "--name (log.name)") -> Path:
