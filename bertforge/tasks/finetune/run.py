@@ -75,7 +75,8 @@ from bertforge.config import (
     validate,
 )
 from bertforge.data.checksum import fingerprint
-from bertforge.data.vocab import vocab_size_of
+from bertforge.data.errors import DataError
+from bertforge.data.vocab import check_model_vocab
 from bertforge.fileio import LOCK, atomic_file, atomic_files, refuse_live_runs, remove
 from bertforge.formats import tf1, weights
 from bertforge.formats.hf import find_model, hf_config_from_model_config, hf_head_config, resolve_model
@@ -206,6 +207,15 @@ def find_vocab(model_path: str | Path, vocab: str | Path | None = None) -> Path:
         if not vocab.is_file():
             raise FinetuneError(f"vocab not found: {vocab}")
         return vocab
+    found = own_vocab(model_path)
+    if found is None:
+        raise FinetuneError(f"{find_model(model_path, FinetuneError)}: no vocab.txt or tokenizer.json beside the "
+                            f"model; pass --vocab")
+    return found
+
+
+def own_vocab(model_path: str | Path) -> Path | None:
+    """The vocab beside the model's weights: ``vocab.txt``, else ``tokenizer.json``; None when it has none."""
     path = find_model(model_path, FinetuneError)
     directories = [path]
     prefix = tf1.find_prefix(path)
@@ -220,7 +230,7 @@ def find_vocab(model_path: str | Path, vocab: str | Path | None = None) -> Path:
         found = runs.vocab_in(directory)
         if found is not None:
             return found
-    raise FinetuneError(f"{path}: no vocab.txt or tokenizer.json beside the model; pass --vocab")
+    return None
 
 
 def load_checked(path: str | Path, vocab: Path, head: str, num_labels: int | None = None) -> nn.Module:
@@ -231,12 +241,10 @@ def load_checked(path: str | Path, vocab: Path, head: str, num_labels: int | Non
         warnings.simplefilter("ignore")  # a new head is expected when fine-tuning an encoder
         model = load_model(path, head=head, num_labels=num_labels)
     config = typing.cast(ModelConfig, model.config)
-    size = vocab_size_of(vocab)
-    # A tokenizer.json may have fewer tokens than the model's table (tables are rounded up, as the
-    # published ModernBERTs' 50,368 rows; rows past the tokenizer are never read); a vocab.txt is the table.
-    if size > config.vocab_size or (size != config.vocab_size and Path(vocab).suffix != ".json"):
-        raise FinetuneError(f"{vocab} has {size} tokens but the model at {path} has "
-                            f"vocab_size={config.vocab_size}: not its vocab")
+    try:
+        check_model_vocab(vocab, config.vocab_size, own_vocab(path), path)
+    except DataError as err:  # (fine-tuning's errors are FinetuneErrors)
+        raise FinetuneError(str(err)) from None
     return model
 
 
