@@ -84,9 +84,10 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
     vocab = args.vocab or vocab_in(checkpoint)
     if args.vocab is not None:  # another model's vocab would export a tokenizer whose ids miss the embeddings
         from bertforge.data.vocab import check_model_vocab
+        from bertforge.formats.load import vocab_beside
 
-        check_model_vocab(args.vocab, typing.cast(typing.Any, model.config).vocab_size, vocab_in(checkpoint),
-                          checkpoint, "--vocab")
+        check_model_vocab(args.vocab, typing.cast(typing.Any, model.config).vocab_size, vocab_beside(checkpoint),
+                          checkpoint, "--vocab")  # fine-tuning's rule (load_checked)
     if args.format == "tf1":
         from bertforge.formats.bert_tf1 import export_tf1
         from bertforge.training.checkpoint import read_trainer_state
