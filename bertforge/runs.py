@@ -443,16 +443,17 @@ def config_changes(saved: dict[str, Any], new: dict[str, Any]) -> tuple[list[str
 STARTING_ONLY = ("model.initializer_range", "model.initializer_cutoff_factor")
 
 
-def ineffective_changes(saved: Config, cfg: Config) -> list[str]:
-    """The changes from ``saved`` to ``cfg`` that a resume could not make take effect, each with why."""
-    old, now = _flat(saved.to_dict()), _flat(cfg.to_dict())
+def ineffective_changes(saved: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """The changes from ``saved`` to ``new`` (two configs as ``Config.to_dict`` gives them) that a
+    resume could not make take effect, each with why."""
+    old, now = _flat(saved), _flat(new)
     found = [f"{key}: {old.get(key)!r} → {now.get(key)!r} only sets the weights a run starts from, which a "
              f"resume takes from its checkpoint" for key in STARTING_ONLY if old.get(key) != now.get(key)]
-    t = cfg.train
-    sets_decay = t.optimizer == "stableadamw" and t.decouple_lr  # (its weight decay is scaled by lr / train.lr)
-    if saved.train.lr != t.lr and t.schedule == "table" and not sets_decay:
-        found.append(f"train.lr: {saved.train.lr!r} → {t.lr!r} changes nothing under the table schedule, whose "
-                     f"train.lr_table sets every step's lr: change train.lr_table")
+    # (stableadamw's decoupled weight decay is scaled by lr / train.lr: there train.lr counts)
+    sets_decay = now["train.optimizer"] == "stableadamw" and now["train.decouple_lr"]
+    if old["train.lr"] != now["train.lr"] and now["train.schedule"] == "table" and not sets_decay:
+        found.append(f"train.lr: {old['train.lr']!r} → {now['train.lr']!r} changes nothing under the table schedule, "
+                     f"whose train.lr_table sets every step's lr: change train.lr_table")
     return found
 
 
@@ -473,7 +474,7 @@ def check_resume(checkpoint: Path, saved: Config, cfg: Config, saved_data: str |
     without ``checkpoint.resume_with_changes``.
 
     Two whole configs: what the run computes is in every section of them."""
-    if ineffective := ineffective_changes(saved, cfg):
+    if ineffective := ineffective_changes(saved.to_dict(), cfg.to_dict()):
         raise ConfigError(f"resuming {checkpoint}: {'; '.join(ineffective)}")
     breaking, allowed = config_changes(saved.to_dict(), cfg.to_dict())
     # The vocab and the data are named by paths, which move with their directories: what is in
