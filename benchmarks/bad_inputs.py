@@ -121,6 +121,22 @@ def remove(rel: str) -> Prep:
     return prep
 
 
+def flip(rel: str) -> Prep:
+    """Flip one bit in the middle of file ``rel`` under {C}: damaged, its size unchanged."""
+    def prep(t: Path, c: Path) -> None:
+        path = c / rel
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0x10
+        path.write_bytes(bytes(data))
+    return prep
+
+
+def conll(rel: str) -> Prep:
+    """A CoNLL-2003 directory (train.txt, dev.txt) of two sentences under {C}/``rel``."""
+    text = "-DOCSTART- -X- -X- O\n\nJohn NNP B-NP B-PER\nlives VBZ B-VP O\nin IN B-PP O\nParis NNP B-NP B-LOC\n\n" * 2
+    return chain(write(f"{rel}/train.txt", text), write(f"{rel}/dev.txt", text))
+
+
 def drop_mask(obj: dict) -> None:
     obj["added_tokens"] = [tok for tok in obj.get("added_tokens", []) if tok["content"] != "[MASK]"]
     vocab = obj["model"]["vocab"]
@@ -257,6 +273,34 @@ def cases() -> list[Case]:
         Case("export --vocab of another vocab size", ["export", run, "{C}/hf", "--vocab", "{T}/bpe.json"]),
         Case("export into a non-empty directory", ["export", run, "{C}/hf"], prep=write("hf/x.txt", "x")),
         Case("export --format tf2 of a ModernBERT", ["export", "{T}/runs/modern", "{C}/tf2", "--format", "tf2"]),
+        # ---- issue 43: a change on resume takes effect or is refused; eval's tokenizer; a vocab not the model's
+        Case("pretrain --resume-with-changes --train.lr under the table schedule",
+             ["pretrain", "--resume", "{C}/t", "--train.steps", "2", "--resume-with-changes", "--train.lr", "1e-4"],
+             prep=copy("runs/table", "t")),
+        Case("pretrain --resume-with-changes --model.initializer_range",
+             ["pretrain", "--resume", "{C}/s", "--train.steps", "2", "--resume-with-changes",
+              "--model.initializer_range", "0.5"], prep=copy("runs/synth", "s")),
+        Case("pretrain --resume RUN whose newest checkpoint is damaged",
+             ["pretrain", "--resume", "{C}/two", "--train.steps", "3"],
+             prep=chain(copy("runs/two", "two"), flip("two/checkpoints/step_00000002/model.safetensors"))),
+        Case("eval of records made with another tokenizer",
+             ["eval", ckpt, "--data.eval_input", "{T}/bpe/train.tfrecord"]),
+        Case("eval --data.vocab of another tokenizer", ["eval", ckpt, "--data.eval_input", str(TFRECORD),
+                                                         "--data.vocab", "{T}/bpe.json"]),
+        Case("valid: eval --train.eval_batches 1", ["eval", ckpt, "--data.eval_input", str(TFRECORD),
+                                                    "--batch-size", "8", "--train.eval_batches", "1"], valid=True),
+        Case("finetune ner with a tokenizer.json of another tokenizer",
+             ["finetune", "ner", "--data", "{C}/c", *hf_run, "--out", "{C}/out", "--vocab", "{T}/bpe.json", *FT],
+             prep=conll("c")),
+        Case("squad train with a tokenizer.json of another tokenizer",
+             ["squad", "train", *hf_run, "--vocab", "{T}/bpe.json", *sq_files, *SQ, "--squad.doc_stride", "16"],
+             prep=write("train.json", squad_json())),
+        Case("finetune glue with another tokenizer.json smaller than the table",
+             [*glue, "--init", "{T}/padded", "--vocab", "{T}/bpe400.json", *FT]),
+        Case("valid: export --vocab its own tokenizer.json, smaller than its table",
+             ["export", "{T}/padded", "{C}/hf", "--vocab", "{T}/padded/tokenizer.json"], valid=True),
+        Case("export --vocab another tokenizer.json smaller than the table",
+             ["export", "{T}/padded", "{C}/hf", "--vocab", "{T}/bpe400.json"]),
         # ---- import hf
         Case("import hf rope_type yarn", ["import", "hf", "{C}/m", "{C}/out"],
              prep=chain(copy("modern_hf", "m"),
@@ -405,6 +449,21 @@ def cases() -> list[Case]:
     return c
 
 
+# A BERT-tiny whose embedding table is 3 rows larger than its tokenizer.json (bpe.json), as tables are
+# rounded up: our model directory, the tokenizer beside the weights.
+PADDED = """
+import sys
+from pathlib import Path
+from bertforge.config import MODEL_PRESETS, ModelConfig
+from bertforge.data.vocab import load_vocab
+from bertforge.formats.weights import write_model_dir
+from bertforge.models.bert import BertForPreTraining
+t = Path(sys.argv[1])
+cfg = ModelConfig(**{**MODEL_PRESETS["tiny"], "vocab_size": load_vocab(t / "bpe.json").size + 3})
+write_model_dir(BertForPreTraining(cfg), cfg, t / "padded", t / "bpe.json")
+"""
+
+
 def setup(t: Path, env: dict[str, str], timeout: float) -> None:
     """The fixtures the cases copy or read; made once."""
     steps = [
@@ -417,9 +476,15 @@ def setup(t: Path, env: dict[str, str], timeout: float) -> None:
         ["data", "vocab", "--kind", "bpe", "--vocab-size", "500", str(SAMPLE), f"{t}/bpe.json"],
         ["data", "create", "--input", str(SAMPLE), "--vocab", f"{t}/bpe.json", "--output", f"{t}/bpe/train.tfrecord",
          "--seq-len", "32", "--max-predictions", "4", "--dupe-factor", "1"],
+        [*SYNTH, "--log.run_dir", f"{t}/runs", "--log.name", "table", "--train.schedule", "table",
+         "--train.lr_table", "{0: 0.001}"],
+        [*SYNTH, "--log.run_dir", f"{t}/runs", "--log.name", "two", "--train.steps", "2", "--checkpoint.every", "1"],
+        ["data", "vocab", "--kind", "bpe", "--vocab-size", "400", str(SAMPLE), f"{t}/bpe400.json"],
+        ["-c", PADDED, str(t)],
     ]
     for argv in steps:
-        proc = subprocess.run([sys.executable, "-m", "bertforge", *argv], env=env, capture_output=True, text=True,
+        command = argv if argv[0] == "-c" else ["-m", "bertforge", *argv]
+        proc = subprocess.run([sys.executable, *command], env=env, capture_output=True, text=True,
                               timeout=timeout, cwd=t)
         if proc.returncode != 0:
             raise SystemExit(f"setup failed: bertforge {' '.join(argv)}\n{proc.stderr[-3000:]}")

@@ -83,12 +83,11 @@ def cmd_export(args: argparse.Namespace, extra: list[str]) -> int:
     model = load_model(checkpoint, head=head)
     vocab = args.vocab or vocab_in(checkpoint)
     if args.vocab is not None:  # another model's vocab would export a tokenizer whose ids miss the embeddings
-        from bertforge.data.vocab import vocab_size_of
+        from bertforge.data.vocab import check_model_vocab
+        from bertforge.formats.load import vocab_beside
 
-        size, model_size = vocab_size_of(args.vocab), typing.cast(typing.Any, model.config).vocab_size
-        if size != model_size:
-            raise ConfigError(f"--vocab {args.vocab} has {size} tokens but the model at {checkpoint} has "
-                              f"vocab_size={model_size}: not its vocab")
+        check_model_vocab(args.vocab, typing.cast(typing.Any, model.config).vocab_size, vocab_beside(checkpoint),
+                          checkpoint, "--vocab")  # fine-tuning's rule (load_checked)
     if args.format == "tf1":
         from bertforge.formats.bert_tf1 import export_tf1
         from bertforge.training.checkpoint import read_trainer_state

@@ -257,7 +257,13 @@ def find_resumable(run_dir: Path, only: Iterable[str] | None = None, warn: bool 
     A damaged one is skipped with a warning naming it (``--resume auto``).
     ``only`` limits the check to these files (config.yaml, to read the config).
     """
-    for checkpoint in reversed(complete_checkpoints(run_dir)):
+    return newest_verified(complete_checkpoints(run_dir), only, warn)
+
+
+def newest_verified(checkpoints: list[Path], only: Iterable[str] | None = None, warn: bool = False) -> Path | None:
+    """The newest of ``checkpoints`` (oldest first) that verifies against its manifest, or None;
+    each damaged one skipped (with a warning naming it, if ``warn``)."""
+    for checkpoint in reversed(checkpoints):
         try:
             verify(checkpoint, only)
         except CheckpointError as err:
@@ -278,8 +284,19 @@ def checkpoint_to_resume(resume: str, run_dir: Path | None = None) -> Path | Non
         return find_resumable(run_dir)
     checkpoint = find_checkpoint(resume)
     remove_temporaries_of(checkpoint.parent.parent)
-    verify(checkpoint)
+    try:
+        verify(checkpoint)
+    except CheckpointError as err:
+        raise CheckpointError(f"{err}; {_sound_instead(checkpoint)}") from None
     return checkpoint
+
+
+def _sound_instead(damaged: Path) -> str:
+    """What to resume instead of the damaged step directory ``damaged``: its run's newest sound one."""
+    sound = newest_verified([c for c in complete_checkpoints(damaged.parent.parent) if c.name < damaged.name])
+    if sound is None:
+        return "no checkpoint before it is whole"
+    return f"the newest whole checkpoint before it is {sound}: resume with --resume {sound}"
 
 
 def auto_run_dir(run_dir: str | Path, name: str, flag: str = "--name (log.name)") -> Path:
@@ -422,6 +439,24 @@ def config_changes(saved: dict[str, Any], new: dict[str, Any]) -> tuple[list[str
     return breaking, allowed
 
 
+# Fields read only where a run starts: a resume, whose weights are the checkpoint's, cannot apply them.
+STARTING_ONLY = ("model.initializer_range", "model.initializer_cutoff_factor")
+
+
+def ineffective_changes(saved: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """The changes from ``saved`` to ``new`` (two configs as ``Config.to_dict`` gives them) that a
+    resume could not make take effect, each with why."""
+    old, now = _flat(saved), _flat(new)
+    found = [f"{key}: {old.get(key)!r} → {now.get(key)!r} only sets the weights a run starts from, which a "
+             f"resume takes from its checkpoint" for key in STARTING_ONLY if old.get(key) != now.get(key)]
+    # (stableadamw's decoupled weight decay is scaled by lr / train.lr: there train.lr counts)
+    sets_decay = now["train.optimizer"] == "stableadamw" and now["train.decouple_lr"]
+    if old["train.lr"] != now["train.lr"] and now["train.schedule"] == "table" and not sets_decay:
+        found.append(f"train.lr: {old['train.lr']!r} → {now['train.lr']!r} changes nothing under the table schedule, "
+                     f"whose train.lr_table sets every step's lr: change train.lr_table")
+    return found
+
+
 def _same_file(a: Path, b: Path) -> bool:
     try:
         return a.read_bytes() == b.read_bytes()
@@ -435,7 +470,12 @@ def check_resume(checkpoint: Path, saved: Config, cfg: Config, saved_data: str |
     in what the run computes, or data (``data_name``; ``data``: its fingerprint) other than it
     trained on, each named; unless ``checkpoint.resume_with_changes``. Every change is logged.
 
+    A change that a resume cannot make take effect (``ineffective_changes``) is refused, with or
+    without ``checkpoint.resume_with_changes``.
+
     Two whole configs: what the run computes is in every section of them."""
+    if ineffective := ineffective_changes(saved.to_dict(), cfg.to_dict()):
+        raise ConfigError(f"resuming {checkpoint}: {'; '.join(ineffective)}")
     breaking, allowed = config_changes(saved.to_dict(), cfg.to_dict())
     # The vocab and the data are named by paths, which move with their directories: what is in
     # them is what counts (the vocab's tokens, the data's fingerprint).

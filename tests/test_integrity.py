@@ -71,11 +71,17 @@ def test_a_flipped_bit_is_named_and_refused(run, tmp_path, capsys):
     data[len(data) // 2] ^= 0x10
     safetensors.write_bytes(bytes(data))
     expected = (f"error: {safetensors}: its crc32c differs from manifest.json: damaged or edited; "
-                f"refusing this checkpoint\n")
-    for argv in (["pretrain", "--resume", str(copy), "--steps", "6", "--no-progress"],
-                 ["export", str(copy), str(tmp_path / "hf")]):
-        assert main(argv) == 2
-        assert capsys.readouterr().err == expected
+                f"refusing this checkpoint")
+    assert main(["export", str(copy), str(tmp_path / "hf")]) == 2
+    assert capsys.readouterr().err == expected + "\n"
+    # a resume also names the checkpoint to resume instead (issue 43.4), whichever it was given
+    for resume in (copy, step_dir(copy, 4)):
+        assert main(["pretrain", "--resume", str(resume), "--steps", "6", "--no-progress"]) == 2
+        assert capsys.readouterr().err == (f"{expected}; the newest whole checkpoint before it is "
+                                           f"{step_dir(copy, 2)}: resume with --resume {step_dir(copy, 2)}\n")
+    (step_dir(copy, 2) / "trainer.pt").write_bytes(b"")  # none whole before it
+    assert main(["pretrain", "--resume", str(copy), "--steps", "6", "--no-progress"]) == 2
+    assert capsys.readouterr().err == f"{expected}; no checkpoint before it is whole\n"
     with pytest.raises(runs.CheckpointError, match="crc32c differs"):
         load_model(copy)
     with pytest.raises(runs.CheckpointError, match="crc32c differs"):

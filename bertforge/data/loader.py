@@ -330,8 +330,9 @@ def check_vocab_fits(records: RecordFile, vocab_path: str | Path) -> None:
                         f"another vocab?): train with the vocab they were made with")
 
 
-def check_tokenizer(files: list[Path], vocab_path: str | Path) -> None:
-    """Refuse record files made with another tokenizer than ``data.vocab``, as a native header or a
+def check_tokenizer(files: list[Path], vocab_path: str | Path, setting: str = "data.vocab") -> None:
+    """Refuse record files made with another tokenizer than ``data.vocab`` (``setting``: where the vocab
+    was given), as a native header or a
     TFRecord's sidecar names it (see :meth:`.vocab.Vocabulary.check_made`). TFRecords with no sidecar
     (other tools') are checked on their first records and warned about in one line
     (:func:`check_unnamed_records`); older native files name none and pass."""
@@ -340,9 +341,9 @@ def check_tokenizer(files: list[Path], vocab_path: str | Path) -> None:
     for path in files:
         if detect_format(path) == "native":
             with open_records(path, verify=False) as records:
-                vocab.check_made(records.header_tokenizer, path, "data.vocab")
+                vocab.check_made(records.header_tokenizer, path, setting)
         elif (made_with := read_tokenizer_sidecar(path)) is not None:
-            vocab.check_made(made_with, path, "data.vocab")
+            vocab.check_made(made_with, path, setting)
         else:
             unnamed.append(path)
     if unnamed:

@@ -109,12 +109,15 @@ class Vocabulary:
         return {"kind": self.kind, "name": self.path.name if self.path else "", "vocab_size": self.size,
                 "fingerprint": self.fingerprint}
 
-    def check_made(self, made_with: dict | None, records: str | Path, setting: str) -> None:
+    def check_made(self, made_with: dict | None, records: str | Path, setting: str,
+                   made: str = "the records were made with") -> None:
         """Refuse ``records`` when ``made_with`` (their header's tokenizer, None when it names none)
-        is another vocab: the fingerprints differ. ``setting`` names where this vocab was given."""
+        is another vocab: the fingerprints differ. ``setting`` names where this vocab was given.
+        The one check of "the same tokenizer": of records, and of a model (``made``: "the model
+        was trained with", ``made_with``: the identity of the vocab beside its weights)."""
         if made_with is not None and made_with["fingerprint"] != self.fingerprint:
             raise DataError(f"{records}: made with the tokenizer {_describe(made_with)}, but {setting} {self.path} "
-                            f"is {_describe(self.identity())}: use the tokenizer the records were made with")
+                            f"is {_describe(self.identity())}: use the tokenizer {made}")
 
     def encoder(self, lowercase: bool = True) -> FastWordPiece | FastBPE:
         """The fast encoder of documents (``lowercase``: for a vocab.txt; a tokenizer.json's own
@@ -174,6 +177,24 @@ def load_vocab(path: str | Path) -> Vocabulary:
         read_vocab(path)  # names the file: not found, or not readable
         raise
     return _load(path, path.resolve(), stat.st_mtime_ns, stat.st_size)
+
+
+def check_model_vocab(vocab: str | Path, rows: int, own: str | Path | None, model: str | Path,
+                      setting: str = "the vocab") -> None:
+    """Refuse ``vocab`` (given as ``setting``) for the model at ``model``, of ``rows`` embedding rows,
+    whose own vocab (beside its weights; None: it has none) is ``own``: another tokenizer by its
+    fingerprint (``Vocabulary.check_made``), even one that fits the rows; then by size: a vocab.txt
+    has a token per row, a tokenizer.json at most as many (tables are rounded up, as the published
+    ModernBERTs' 50,368 rows for 50,280 tokens; rows past the tokenizer are never read).
+
+    The rule of every job that takes a model and a vocab: fine-tuning, SQuAD, export."""
+    given = load_vocab(vocab)
+    if own is not None and Path(own).resolve() != Path(vocab).resolve():
+        given.check_made(load_vocab(own).identity(), f"the model at {model}", setting,
+                         "the model was trained with")
+    if given.size > rows or (given.size != rows and not is_tokenizer_json(vocab)):
+        raise DataError(f"{setting} {vocab} has {given.size} tokens but the model at {model} has "
+                        f"vocab_size={rows}: not its vocab")
 
 
 def vocab_size_of(vocab_path: str | Path) -> int:

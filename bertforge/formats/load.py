@@ -20,7 +20,7 @@ from bertforge.config import ModelConfig
 from bertforge.models.bert import BertModel
 from bertforge.models.families import ENCODER_PREFIX
 from bertforge.models.modernbert import ModernBertModel
-from bertforge.runs import WEIGHTS_FILES, CheckpointError, find_checkpoint, verify
+from bertforge.runs import WEIGHTS_FILES, CheckpointError, find_checkpoint, verify, vocab_in
 
 from . import tf1
 from .bert_tf1 import find_bert_config, model_config_from_bert_config, read_tf1
@@ -46,6 +46,23 @@ from .weights import (
 )
 
 logger = logging.getLogger(__name__)
+
+def vocab_beside(model_path: str | Path, error: type[ValueError] = CheckpointError) -> Path | None:
+    """The vocab beside a model's weights (``runs.VOCAB_FILES``: ``vocab.txt``, else ``tokenizer.json``):
+    in the directory, a run's newest step or a TF1 prefix's directory (or the one above it, MLPerf's
+    layout); None when it has none. ``error``: what a path that holds no model raises."""
+    path = find_model(model_path, error)
+    directories = [path]
+    prefix = tf1.find_prefix(path)
+    if prefix is not None:
+        directories = [prefix.parent, prefix.parent.parent]
+    elif not (path / "config.json").is_file() and not (path / "model.safetensors").is_file():
+        try:
+            directories.insert(0, find_checkpoint(path))
+        except ValueError:
+            pass
+    return next((found for directory in directories if (found := vocab_in(directory)) is not None), None)
+
 
 def read_weights(path: str | Path, bert_config: str | Path | None = None,
                  ) -> tuple[ModelConfig, dict[str, torch.Tensor], Path]:

@@ -262,14 +262,15 @@ def model_for_head(head: str, cfg: ModelConfig, state: dict[str, torch.Tensor], 
     return cls(cfg, labels)
 
 
-def check_export_target(out_dir: Path | str, overwrite: bool = False) -> None:
+def check_export_target(out_dir: Path | str, overwrite: bool = False, own: Path | None = None) -> None:
     """Refuse to export into an existing file or non-empty directory unless ``overwrite``, and
-    even then when a live run writes in it, below it or above it."""
+    even then when a live run writes in it, below it or above it (but the run whose lock is
+    ``own``: this process, exporting into its own run directory)."""
     out_dir = Path(out_dir)
     if not (out_dir.exists() or out_dir.is_symlink()):
         return
     if overwrite:
-        refuse_live_runs(out_dir)
+        refuse_live_runs(out_dir, own)
         return
     if out_dir.is_dir() and not out_dir.is_symlink() and not any(out_dir.iterdir()):
         return  # an empty directory holds nothing to lose

@@ -67,6 +67,8 @@ from bertforge.runs import (
     write_manifest,
 )
 
+from .optim import group_settings, keep_settings
+
 if TYPE_CHECKING:
     from .engine import Engine
 
@@ -395,6 +397,8 @@ def reject(ctx: DistContext, unconfirmed: Path) -> None:
 
 def resume(checkpoint: Path, engine: Engine, verified: bool = False) -> dict[str, Any]:
     """Load a step directory into a built engine: weights, optimizer, schedule, scaler, RNG.
+    The optimizer's settings and the schedule's lr are the engine's, as this run's config built
+    them: a resume with a changed train.lr (or weight decay, schedule, …) goes on with the change.
 
     Every rank calls it, after ``prepare_model`` and the optimizer are built,
     whatever the world size and parallel mode of the run that saved it: FSDP
@@ -408,6 +412,7 @@ def resume(checkpoint: Path, engine: Engine, verified: bool = False) -> dict[str
         from_main(engine.dist, lambda: verify(checkpoint))
     model, optimizer = unwrap(engine.model), engine.optimizer
     trainer_state = read_trainer_state(checkpoint)
+    settings = group_settings(optimizer)  # this run's lr, weight decay, betas, …: they win over the saved ones
     if isinstance(engine, PipelineEngine):
         if has_shards(checkpoint):
             raise CheckpointError(f"{checkpoint}: holds FSDP shards of the optimizer state, which pipeline stages "
@@ -433,4 +438,5 @@ def resume(checkpoint: Path, engine: Engine, verified: bool = False) -> dict[str
             except (ValueError, KeyError, TypeError, IndexError) as err:
                 raise CheckpointError(f"{checkpoint / 'optimizer.pt'}: does not fit this optimizer ({err})") from None
     engine.load_state_dict(trainer_state)
+    keep_settings(optimizer, engine.scheduler, settings)
     return trainer_state

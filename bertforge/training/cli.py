@@ -52,7 +52,8 @@ def cmd_eval(args: argparse.Namespace, extra: list[str]) -> int:
     set_threads(cfg.execution.threads)
     batch_size = args.batch_size or cfg.train.eval_batch_size or cfg.train.micro_batch_size
     for result in evaluate_checkpoints(args.checkpoints, cfg.data.eval_input, batch_size,
-                                       cfg.execution.device, cfg.execution.precision, progress=cfg.log.progress,
+                                       cfg.execution.device, cfg.execution.precision, vocab=cfg.data.vocab or None,
+                                       max_batches=cfg.train.eval_batches, progress=cfg.log.progress,
                                        every_s=cfg.log.progress_every_s):
         print(format_result(result, args.json), flush=True)
     return 0
@@ -92,7 +93,8 @@ def add_eval_command(sub: Any) -> None:
                                    "BERT directory, a TF1 checkpoint prefix) on every record of "
                                    "--data.eval_input, as a training run's evaluations do.")
     p.add_argument("checkpoints", nargs="+", metavar="CKPT")
-    p.add_argument("--config", help=CONFIG_HELP + " (for execution.* and train.eval_batch_size)")
+    p.add_argument("--config", help=CONFIG_HELP + " (for execution.*, train.eval_batch_size, train.eval_batches "
+                                                  "and data.vocab)")
     p.add_argument("--batch-size", type=positive_int, default=0,
                    help="sequences per batch (default: train.eval_batch_size, else train.micro_batch_size)")
     p.add_argument("--json", action="store_true", help="one JSON object per checkpoint")

@@ -48,10 +48,30 @@ def check_fits(eval_set: PretrainingDataset, path: str | Path, model: Any, check
                         "evaluate on records made with the checkpoint's vocab")
 
 
+def check_tokenizer_of(eval_input: str | Path, model: Any, checkpoint: str | Path, vocab: str | Path | None) -> None:
+    """Refuse an eval file made with another tokenizer than the checkpoint's (a native header's or a
+    TFRecord sidecar's, as pre-training refuses it): ``vocab`` (``data.vocab``) if given, which must
+    be the checkpoint's own (``check_model_vocab``), else the vocab beside its weights. A checkpoint
+    without one, given none, is checked by its ids alone (``check_fits``)."""
+    from bertforge.data.loader import check_tokenizer
+    from bertforge.data.vocab import check_model_vocab
+    from bertforge.formats.load import vocab_beside
+
+    own = vocab_beside(checkpoint)
+    if vocab:
+        check_model_vocab(vocab, model.config.vocab_size, own, checkpoint, "data.vocab")
+        check_tokenizer([Path(eval_input)], vocab)
+    elif own is not None:
+        check_tokenizer([Path(eval_input)], own, f"the vocab of {checkpoint}")
+
+
 def evaluate_checkpoints(checkpoints: Sequence[str | Path], eval_input: str | Path, batch_size: int,
-                         device: str = "auto", precision: str = "fp32", *, progress: bool = True,
-                         every_s: float = 30.0) -> Iterator[dict[str, Any]]:
-    """One result per checkpoint, in order: its path, then ``train.evaluate``'s numbers. Each
+                         device: str = "auto", precision: str = "fp32", *, vocab: str | Path | None = None,
+                         max_batches: int = 0, progress: bool = True, every_s: float = 30.0
+                         ) -> Iterator[dict[str, Any]]:
+    """One result per checkpoint, in order: its path, then ``train.evaluate``'s numbers on the first
+    ``max_batches`` batches (``train.eval_batches``; 0: all). Records of another tokenizer than the
+    checkpoint's (or ``vocab``, ``data.vocab``) are refused (``check_tokenizer_of``). Each
     evaluation shows its progress (``progress``: ``log.progress``; ``every_s``: ``log.progress_every_s``)
     as a :class:`~bertforge.observe.log.Stage`."""
     import torch
@@ -66,9 +86,11 @@ def evaluate_checkpoints(checkpoints: Sequence[str | Path], eval_input: str | Pa
     eval_set = read_eval_set(eval_input)
     for checkpoint in checkpoints:
         model = load_model(checkpoint, head="pretraining")
+        check_tokenizer_of(eval_input, model, checkpoint, vocab)
         check_fits(eval_set, eval_input, model, checkpoint)
-        with Stage(f"eval {checkpoint}", f"{len(eval_set)} sequences", enabled=progress, every_s=every_s):
-            result = evaluate(model.to(where), eval_set, batch_size, where, precision)
+        count = len(eval_set) if max_batches <= 0 else min(len(eval_set), max_batches * batch_size)
+        with Stage(f"eval {checkpoint}", f"{count} sequences", enabled=progress, every_s=every_s):
+            result = evaluate(model.to(where), eval_set, batch_size, where, precision, max_batches)
         del model
         if where.type == "cuda":
             torch.cuda.empty_cache()

@@ -1065,3 +1065,30 @@ def build_scheduler(optimizer: torch.optim.Optimizer, train: TrainConfig,
         return lr_at(step, train, total_steps) / train.lr
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier)
+
+
+def group_settings(optimizer: torch.optim.Optimizer) -> list[dict[str, typing.Any]]:
+    """Each param group's settings (lr, initial_lr, weight_decay, betas, …), without its parameters."""
+    return [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
+
+
+def keep_settings(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
+                  settings: list[dict[str, typing.Any]]) -> None:
+    """After a resume loaded a checkpoint's optimizer and schedule into ones built from this run's
+    config: this run's ``settings`` (``group_settings`` of the optimizer as built) again, and the lr
+    of the step the schedule stands at, from them.
+
+    torch's ``load_state_dict`` puts back the saved groups' settings and the schedule's saved base
+    lrs, so a resume that changes train.lr, weight_decay, betas, … would go on with the old ones (or,
+    LambdaLR multiplying the old base lr by the new schedule's factor, with neither). The moments and
+    the step counts stay the checkpoint's: the run goes on from its state, configured as now."""
+    if len(settings) != len(optimizer.param_groups):  # load_state_dict refuses this before
+        raise ValueError(f"{len(settings)} groups of settings for {len(optimizer.param_groups)} param groups")
+    for group, own in zip(optimizer.param_groups, settings):
+        group.update(own)
+    if not isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
+        raise TypeError(f"{type(scheduler).__name__}: a resume sets the lr of LambdaLR schedules (build_scheduler)")
+    scheduler.base_lrs = [group["initial_lr"] for group in optimizer.param_groups]
+    for group, base, factor in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+        group["lr"] = base * factor(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]  # what get_last_lr() reads

@@ -683,6 +683,16 @@ def build_engine(model: nn.Module, execution: ExecutionConfig, train: TrainConfi
                   optimizer_in_backward=train.optimizer_in_backward)
 
 
+def lower_lr(checkpoint: Path, train: TrainConfig) -> str:
+    """The flags that resume ``checkpoint`` at a tenth of the learning rate (the divergence guard's hint)."""
+    if train.schedule == "table":
+        table = ", ".join(f"{step}: {lr / 10:g}" for step, lr in sorted(train.lr_table.items()))
+        change = f"--train.lr_table '{{{table}}}'"
+    else:
+        change = f"--train.lr {train.lr / 10:g}"
+    return f"--resume {checkpoint} --resume-with-changes {change}"
+
+
 def restore_guard(guard: DivergenceGuard, state: Any, checkpoint: Path) -> None:
     """The divergence guard's history and spikes as the checkpoint saved them."""
     try:
@@ -844,8 +854,9 @@ class Pretraining:
             self.settle_unconfirmed(spiked=True)
             # (one a signal or the end saved during an earlier spike is not: see ckpt.spiked)
             sound = from_main(self.dist, lambda: ckpt.newest_sound(runs.complete_checkpoints(self.run_dir)))
-            where = (f"the newest checkpoint, {sound}, is from before the spike: resume from it with a "
-                     f"lower train.lr, say" if sound else "no checkpoint was written before the spike")
+            where = (f"the newest checkpoint, {sound}, is from before the spike: resume from it with a lower "
+                     f"learning rate, e.g. {lower_lr(sound, cfg.train)}" if sound
+                     else "no checkpoint was written before the spike")
             raise DivergenceError(f"{err}; {where}") from None
         if self.unconfirmed is not None and self.unconfirmed[0] + 1 == step:
             self.settle_unconfirmed(spiked=self.guard.spiking)

@@ -235,3 +235,29 @@ def test_cli_export_refuses_a_vocab_of_another_size_in_one_line(vocabs, tmp_path
     assert capsys.readouterr().err == (f"error: --vocab {vocab} has 30522 tokens but the model at {tmp_path / 'ours'} "
                                        f"has vocab_size=600: not its vocab\n")
     assert not (tmp_path / "out").exists()
+
+
+def test_cli_export_takes_the_runs_own_tokenizer_json_and_refuses_another_that_fits(vocabs, tmp_path, capsys):
+    """Issue 40.9: a table rounded up past its tokenizer.json (3 rows more), exported with --vocab its own
+    tokenizer.json, as fine-tuning accepts it (one rule: data.vocab.check_model_vocab); another tokenizer,
+    smaller than the table, is refused by its fingerprint (issue 43.3), nothing written."""
+    from bertforge.data.vocab import load_vocab
+
+    own = vocabs["modernbert"]
+    rows = load_vocab(own).size + 3
+    model = random_model("modernbert", "pretraining", rows)
+    write_model_dir(model, model.config, tmp_path / "ours", own)
+    assert main(["export", str(tmp_path / "ours"), str(tmp_path / "out"), "--vocab",
+                 str(tmp_path / "ours" / "tokenizer.json")]) == 0
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["vocab_size"] == rows
+    other = tmp_path / "other.json"
+    assert main(["data", "vocab", str(shared_data("text/sample_text.txt")), str(other), "--kind", "bpe",
+                 "--vocab-size", "500"]) == 0
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "ours"), str(tmp_path / "out2"), "--vocab", str(other)]) == 2
+    theirs, given = load_vocab(own), load_vocab(other)
+    assert capsys.readouterr().err == (
+        f"error: the model at {tmp_path / 'ours'}: made with the tokenizer tokenizer.json (bpe, {theirs.size} tokens, "
+        f"fingerprint {theirs.fingerprint}), but --vocab {other} is other.json (bpe, {given.size} tokens, fingerprint "
+        f"{given.fingerprint}): use the tokenizer the model was trained with\n")
+    assert not (tmp_path / "out2").exists()

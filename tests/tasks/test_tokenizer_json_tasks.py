@@ -16,6 +16,7 @@ bert-base-uncased vocab.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,10 @@ import pytest
 from conftest import shared_data
 
 from bertforge.cli import main
+from bertforge.config import ModelConfig
 from bertforge.data.fast_tokenizer import FastTokenizer, task_tokenizer
+from bertforge.formats.hf import export_hf
+from bertforge.models.bert import BertForQuestionAnswering
 from bertforge.tasks.finetune import glue
 
 pytestmark = pytest.mark.shared_data
@@ -450,3 +454,54 @@ def test_a_modernbert_with_only_a_tokenizer_json_fine_tunes(bpe_json, tmp_path, 
     answers = json.loads((tmp_path / "predictions.json").read_text())
     contexts = {qa["id"]: p["context"] for p in json.loads(dev.read_text())["data"][0]["paragraphs"] for qa in p["qas"]}
     assert set(answers) == set(contexts) and all(a in contexts[q] for q, a in answers.items())
+
+
+def test_another_tokenizer_that_fits_the_rows_is_refused_by_its_fingerprint(tmp_path, capsys):
+    """Issues 43.3 and 40.5: a tokenizer.json smaller than the model's table (here the model's own
+    tokens less three, in another order: it "fits the rows") is not the model's vocab, which sits
+    beside its weights: finetune glue, finetune ner and squad train refuse it in one line, by the
+    fingerprints, as pre-training refuses records of another tokenizer. The model's own tokens as a
+    tokenizer.json (the same fingerprint) are its vocab."""
+    import finetune_data
+    import test_squad_cli
+    from tokenizers import BertWordPieceTokenizer
+
+    from bertforge.data.vocab import load_vocab
+
+    init = finetune_data.tiny_model(tmp_path / "init")
+    qa = tmp_path / "qa"
+    qa_model = export_hf(BertForQuestionAnswering(ModelConfig(
+        vocab_size=len(test_squad_cli.VOCAB), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=32, max_position_embeddings=64)), qa, without_tokenizer=True)
+    (qa / "vocab.txt").write_text("\n".join(test_squad_cli.VOCAB) + "\n")
+    (tmp_path / "dev.json").write_text(json.dumps(test_squad_cli.DEV))
+
+    def tokenizer_json(tokens: list[str], name: str) -> Path:
+        (tmp_path / f"{name}.txt").write_text("\n".join(tokens) + "\n")
+        out = tmp_path / f"{name}.json"
+        BertWordPieceTokenizer(str(tmp_path / f"{name}.txt"), lowercase=True).save(str(out))
+        return out
+
+    common = ["--out", str(tmp_path / "out"), "--no-progress", "--data.seq_len", "32", "--train.steps", "1",
+              "--train.epochs", "0", "--train.micro_batch_size", "2", "--train.global_batch_size", "2",
+              "--log.tensorboard", "false"]
+    sst2 = finetune_data.write_sst2(tmp_path / "sst2", train=4, dev=2, test=2)
+    jobs = {"glue": (init, ["finetune", "glue", "--task", "sst-2", "--data", str(sst2), "--init", str(init)]),
+            "ner": (init, ["finetune", "ner", "--data", str(finetune_data.write_conll(tmp_path / "conll", 4, 2, 2)),
+                           "--init", str(init)]),
+            "squad": (qa_model, ["squad", "train", "--init", str(qa_model), "--train-file", str(tmp_path / "dev.json"),
+                                 "--squad.max_query_length", "8", "--squad.doc_stride", "8"])}
+    for job, (model, argv) in jobs.items():
+        own = (model / "vocab.txt").read_text().split()
+        other = tokenizer_json([*own[:5], *reversed(own[5:-3])], f"{job}-other")
+        assert load_vocab(other).size == len(own) - 3
+        capsys.readouterr()
+        assert main([*argv, "--vocab", str(other), *common]) == 2, job
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and not (tmp_path / "out").exists()
+        assert err.startswith(f"error: the model at {model}: made with the tokenizer vocab.txt (wordpiece, "
+                              f"{len(own)} tokens, fingerprint {load_vocab(model / 'vocab.txt').fingerprint}), but "
+                              f"the vocab {other} is {other.name} (wordpiece, {len(own) - 3} tokens, fingerprint "
+                              f"{load_vocab(other).fingerprint}): use the tokenizer the model was trained with"), err
+    same = tokenizer_json(own, "same")  # the model's own tokens, as a tokenizer.json: accepted
+    assert main([*argv, "--vocab", str(same), *common]) == 0

@@ -145,3 +145,43 @@ def test_accuracy_is_over_all_real_predictions_not_padding_nor_batch_means(run, 
         result = evaluate(model, eval_set, batch_size, torch.device("cpu"), "fp32")
         assert result["mlm_accuracy"] == pytest.approx(expected, abs=1e-12)
         assert (result["predictions"], result["sequences"]) == (int(real.sum()), len(eval_set))
+
+
+def test_eval_refuses_records_of_another_tokenizer_and_honours_data_vocab_and_eval_batches(run, capsys, tmp_path):
+    """Issue 43.2: eval records made with another vocab (the same words in another order: every id
+    fits, the accuracy would be nonsense) are refused by the tokenizer their sidecar names, against the
+    checkpoint's vocab or --data.vocab, which must itself be the checkpoint's; --train.eval_batches 1
+    evaluates the first batch alone, as a run's evaluation does."""
+    from tiny_corpus import WORDS
+
+    from bertforge.data.create import create
+    from bertforge.data.vocab import load_vocab
+
+    root, run_dir, _ = run
+    step = run_dir / "checkpoints" / "step_00000006"
+    other = tmp_path / "other-vocab.txt"
+    other.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *reversed(WORDS)]) + "\n")
+    create([root / "eval.txt"], other, tmp_path / "other.tfrecord", seq_len=32, max_predictions=4, dupe_factor=1,
+           seed=12345)
+    own, theirs = load_vocab(step / "vocab.txt"), load_vocab(other)
+
+    def describe(vocab, name):
+        return f"{name} (wordpiece, 21 tokens, fingerprint {vocab.fingerprint})"
+
+    base = ["eval", str(step), "--batch-size", "8", "--execution.threads", "1"]
+    capsys.readouterr()
+    assert main([*base, "--data.eval_input", str(tmp_path / "other.tfrecord")]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {tmp_path / 'other.tfrecord'}: made with the tokenizer {describe(theirs, 'other-vocab.txt')}, but the "
+        f"vocab of {step} {step / 'vocab.txt'} is {describe(own, 'vocab.txt')}: use the tokenizer the records were "
+        f"made with\n")
+    for records in (root / "eval.tfrecord", tmp_path / "other.tfrecord"):
+        assert main([*base, "--data.eval_input", str(records), "--data.vocab", str(other)]) == 2
+        assert capsys.readouterr().err == (
+            f"error: the model at {step}: made with the tokenizer {describe(own, 'vocab.txt')}, but data.vocab "
+            f"{other} is {describe(theirs, 'other-vocab.txt')}: use the tokenizer the model was trained with\n")
+    (first,) = eval_cli(capsys, *base[1:], "--data.eval_input", str(root / "eval.tfrecord"), "--data.vocab",
+                        str(root / "vocab.txt"), "--train.eval_batches", "1")
+    expected = evaluate(load_model(step), read_eval_set(root / "eval.tfrecord"), 8, torch.device("cpu"), "fp32",
+                        max_batches=1)
+    assert first["sequences"] == 8 and {k: v for k, v in first.items() if k != "checkpoint"} == expected

@@ -681,7 +681,8 @@ def test_a_diverged_run_stops_and_keeps_its_checkpoint_from_before_the_spike(tmp
     assert last.startswith("error: step 15: the loss (") and " × its running median (" in last
     assert last.endswith(f"the run diverged (train.divergence_factor); the newest checkpoint, "
                          f"{tmp_path / 'd' / 'checkpoints' / 'step_00000010'}, is from before the spike: resume "
-                         f"from it with a lower train.lr, say")
+                         f"from it with a lower learning rate, e.g. --resume "
+                         f"{tmp_path / 'd' / 'checkpoints' / 'step_00000010'} --resume-with-changes --train.lr 0.0001")
     assert checkpoints(tmp_path / "d") == ["step_00000010"]
     assert not list((tmp_path / "d" / "checkpoints").glob(".*"))  # step_12, unconfirmed, was removed
     assert [r["step"] for r in train_rows(tmp_path / "d")][-1] == 15
@@ -701,7 +702,9 @@ def test_a_learning_rate_spike_never_leaves_its_checkpoint_behind(tmp_path, caps
     assert main(argv) == 2
     last = capsys.readouterr().err.splitlines()[-1]
     step_30 = tmp_path / "lr" / "checkpoints" / "step_00000030"
-    assert f"the newest checkpoint, {step_30}, is from before the spike" in last
+    assert last.endswith(f"the newest checkpoint, {step_30}, is from before the spike: resume from it with a lower "
+                         f"learning rate, e.g. --resume {step_30} --resume-with-changes "
+                         f"--train.lr_table '{{0: 0.0001, 34: 3}}'")
     assert checkpoints(tmp_path / "lr") == ["step_00000025", "step_00000030"]
     rows = {r["step"]: r["loss"] for r in train_rows(tmp_path / "lr")}
     assert rows[36] > 5 * rows[35]  # the first loss of the ruined weights

@@ -75,11 +75,12 @@ from bertforge.config import (
     validate,
 )
 from bertforge.data.checksum import fingerprint
-from bertforge.data.vocab import vocab_size_of
+from bertforge.data.errors import DataError
+from bertforge.data.vocab import check_model_vocab
 from bertforge.fileio import LOCK, atomic_file, atomic_files, refuse_live_runs, remove
 from bertforge.formats import tf1, weights
 from bertforge.formats.hf import find_model, hf_config_from_model_config, hf_head_config, resolve_model
-from bertforge.formats.load import load_model
+from bertforge.formats.load import load_model, vocab_beside
 from bertforge.observe.log import MetricsLogger, ProgressBar, Throughput, pass_progress
 from bertforge.observe.profile import RunMonitor
 from bertforge.parallel.dist import (
@@ -206,21 +207,11 @@ def find_vocab(model_path: str | Path, vocab: str | Path | None = None) -> Path:
         if not vocab.is_file():
             raise FinetuneError(f"vocab not found: {vocab}")
         return vocab
-    path = find_model(model_path, FinetuneError)
-    directories = [path]
-    prefix = tf1.find_prefix(path)
-    if prefix is not None:  # a TF1 checkpoint: its vocab sits beside it, or one directory up (MLPerf's layout)
-        directories = [prefix.parent, prefix.parent.parent]
-    elif not (path / "config.json").is_file() and not (path / "model.safetensors").is_file():
-        try:
-            directories.insert(0, runs.find_checkpoint(path))
-        except ValueError:
-            pass
-    for directory in directories:
-        found = runs.vocab_in(directory)
-        if found is not None:
-            return found
-    raise FinetuneError(f"{path}: no vocab.txt or tokenizer.json beside the model; pass --vocab")
+    found = vocab_beside(model_path, FinetuneError)
+    if found is None:
+        raise FinetuneError(f"{find_model(model_path, FinetuneError)}: no vocab.txt or tokenizer.json beside the "
+                            f"model; pass --vocab")
+    return found
 
 
 def load_checked(path: str | Path, vocab: Path, head: str, num_labels: int | None = None) -> nn.Module:
@@ -231,12 +222,10 @@ def load_checked(path: str | Path, vocab: Path, head: str, num_labels: int | Non
         warnings.simplefilter("ignore")  # a new head is expected when fine-tuning an encoder
         model = load_model(path, head=head, num_labels=num_labels)
     config = typing.cast(ModelConfig, model.config)
-    size = vocab_size_of(vocab)
-    # A tokenizer.json may have fewer tokens than the model's table (tables are rounded up, as the
-    # published ModernBERTs' 50,368 rows; rows past the tokenizer are never read); a vocab.txt is the table.
-    if size > config.vocab_size or (size != config.vocab_size and Path(vocab).suffix != ".json"):
-        raise FinetuneError(f"{vocab} has {size} tokens but the model at {path} has "
-                            f"vocab_size={config.vocab_size}: not its vocab")
+    try:
+        check_model_vocab(vocab, config.vocab_size, vocab_beside(path), path)
+    except DataError as err:  # (fine-tuning's errors are FinetuneErrors)
+        raise FinetuneError(str(err)) from None
     return model
 
 

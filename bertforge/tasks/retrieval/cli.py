@@ -165,6 +165,8 @@ def add_train_command(commands: argparse._SubParsersAction) -> None:
                                                                 "(bce, default) or each positive among its negatives")
     p.add_argument("--max-length", type=int, help="cross-encoder: tokens of a (query, passage) pair")
     p.add_argument("--resume", help="a run or step directory to continue exactly")
+    p.add_argument("--resume-with-changes", action="store_true",
+                   help="resume although the config or the data differ from the checkpoint's (each change is logged)")
     p.add_argument("--overwrite", action="store_true", help="replace the run in --out")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_train, takes_overrides=True)

@@ -100,12 +100,14 @@ def write_hf_model(module: nn.Module, ids: TextIds, directory: Path, max_length:
 
 
 def export_sentence_transformers(model: Embedder | LateInteraction, out_dir: str | Path,
-                                 overwrite: bool = False, matryoshka_dims: Sequence[int] = ()) -> Path:
+                                 overwrite: bool = False, matryoshka_dims: Sequence[int] = (),
+                                 own: Path | None = None) -> Path:
     """Write ``model`` as a sentence-transformers directory (a :class:`LateInteraction` as PyLate's),
     whole or not at all; returns it. ``matryoshka_dims``: the sizes its training made usable
-    (SentenceTransformer(dir, truncate_dim=N) for one of them)."""
+    (SentenceTransformer(dir, truncate_dim=N) for one of them). ``own``: the lock of the run this
+    process is, which may replace its own export (check_export_target)."""
     out_dir = Path(out_dir)
-    check_export_target(out_dir, overwrite)
+    check_export_target(out_dir, overwrite, own)
     settings = model.settings
     with atomic_directory(out_dir) as tmp:
         write_transformer(model, tmp)

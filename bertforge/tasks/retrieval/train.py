@@ -43,7 +43,7 @@ from bertforge.config import (
     use_model,
     validate,
 )
-from bertforge.fileio import atomic_file
+from bertforge.fileio import LOCK, atomic_file
 from bertforge.formats import weights
 from bertforge.models.families import ENCODER_PREFIX
 from bertforge.parallel.dist import DistContext
@@ -127,8 +127,9 @@ def save_model(model: nn.Module, out_dir: Path, matryoshka_dims: Collection[int]
         with atomic_file(out_dir / PROJECTION_FILE) as tmp:
             save_file({"linear.weight": embedder.projection.weight.detach().cpu().contiguous()}, str(tmp),
                       metadata={"format": "pt"})
+    # a resumed run that had finished replaces the export it wrote then, under its own lock
     export_sentence_transformers(embedder, out_dir / EXPORT_DIR, overwrite=True,
-                                 matryoshka_dims=list(matryoshka_dims))
+                                 matryoshka_dims=list(matryoshka_dims), own=out_dir / LOCK)
 
 
 def check_training(train: TrainConfig, execution: ExecutionConfig, section: RetrievalConfig) -> RetrievalSet | None:
@@ -285,6 +286,8 @@ def run_command(args: argparse.Namespace, extra: list[str]) -> int:
         overrides.append(("log.progress", "false"))
     if args.resume:
         overrides.append(("checkpoint.resume", args.resume))
+    if args.resume_with_changes:
+        overrides.append(("checkpoint.resume_with_changes", "true"))
     section = RetrievalConfig()
     cfg = load_config(section, SECTION, "retrieval_base", args.config, overrides, resume=args.resume, out_dir=args.out)
     section.check()
