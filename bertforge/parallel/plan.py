@@ -84,6 +84,7 @@ from bertforge.config import (
     ModelConfig,
     TrainConfig,
     pipeline_layer_counts,
+    replaced,
 )
 from bertforge.runs import config_from_args
 
@@ -452,6 +453,26 @@ def plan_memory(cfg: Config, world_size: int = 1, device: str | None = None) -> 
               "reshard_after_forward": ex.reshard_after_forward if dp.fsdp else None,
               "gathered_dtype": ("bf16" if gathered_bytes == 2 else "fp32") if dp.fsdp else ""}
     return _data_parallel_plan(config, dp, moments, saved, ex.offload, RUNTIME_OVERHEAD[device])
+
+
+def largest_micro_batch(cfg: Config, device_memory: int, most: int, world_size: int = 1,
+                        device: str | None = None) -> int:
+    """The largest ``train.micro_batch_size`` up to ``most`` whose plan of ``cfg`` fits ``device_memory``
+    bytes (the global batch set to one step of it), 0 when not even one row fits. The plan grows
+    with the micro-batch, so a binary search finds it."""
+    def fits(batch: int) -> bool:
+        plan = plan_memory(replaced(cfg, {"train.micro_batch_size": batch,
+                                          "train.global_batch_size": batch * world_size}), world_size, device)
+        return plan.fits(device_memory)
+
+    low, high = 0, most  # fits(low) holds (0 rows: nothing to hold), fits(high + 1) is not asked
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 @dataclass

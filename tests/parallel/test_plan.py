@@ -20,6 +20,7 @@ from bertforge.parallel.plan import (
     count_parameters,
     decayed_parameters,
     format_plan,
+    largest_micro_batch,
     parse_size,
     plan_memory,
 )
@@ -538,3 +539,13 @@ def test_pipeline_plan_errors_and_table(capsys):
                  "--train.micro_batch_size", "8", "--train.global_batch_size", "64"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert [s["stage"] for s in result["stages"]] == [0, 1, 2, 3] and result["config"]["pipeline_stages"] == 4
+
+
+def test_largest_micro_batch_is_the_last_that_fits():
+    cfg = make_config("large", batch=1, seq_len=128, precision="bf16")
+    total = {b: plan_memory(make_config("large", batch=b, seq_len=128, precision="bf16"), device="cuda").device_total
+             for b in (37, 38)}
+    budget = (total[37] + total[38]) // 2  # 37 rows fit, 38 do not
+    assert largest_micro_batch(cfg, budget, 1000, device="cuda") == 37
+    assert largest_micro_batch(cfg, budget, 20, device="cuda") == 20  # at most `most`
+    assert largest_micro_batch(cfg, total[37] // 100, 1000, device="cuda") == 0  # not even one row
