@@ -127,7 +127,7 @@ def default_rows(model, device_memory: int | None, seq_len: int, mask_prob: floa
     ``device_memory`` bytes, at most 64 (see the module docstring), or 64 ("default") when the
     memory is unknown or the planner refuses the config."""
     from bertforge.config import Config, ConfigError, replaced, use_model
-    from bertforge.parallel.plan import largest_micro_batch
+    from bertforge.parallel.plan import largest_micro_batch, plan_memory
 
     if device_memory is None:
         return DEFAULT_ROWS, "default"
@@ -136,7 +136,10 @@ def default_rows(model, device_memory: int | None, seq_len: int, mask_prob: floa
                               "execution.device": "cuda", "train.optimizer": "adamw"})
     use_model(cfg, model)
     try:
-        rows = largest_micro_batch(cfg, device_memory // 2, DEFAULT_ROWS, device="cuda")
+        rows = largest_micro_batch(
+            lambda batch: plan_memory(replaced(cfg, {"train.micro_batch_size": batch,
+                                                     "train.global_batch_size": batch}), device="cuda"),
+            device_memory // 2, DEFAULT_ROWS)
     except ConfigError:
         return DEFAULT_ROWS, "default"
     return max(rows, 1), "planner"

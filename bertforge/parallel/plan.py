@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -84,7 +85,6 @@ from bertforge.config import (
     ModelConfig,
     TrainConfig,
     pipeline_layer_counts,
-    replaced,
 )
 from bertforge.runs import config_from_args
 
@@ -455,20 +455,14 @@ def plan_memory(cfg: Config, world_size: int = 1, device: str | None = None) -> 
     return _data_parallel_plan(config, dp, moments, saved, ex.offload, RUNTIME_OVERHEAD[device])
 
 
-def largest_micro_batch(cfg: Config, device_memory: int, most: int, world_size: int = 1,
-                        device: str | None = None) -> int:
-    """The largest ``train.micro_batch_size`` up to ``most`` whose plan of ``cfg`` fits ``device_memory``
-    bytes (the global batch set to one step of it), 0 when not even one row fits. The plan grows
-    with the micro-batch, so a binary search finds it."""
-    def fits(batch: int) -> bool:
-        plan = plan_memory(replaced(cfg, {"train.micro_batch_size": batch,
-                                          "train.global_batch_size": batch * world_size}), world_size, device)
-        return plan.fits(device_memory)
-
-    low, high = 0, most  # fits(low) holds (0 rows: nothing to hold), fits(high + 1) is not asked
+def largest_micro_batch(plan_of: Callable[[int], MemoryPlan], device_memory: int, most: int) -> int:
+    """The largest micro-batch up to ``most`` whose plan (``plan_of(micro_batch)``, e.g. :func:`plan_memory`
+    of the config at that ``train.micro_batch_size``) fits ``device_memory`` bytes, 0 when not even one
+    row fits. A plan grows with the micro-batch, so a binary search finds it."""
+    low, high = 0, most  # 0 rows always fit; more than `most` are not asked
     while low < high:
         middle = (low + high + 1) // 2
-        if fits(middle):
+        if plan_of(middle).fits(device_memory):
             low = middle
         else:
             high = middle - 1

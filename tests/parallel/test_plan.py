@@ -542,10 +542,11 @@ def test_pipeline_plan_errors_and_table(capsys):
 
 
 def test_largest_micro_batch_is_the_last_that_fits():
-    cfg = make_config("large", batch=1, seq_len=128, precision="bf16")
-    total = {b: plan_memory(make_config("large", batch=b, seq_len=128, precision="bf16"), device="cuda").device_total
-             for b in (37, 38)}
+    def plan_of(batch):
+        return plan_memory(make_config("large", batch=batch, seq_len=128, precision="bf16"), device="cuda")
+
+    total = {b: plan_of(b).device_total for b in (37, 38)}
     budget = (total[37] + total[38]) // 2  # 37 rows fit, 38 do not
-    assert largest_micro_batch(cfg, budget, 1000, device="cuda") == 37
-    assert largest_micro_batch(cfg, budget, 20, device="cuda") == 20  # at most `most`
-    assert largest_micro_batch(cfg, total[37] // 100, 1000, device="cuda") == 0  # not even one row
+    assert largest_micro_batch(plan_of, budget, 1000) == 37
+    assert largest_micro_batch(plan_of, budget, 20) == 20  # at most `most`
+    assert largest_micro_batch(plan_of, total[37] // 100, 1000) == 0  # not even one row
