@@ -158,14 +158,24 @@ def test_a_packed_batch_gives_the_padded_batchs_states_and_gradients(family, pat
     ids = ids * mask
     weights = torch.randn(4, 60, cfg.hidden_size)
     states, grads = {}, {}
+    import bertforge.models.bert as bert_module
+
     monkeypatch.setattr(flex_module, "_validate_device", lambda *tensors: None)
+    kernels = []  # the FlexAttention kernel each attention takes: on CUDA, compiled for any length
+
+    def recording(device, any_length=False, original=bert_module.flex_kernel):
+        kernels.append(any_length)
+        return original(device, any_length)
+
+    monkeypatch.setattr(bert_module, "flex_kernel", recording)
     for packed in (False, path):
         encoder.zero_grad()
         out = token_states(encoder, ids, mask, packed=packed)
         (out * mask[..., None] * weights).sum().backward()  # (not the squares: the final norm fixes their sum)
         states[bool(packed)] = out
         grads[bool(packed)] = {n: p.grad.clone() for n, p in encoder.named_parameters() if p.grad is not None}
-    assert encoder.flex is False  # (the block masks only for the packed row's call)
+    assert encoder.flex is False and bert_module._flex_any_length is False  # (only for the packed row's call)
+    assert kernels == ([True] * cfg.num_hidden_layers if path == "flex" else [])
     real = mask.bool()
     torch.testing.assert_close(states[True][real], states[False][real], rtol=1e-5, atol=1e-5)
     assert states[True][~real].abs().max().item() == 0

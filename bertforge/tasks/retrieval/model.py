@@ -42,6 +42,7 @@ from bertforge.data.tokenizer import load_tokenizer, special_ids
 from bertforge.data.vocab import is_tokenizer_json
 from bertforge.formats.hf import find_model, is_hf_directory
 from bertforge.formats.load import load_model
+from bertforge.models.bert import flex_any_length
 from bertforge.models.modernbert import ModernBertModel, pool
 from bertforge.runs import saved_data_settings
 
@@ -307,11 +308,13 @@ def flex_row_length(tokens: int) -> int:
 
 @contextlib.contextmanager
 def block_masks(encoder: nn.Module, on: bool):
-    """The encoder's masks as FlexAttention block masks (``on``) or not, for the calls inside."""
+    """The encoder's masks as FlexAttention block masks (``on``: its kernel for any length) or not, for the
+    calls inside."""
     before = encoder.flex
     encoder.flex = on  # type: ignore[assignment]  # (mypy reads it as a submodule)
     try:
-        yield
+        with flex_any_length() if on else contextlib.nullcontext():
+            yield
     finally:
         encoder.flex = before
 
@@ -324,7 +327,8 @@ def token_states(encoder: nn.Module, input_ids: torch.Tensor, attention_mask: to
     its padded positions), so that no layer computes padding and each text attends to itself
     alone: one attention per text ("documents", or True: models.bert.Documents on the CPU), or a
     FlexAttention block mask ("flex": the row padded to :func:`flex_row_length`, the padding a
-    sequence of its own that no text sees); the states are then put back at their places, zeros at
+    sequence of its own that no text sees; the kernel compiled for any length on CUDA:
+    models.bert.flex_any_length); the states are then put back at their places, zeros at
     the padding, which what reads them (pooling) ignores."""
     if packed and not bool(attention_mask.all()):
         keep = attention_mask.bool()
