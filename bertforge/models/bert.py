@@ -351,7 +351,7 @@ def flex_kernel(device: torch.device, any_length: bool = False) -> Callable[...,
     meets or (``any_length``) with symbolic shapes; on the CPU torch's reference implementation,
     which materialises the scores (and has no backward there)."""
     if device.type == "cuda":
-        return torch.compile(flex_attention, dynamic=any_length or False)
+        return torch.compile(flex_attention, dynamic=any_length)
     return flex_attention
 
 

@@ -298,8 +298,8 @@ def packing_path(device: torch.device, cfg: ModelConfig, training: bool) -> Pack
 
 def flex_row_length(tokens: int) -> int:
     """The length a packed row of ``tokens`` is padded to for FlexAttention: a multiple of its block,
-    from a geometric series of about 2^(1/4) (at most a third more past 512 tokens, 23 % past 2,048), so that the
-    compiled kernel (compiled per shape: models.bert.flex_kernel) meets a few shapes per kind of text."""
+    from a geometric series of about 2^(1/4) (at most a third more past 512 tokens, 23 % past 2,048), so
+    that a compiled model (its layers compiled per shape) meets a few shapes per kind of text."""
     length = FLEX_BLOCK
     while length < tokens:
         length = -(-int(length * 2 ** 0.25) // FLEX_BLOCK) * FLEX_BLOCK
