@@ -17,7 +17,7 @@
 #   modernbert_step       55  benchmarks/modernbert_step.py: a ModernBERT-base training step, bf16, ours on 16
 #                             packed rows of 1024 with FlexAttention block masks against transformers'
 #                             ModernBertForMaskedLM (SDPA, the same sequences padded; sparse_prediction off
-#                             and on) (48 s before)
+#                             and on; each side's MFU) (48 s before)
 #   phase2_packed         65  bench pretrain on .gpu/wiki-512-packed.bfrec (32 rows a step; synthetic 512/76
 #                             rows when .gpu is absent) (80 s before, the whole model compiled again)
 #   pretrain_profiled     80  bertforge pretrain --config pretrain_large_128_phase1 at 256, synthetic, steps
@@ -188,8 +188,9 @@ def modernbert():
         return None
     keys = ("device", "precision", "sequences", "ours_attention", "their_attention",
             "ratio_vs_transformers", "ratio_vs_transformers_sparse")
-    return {**{key: result[key] for key in keys},
-            **{side: result[side]["seq_per_s"] for side in ("bertforge", "transformers", "transformers_sparse")}}
+    sides = ("bertforge", "transformers", "transformers_sparse")
+    return {**{key: result[key] for key in keys}, **{side: result[side]["seq_per_s"] for side in sides},
+            "mfu": {side: result[side].get("mfu") for side in sides}}
 
 
 ours, theirs = last_json("phase1_ours"), last_json("phase1_transformers")

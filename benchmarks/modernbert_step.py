@@ -2,7 +2,7 @@
 
     python benchmarks/modernbert_step.py                       # CPU: 4 layers, hidden 256, vocab 50368
     python benchmarks/modernbert_step.py --device cuda --precision bf16 --attention flex --layers 22 \
-        --hidden 768 --heads 12 --intermediate 1152 --rows 32 --json
+        --hidden 768 --heads 12 --intermediate 1152 --json    # ModernBERT-base, rows that fill the GPU
 
 Both sides train the same model (the same weights, copied from ours into
 theirs; ModernBERT's 50368-token vocab, so that the vocab projection costs
@@ -24,6 +24,19 @@ each one's tokens masked, as ModernBERT's recipe), with torch's AdamW:
   the unmasked ones) and with ``sparse_prediction=True`` (the masked
   positions gathered before the head).
 
+Rows: one on the CPU; on CUDA, unless ``--rows`` is given, as many as the
+memory planner (``parallel.plan.largest_micro_batch``) fits in half the GPU's
+memory, at most 64 (``default_rows``): the other half is for transformers'
+two models and their padded batch, whose dense head projects every position
+onto the vocab; 64 when the planner cannot say.
+
+Each side's MFU: the model FLOPs of its step as executed
+(``models.flops.pretraining_flops``: its rows and their length, the
+positions that reach the head; ours counts the whole row's T × T attention, as
+bench pretrain does) per second, over the device's peak for the precision
+(``models.flops.peak_tflops``, or ``--peak-tflops``); the achieved TFLOP/s are
+reported always, MFU only where the peak is known (not on a CPU).
+
 The three alternate step by step (warm-up steps first), so that a slower
 stretch of a shared machine hits all of them; each reports the median of its
 timed steps. Sequences per second count the real sequences of a step; the
@@ -34,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import time
 
@@ -104,13 +118,59 @@ def pad(sequences: list[tuple[torch.Tensor, torch.Tensor]], pad_id: int) -> dict
     return batch
 
 
+DEFAULT_ROWS = 64  # on CUDA when the planner cannot say, and the most it may choose
+
+
+def default_rows(model, device_memory: int | None, seq_len: int, mask_prob: float, precision: str,
+                 attention: str) -> tuple[int, str]:
+    """Our packed rows a step on CUDA, and who chose them: the planner's largest micro-batch in half of
+    ``device_memory`` bytes, at most 64 (see the module docstring), or 64 ("default") when the
+    memory is unknown or the planner refuses the config."""
+    from bertforge.config import Config, ConfigError, replaced, use_model
+    from bertforge.parallel.plan import largest_micro_batch, plan_memory
+
+    if device_memory is None:
+        return DEFAULT_ROWS, "default"
+    cfg = replaced(Config(), {"data.seq_len": seq_len, "data.max_predictions": math.ceil(mask_prob * seq_len),
+                              "execution.precision": precision, "execution.attention": attention,
+                              "execution.device": "cuda", "train.optimizer": "adamw"})
+    use_model(cfg, model)
+    try:
+        rows = largest_micro_batch(
+            lambda batch: plan_memory(replaced(cfg, {"train.micro_batch_size": batch,
+                                                     "train.global_batch_size": batch}), device="cuda"),
+            device_memory // 2, DEFAULT_ROWS)
+    except ConfigError:
+        return DEFAULT_ROWS, "default"
+    return max(rows, 1), "planner"
+
+
+def step_flops(model, rows: int, seq_len: int, predicted: int) -> int:
+    """Training FLOPs of one step as executed: ``rows`` rows of ``seq_len`` tokens through the encoder,
+    ``predicted`` positions in all through the masked-LM head (no [CLS] head: masked LM alone)."""
+    from bertforge.models.flops import pretraining_flops
+
+    encoder = pretraining_flops(model, seq_len, 0, cls_slots=0)
+    head = pretraining_flops(model, seq_len, 1, cls_slots=0) - encoder  # one position through the head
+    return rows * encoder + predicted * head
+
+
+def utilisation(flops: int, seconds: float, peak_tflops: float | None) -> dict[str, float | None]:
+    """Achieved TFLOP/s and, where the peak is known, MFU (their ratio to the peak)."""
+    achieved = flops / seconds / 1e12
+    return {"model_tflops": float(f"{achieved:.4g}"),
+            "mfu": float(f"{achieved / peak_tflops:.4g}") if peak_tflops else None}
+
+
 def run(args: argparse.Namespace) -> dict:
     import transformers
     from torch.nn.attention.flex_attention import BlockMask
 
     from bertforge.config import MODEL_PRESETS, ModelConfig
     from bertforge.formats.hf import hf_config_from_model_config
+    from bertforge.host import device_name
     from bertforge.models.bert import Documents, layers_mask, pretraining_loss, set_attention_backends
+    from bertforge.models.flops import peak_tflops
     from bertforge.models.modernbert import ModernBertForMaskedLM
 
     device = torch.device(args.device)
@@ -120,6 +180,12 @@ def run(args: argparse.Namespace) -> dict:
                          "hidden_size": args.hidden, "num_attention_heads": args.heads,
                          "intermediate_size": args.intermediate, "vocab_size": args.vocab,
                          "pad_token_id": 50283 if args.vocab > 50283 else 0})  # ModernBERT's [PAD], or 0
+    rows_by = "given"
+    if args.rows is None and device.type == "cuda":
+        memory = torch.cuda.get_device_properties(device).total_memory
+        args.rows, rows_by = default_rows(cfg, memory, args.seq_len, args.mask_prob, args.precision, args.attention)
+    elif args.rows is None:
+        args.rows, rows_by = 1, "default"
     # Enough sequences to fill the rows (none is longer than 512, so two a row at least).
     sequences = make_sequences(args.rows * args.seq_len // 64, cfg.vocab_size, args.mask_prob, args.seed,
                                longest=min(512, args.seq_len))
@@ -179,20 +245,30 @@ def run(args: argparse.Namespace) -> dict:
             seconds = step(side)
             if i >= args.warmup:
                 times[side].append(seconds)
-    result = {"device": str(device), "torch": torch.__version__, "transformers_version": transformers.__version__,
+    name = device_name(device)
+    peak = args.peak_tflops or (peak_tflops(name, args.precision) if device.type == "cuda" else None)
+    B, T = their_batch["input_ids"].shape
+    flops = {"bertforge": step_flops(cfg, ours_batch["input_ids"].shape[0], args.seq_len,
+                                     ours_batch["masked_lm_positions"].numel()),
+             "transformers": step_flops(cfg, B, T, B * T),  # every position reaches the head
+             "transformers_sparse": step_flops(cfg, B, T, int((their_batch["labels"] != -100).sum()))}
+    result = {"device": str(device), "device_name": name, "peak_tflops": peak, "torch": torch.__version__,
+              "transformers_version": transformers.__version__,
               "threads": torch.get_num_threads(), "precision": args.precision,
               "model": {"layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size, "heads": cfg.num_attention_heads,
                         "intermediate": cfg.intermediate_size, "vocab": cfg.vocab_size},
               "sequences": count, "tokens": sum(len(ids) for ids, _ in sequences),
               "masked": sum(len(m) for _, m in sequences),
-              "ours_rows": f"{args.rows} x {args.seq_len}", "their_batch": list(their_batch["input_ids"].shape),
+              "ours_rows": f"{args.rows} x {args.seq_len}", "rows_chosen_by": rows_by,
+              "their_batch": list(their_batch["input_ids"].shape),
               "ours_attention": args.attention, "ours_attention_path": ours_path, "their_attention": attention,
               "steps": args.steps,
               "warmup": args.warmup}
     medians = {side: statistics.median(times[side]) for side in SIDES}
     for side in SIDES:
         result[side] = {"step_ms": round(1000 * medians[side], 1), "seq_per_s": round(count / medians[side], 2),
-                        "start_loss": round(start_loss[side], 5)}
+                        "start_loss": round(start_loss[side], 5), "flops": flops[side],
+                        **utilisation(flops[side], medians[side], peak)}
     return {**result, **ratios(medians)}
 
 
@@ -203,14 +279,15 @@ def ratios(medians: dict[str, float]) -> dict[str, float]:
             if side != "bertforge"}
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--intermediate", type=int, default=384)
     parser.add_argument("--vocab", type=int, default=50368)
-    parser.add_argument("--rows", type=int, default=1, help="our packed rows a step")
+    parser.add_argument("--rows", type=int, default=None,
+                        help="our packed rows a step (default: 1 on the CPU; on CUDA the planner's, see above)")
     parser.add_argument("--seq-len", type=int, default=1024, help="tokens of a packed row")
     parser.add_argument("--mask-prob", type=float, default=0.3)
     parser.add_argument("--steps", type=int, default=10, help="timed steps of each side (the median is reported)")
@@ -221,8 +298,14 @@ def main() -> None:
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--attention", choices=("sdpa", "flex"), default="sdpa", help="ours: SDPA or FlexAttention")
     parser.add_argument("--their-attention", choices=("sdpa", "eager"), default="sdpa")
+    parser.add_argument("--peak-tflops", type=float, default=None,
+                        help="the device's peak TFLOP/s for MFU (default: models.flops' table on CUDA)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
     result = run(args)
     if args.json:
         print(json.dumps(result))
@@ -230,13 +313,15 @@ def main() -> None:
     print(f"torch {result['torch']}, transformers {result['transformers_version']}, {result['device']}, "
           f"{result['threads']} threads, {result['precision']}; {result['sequences']} sequences "
           f"({result['tokens']} tokens, {result['masked']} masked) a step: ours {result['ours_rows']} packed "
-          f"({result['ours_attention_path']}), theirs padded {result['their_batch']} ({result['their_attention']}); "
+          f"({result['ours_attention_path']}; rows: {result['rows_chosen_by']}), "
+          f"theirs padded {result['their_batch']} ({result['their_attention']}); "
           f"median of {args.steps} steps")
     for side in SIDES:
         row = result[side]
         ratio = f"{result[f'ratio_vs_{side}']:.2f}x" if side != "bertforge" else ""
-        print(f"{side:<22}{row['step_ms']:>10} ms{row['seq_per_s']:>10} seq/s  start loss {row['start_loss']}"
-              f"  {ratio}")
+        mfu = f"  MFU {row['mfu']:.3f}" if row["mfu"] is not None else ""
+        print(f"{side:<22}{row['step_ms']:>10} ms{row['seq_per_s']:>10} seq/s{row['model_tflops']:>10.4g} TFLOP/s{mfu}"
+              f"  start loss {row['start_loss']}  {ratio}")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,15 @@
     python benchmarks/retrieval_squad.py --parts memory --passages 100000
     python benchmarks/retrieval_squad.py --parts finetune --steps 100 --seeds 1 2 --dev-articles 8 --threads 2
     python benchmarks/retrieval_squad.py --parts pretrained --pretrain-steps 80 --steps 300 --out bench-out/
+    python benchmarks/retrieval_squad.py --parts finetune --device cuda --batch 64 --steps 300   # on a GPU
+
+``--device cuda`` runs both sides' models (encoding, evaluation, fine-tuning; not ``memory``,
+which measures the host's resident set) on the GPU: ours packs a batch's texts into one row under a
+FlexAttention block mask where it can (``tasks.retrieval.model.packing_path``: encoding, and
+training a model without attention dropout; MiniLM has 0.1 of it, so its training batches run
+padded), sentence-transformers' as its trainer does (``use_cpu`` off); fp32 matmuls in TF32 on both
+sides (our ``execution.tf32`` default; transformers' ``tf32=True``). Without CUDA it is refused in
+one line.
 
 The retrieval set is ``bertforge retrieval from-squad`` of the shared files: the dev set's
 10,570 questions against its 2,067 paragraphs (``--dev-articles N``: only the first N articles'
@@ -116,16 +125,16 @@ def sentence_transformers_metrics(model: Any, data: RetrievalSet, batch_size: in
     return {name: theirs[f"cosine_{name}"] for name in METRICS}
 
 
-def zero_shot(data: RetrievalSet, batch_size: int) -> dict[str, Any]:
+def zero_shot(data: RetrievalSet, batch_size: int, device: str = "cpu") -> dict[str, Any]:
     from sentence_transformers import SentenceTransformer
 
     from bertforge.tasks.retrieval.model import load_embedder
 
     started = time.perf_counter()
-    ours = evaluate_retrieval(load_embedder(minilm_path()), data, batch_size=batch_size)
+    ours = evaluate_retrieval(load_embedder(minilm_path()).to(device), data, batch_size=batch_size)
     ours_s = time.perf_counter() - started
     started = time.perf_counter()
-    theirs = sentence_transformers_metrics(SentenceTransformer(str(minilm_path()), device="cpu"), data, batch_size)
+    theirs = sentence_transformers_metrics(SentenceTransformer(str(minilm_path()), device=device), data, batch_size)
     theirs_s = time.perf_counter() - started
     return {"part": "zero-shot", "model": "all-MiniLM-L6-v2", "queries": len(data.queries),
             "documents": len(data.corpus), "ours": {m: ours[m] for m in METRICS}, "sentence_transformers": theirs,
@@ -179,6 +188,7 @@ class Recipe:
     query_max_length: int
     document_max_length: int
     threads: int
+    device: str = "cpu"
 
     @property
     def warmup(self) -> int:  # transformers' rule for a ratio (ceil), given to both sides as a step count
@@ -216,7 +226,8 @@ def ours_finetune(init: Path, pairs: Path, out: Path, seed: int, recipe: Recipe)
             "--train.bias_correction", "true", "--train.warmup_steps", str(recipe.warmup),
             "--train.schedule", "poly", "--train.decay_power", "1.0", "--train.end_lr", "0.0",
             "--train.grad_clip", "1.0", "--retrieval.scale", "20", "--execution.precision", "fp32",
-            "--execution.threads", str(recipe.threads), "--log.every", str(max(1, recipe.steps // 20))]
+            "--execution.threads", str(recipe.threads), "--execution.device", recipe.device,
+            "--log.every", str(max(1, recipe.steps // 20))]
     with contextlib.redirect_stdout(sys.stderr):  # its lines stay off --json's stdout
         if cli(argv) != 0:
             raise RuntimeError(f"bertforge {' '.join(argv)} failed")
@@ -249,7 +260,7 @@ def theirs_finetune(pairs: Path, out: Path, seed: int, recipe: Recipe) -> dict[s
 
     rows = read_pairs(pairs)
     dataset = datasets.Dataset.from_dict({"anchor": rows.queries, "positive": rows.positives})
-    model = SentenceTransformer(str(minilm_path()), device="cpu")
+    model = SentenceTransformer(str(minilm_path()), device=recipe.device)
     model.max_seq_length = recipe.document_max_length  # one length for queries and documents
     loss = MultipleNegativesRankingLoss(model, scale=20.0)
     shutil.rmtree(out, ignore_errors=True)
@@ -257,7 +268,8 @@ def theirs_finetune(pairs: Path, out: Path, seed: int, recipe: Recipe) -> dict[s
         output_dir=str(out / "trainer"), max_steps=recipe.steps, per_device_train_batch_size=recipe.batch,
         learning_rate=recipe.lr, weight_decay=recipe.weight_decay, adam_beta1=0.9, adam_beta2=0.999,
         adam_epsilon=1e-8, optim="adamw_torch_fused", warmup_steps=recipe.warmup, lr_scheduler_type="linear",
-        max_grad_norm=1.0, seed=seed, use_cpu=True, fp16=False, bf16=False, eval_strategy="no",
+        max_grad_norm=1.0, seed=seed, use_cpu=recipe.device == "cpu",
+        tf32=True if recipe.device == "cuda" else None, fp16=False, bf16=False, eval_strategy="no",
         save_strategy="no", logging_strategy="no", report_to="none", disable_tqdm=True,
         batch_sampler=BatchSamplers.BATCH_SAMPLER)
     clock = Clock()
@@ -274,10 +286,11 @@ def theirs_finetune(pairs: Path, out: Path, seed: int, recipe: Recipe) -> dict[s
             "mean_loss": output.training_loss}
 
 
-def scores(model_dir: Path, data: RetrievalSet, batch_size: int, **settings: Any) -> dict[str, float]:
+def scores(model_dir: Path, data: RetrievalSet, batch_size: int, device: str = "cpu",
+           **settings: Any) -> dict[str, float]:
     from bertforge.tasks.retrieval.model import load_embedder
 
-    result = evaluate_retrieval(load_embedder(model_dir, **settings), data, batch_size=batch_size)
+    result = evaluate_retrieval(load_embedder(model_dir, **settings).to(device), data, batch_size=batch_size)
     return {m: round(float(result[m]), 6) for m in METRICS}
 
 
@@ -299,8 +312,8 @@ def finetune(out: Path, data: RetrievalSet, pairs: Path, seeds: list[int], recip
         ours_dir, theirs_dir = out / "finetune" / f"ours-{seed}", out / "finetune" / f"theirs-{seed}"
         ours_runs.append({"seed": seed, **ours_finetune(minilm_path(), pairs, ours_dir, seed, recipe)})
         theirs_runs.append({"seed": seed, **theirs_finetune(pairs, theirs_dir, seed, recipe)})
-        ours_runs[-1]["scores"] = scores(ours_dir, data, batch_size, **lengths)
-        theirs_runs[-1]["scores"] = scores(theirs_dir / "model", data, batch_size, **lengths)
+        ours_runs[-1]["scores"] = scores(ours_dir, data, batch_size, recipe.device, **lengths)
+        theirs_runs[-1]["scores"] = scores(theirs_dir / "model", data, batch_size, recipe.device, **lengths)
     ours, theirs = summary(ours_runs), summary(theirs_runs)
     noise = max(ours["range"]["ndcg@10"], theirs["range"]["ndcg@10"])
     gap = ours["mean"]["ndcg@10"] - theirs["mean"]["ndcg@10"]
@@ -309,7 +322,7 @@ def finetune(out: Path, data: RetrievalSet, pairs: Path, seeds: list[int], recip
             "documents": len(data.corpus), "training_rows": len(read_lines(pairs)), "seeds": seeds,
             "recipe": {**asdict(recipe), "warmup_steps": recipe.warmup, "scale": 20.0, "grad_clip": 1.0,
                        "schedule": "linear warm-up, linear decay to 0", "precision": "fp32"},
-            "zero_shot": scores(minilm_path(), data, batch_size, **lengths),
+            "zero_shot": scores(minilm_path(), data, batch_size, recipe.device, **lengths),
             "ours": {"runs": ours_runs, **ours}, "sentence_transformers": {"runs": theirs_runs, **theirs},
             "ndcg@10_gap": round(gap, 6), "ndcg@10_noise": round(noise, 6), "quality_ok": gap >= -noise,
             "speedup": round(speedup, 3), "speed_ok": speedup >= 1.5}
@@ -375,8 +388,8 @@ def pretrained(out: Path, data: RetrievalSet, pairs: Path, seeds: list[int], rec
         for side, init in (("pretrained", run), ("random", random_dir)):
             tuned = out / "pretrained" / f"{side}-{seed}"
             trained = ours_finetune(init, pairs, tuned, seed, recipe)
-            sides[side].append({"seed": seed, "last_loss": trained["last_loss"], "scores": scores(tuned, data,
-                                                                                               batch_size)})
+            sides[side].append({"seed": seed, "last_loss": trained["last_loss"],
+                                "scores": scores(tuned, data, batch_size, recipe.device)})
     for side, runs in sides.items():
         result[side] = {"runs": runs, **summary(runs)}
     result["ndcg@10_gain"] = round(result["pretrained"]["mean"]["ndcg@10"] - result["random"]["mean"]["ndcg@10"], 6)
@@ -404,7 +417,11 @@ def main() -> int:
                         help="tokens per document (finetune: MiniLM's max_seq_length, 256; pretrained: 128)")
     parser.add_argument("--pretrain-steps", type=int, default=80,
                         help="BERT-tiny pre-training steps of 64 sequences (pretrained; ~5 min on 2 cores)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where both sides' models run (not the memory part's, a CPU measurement)")
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("retrieval_squad.py: --device cuda, but torch sees no CUDA device on this machine")
     if "finetune" in args.parts and args.query_max_length != args.document_max_length:
         if args.query_max_length is not None and args.document_max_length is not None:
             parser.error("finetune: sentence-transformers keeps one maximum length; give equal "
@@ -419,16 +436,17 @@ def main() -> int:
         elif part == "finetune":
             data, pairs = squad_sets(out, args.dev_articles)
             length = args.document_max_length or args.query_max_length or minilm_max_length()
-            recipe = Recipe(args.steps, args.batch, args.lr, args.weight_decay, length, length, args.threads)
+            recipe = Recipe(args.steps, args.batch, args.lr, args.weight_decay, length, length, args.threads,
+                            args.device)
             result = finetune(out, data, pairs, args.seeds, recipe, args.batch_size)
         elif part == "pretrained":
             data, pairs = squad_sets(out, args.dev_articles)
             recipe = Recipe(args.steps, args.batch, args.lr, args.weight_decay, args.query_max_length or 64,
-                            args.document_max_length or 128, args.threads)
+                            args.document_max_length or 128, args.threads, args.device)
             result = pretrained(out, data, pairs, args.seeds, recipe, args.pretrain_steps, args.batch_size)
         else:
             data, _ = squad_sets(out, args.dev_articles)
-            result = zero_shot(data, args.batch_size)
+            result = zero_shot(data, args.batch_size, args.device)
         print(json.dumps(result) if args.json else json.dumps(result, indent=2), flush=True)
     return 0
 

@@ -144,7 +144,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask, backen
     """Scaled dot-product attention of (B, heads, T, head size) queries, keys and values under ``mask``:
     FlexAttention for a block mask, else SDPA with the ``backends`` (None: torch's order)."""
     if isinstance(mask, BlockMask):  # (no dropout: layers_mask makes block masks only without it)
-        return flex_kernel(q.device)(q, k, v, block_mask=mask)
+        return flex_kernel(q.device, _flex_any_length)(q, k, v, block_mask=mask)
     # Called inside the attention's forward, which recomputation checkpoints as a whole,
     # so that a recomputation runs the kernel (and draws the dropout) the forward did.
     with sdpa_kernel(backends, set_priority=True) if backends else contextlib.nullcontext():
@@ -345,13 +345,31 @@ def padding_block_mask(attention_mask: torch.Tensor, window: int | None = None) 
 
 
 @functools.cache
-def flex_kernel(device: torch.device) -> Callable[..., torch.Tensor]:
+def flex_kernel(device: torch.device, any_length: bool = False) -> Callable[..., torch.Tensor]:
     """FlexAttention as it runs on ``device``: compiled into a fused kernel on CUDA (also when the
-    model is not compiled; inside a compiled model the two compiles are one); on the CPU torch's
-    reference implementation, which materialises the scores (and has no backward there)."""
+    model is not compiled; inside a compiled model the two compiles are one), for the shapes it
+    meets or (``any_length``) with symbolic shapes; on the CPU torch's reference implementation,
+    which materialises the scores (and has no backward there)."""
     if device.type == "cuda":
-        return torch.compile(flex_attention, dynamic=False)
+        return torch.compile(flex_attention, dynamic=any_length)
     return flex_attention
+
+
+# Rows of many lengths (retrieval's batches of texts packed into one row) take one FlexAttention kernel
+# of symbolic length: a kernel per length would meet Dynamo's recompile limit over a corpus, after which
+# torch runs FlexAttention unfused (the whole score matrix).
+_flex_any_length = False
+
+
+@contextlib.contextmanager
+def flex_any_length():
+    """FlexAttention's kernel compiled for any length (see :func:`flex_kernel`) for the calls inside."""
+    global _flex_any_length
+    before, _flex_any_length = _flex_any_length, True
+    try:
+        yield
+    finally:
+        _flex_any_length = before
 
 
 def layers_mask(x: torch.Tensor, attention_mask: torch.Tensor | None, sequence_ids: torch.Tensor | None,

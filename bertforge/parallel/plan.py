@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -452,6 +453,20 @@ def plan_memory(cfg: Config, world_size: int = 1, device: str | None = None) -> 
               "reshard_after_forward": ex.reshard_after_forward if dp.fsdp else None,
               "gathered_dtype": ("bf16" if gathered_bytes == 2 else "fp32") if dp.fsdp else ""}
     return _data_parallel_plan(config, dp, moments, saved, ex.offload, RUNTIME_OVERHEAD[device])
+
+
+def largest_micro_batch(plan_of: Callable[[int], MemoryPlan], device_memory: int, most: int) -> int:
+    """The largest micro-batch up to ``most`` whose plan (``plan_of(micro_batch)``, e.g. :func:`plan_memory`
+    of the config at that ``train.micro_batch_size``) fits ``device_memory`` bytes, 0 when not even one
+    row fits. A plan grows with the micro-batch, so a binary search finds it."""
+    low, high = 0, most  # 0 rows always fit; more than `most` are not asked
+    while low < high:
+        middle = (low + high + 1) // 2
+        if plan_of(middle).fits(device_memory):
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 @dataclass

@@ -54,5 +54,6 @@ def test_the_dry_run_runs_every_stage_and_writes_the_summary(tmp_path):
     assert (out / "runs" / "profiled" / "profile" / "trace.json").is_file()
     step = summary["modernbert_step"]  # ours on packed rows against transformers' padded batch
     assert step["device"] == "cpu" and step["bertforge"] > 0 and step["transformers_sparse"] > 0
+    assert step["mfu"] == {"bertforge": None, "transformers": None, "transformers_sparse": None}  # no CPU peak
     # modernbert_step.py's ratio is of the rates it prints (rounded to 2 decimals), rounded to 3
     assert step["ratio_vs_transformers"] == round(step["bertforge"] / step["transformers"], 3)

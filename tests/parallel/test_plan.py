@@ -20,6 +20,7 @@ from bertforge.parallel.plan import (
     count_parameters,
     decayed_parameters,
     format_plan,
+    largest_micro_batch,
     parse_size,
     plan_memory,
 )
@@ -538,3 +539,14 @@ def test_pipeline_plan_errors_and_table(capsys):
                  "--train.micro_batch_size", "8", "--train.global_batch_size", "64"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert [s["stage"] for s in result["stages"]] == [0, 1, 2, 3] and result["config"]["pipeline_stages"] == 4
+
+
+def test_largest_micro_batch_is_the_last_that_fits():
+    def plan_of(batch):
+        return plan_memory(make_config("large", batch=batch, seq_len=128, precision="bf16"), device="cuda")
+
+    total = {b: plan_of(b).device_total for b in (37, 38)}
+    budget = (total[37] + total[38]) // 2  # 37 rows fit, 38 do not
+    assert largest_micro_batch(plan_of, budget, 1000) == 37
+    assert largest_micro_batch(plan_of, budget, 20) == 20  # at most `most`
+    assert largest_micro_batch(plan_of, total[37] // 100, 1000) == 0  # not even one row

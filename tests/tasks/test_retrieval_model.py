@@ -132,10 +132,16 @@ def test_a_sentence_transformers_6_save_reads_back_with_its_pooling_and_length(s
                                ).min().item() >= 1 - 1e-6
 
 
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("path", ["documents", "flex"])
 @pytest.mark.parametrize("family", ["bert", "modernbert"])
-def test_a_packed_batch_gives_the_padded_batchs_states_and_gradients(family):
-    """On the CPU the Embedder runs a padded batch as one packed row (its texts attended one at a
-    time): the real tokens' states and the gradients equal the padded batch's; padding is zero."""
+def test_a_packed_batch_gives_the_padded_batchs_states_and_gradients(family, path, monkeypatch):
+    """The Embedder runs a padded batch as one packed row, its texts attended one at a time on the
+    CPU ("documents") or under a FlexAttention block mask on CUDA ("flex": here torch's reference
+    implementation of the same block mask, whose CPU backward torch refuses at its entry only):
+    the real tokens' states and the gradients equal the padded batch's; padding is zero."""
+    import torch.nn.attention.flex_attention as flex_module
+
     from bertforge.config import MODEL_PRESETS, ModelConfig
     from bertforge.models.bert import BertModel
     from bertforge.models.modernbert import ModernBertModel
@@ -152,12 +158,24 @@ def test_a_packed_batch_gives_the_padded_batchs_states_and_gradients(family):
     ids = ids * mask
     weights = torch.randn(4, 60, cfg.hidden_size)
     states, grads = {}, {}
-    for packed in (False, True):
+    import bertforge.models.bert as bert_module
+
+    monkeypatch.setattr(flex_module, "_validate_device", lambda *tensors: None)
+    kernels = []  # the FlexAttention kernel each attention takes: on CUDA, compiled for any length
+
+    def recording(device, any_length=False, original=bert_module.flex_kernel):
+        kernels.append(any_length)
+        return original(device, any_length)
+
+    monkeypatch.setattr(bert_module, "flex_kernel", recording)
+    for packed in (False, path):
         encoder.zero_grad()
         out = token_states(encoder, ids, mask, packed=packed)
         (out * mask[..., None] * weights).sum().backward()  # (not the squares: the final norm fixes their sum)
-        states[packed] = out
-        grads[packed] = {n: p.grad.clone() for n, p in encoder.named_parameters() if p.grad is not None}
+        states[bool(packed)] = out
+        grads[bool(packed)] = {n: p.grad.clone() for n, p in encoder.named_parameters() if p.grad is not None}
+    assert encoder.flex is False and bert_module._flex_any_length is False  # (only for the packed row's call)
+    assert kernels == ([True] * cfg.num_hidden_layers if path == "flex" else [])
     real = mask.bool()
     torch.testing.assert_close(states[True][real], states[False][real], rtol=1e-5, atol=1e-5)
     assert states[True][~real].abs().max().item() == 0
@@ -165,3 +183,30 @@ def test_a_packed_batch_gives_the_padded_batchs_states_and_gradients(family):
     largest = max(grad.abs().max().item() for grad in grads[False].values())
     for name, grad in grads[False].items():  # float rounding (a key bias's gradient is zero but for it)
         assert (grads[True][name] - grad).abs().max().item() <= 1e-5 * max(grad.abs().max().item(), largest / 100), name
+
+
+def test_the_packed_path_by_device():
+    """The CPU attends each text of a packed row alone; CUDA packs under a FlexAttention block mask, but
+    for training a model with attention dropout (FlexAttention has none): padded; other devices padded."""
+    from bertforge.config import MODEL_PRESETS, ModelConfig
+    from bertforge.tasks.retrieval.model import packing_path
+
+    bert = ModelConfig(**MODEL_PRESETS["tiny"])  # attention dropout 0.1
+    modernbert = ModelConfig(**MODEL_PRESETS["modernbert-tiny"])  # none
+    assert bert.attention_probs_dropout_prob > 0 and modernbert.attention_probs_dropout_prob == 0
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert [packing_path(cpu, cfg, training) for cfg in (bert, modernbert) for training in (False, True)] == \
+        ["documents"] * 4
+    assert [packing_path(cuda, cfg, training) for cfg in (bert, modernbert) for training in (False, True)] == \
+        ["flex", None, "flex", "flex"]
+    assert packing_path(torch.device("meta"), modernbert, False) is None
+
+
+def test_flex_rows_are_padded_to_few_lengths():
+    from bertforge.tasks.retrieval.model import flex_row_length
+
+    assert [flex_row_length(n) for n in (1, 128, 129, 300, 385, 513, 1000)] == [128, 128, 256, 384, 512, 640, 1024]
+    lengths = {flex_row_length(n) for n in range(1, 20_001)}
+    assert all(length % 128 == 0 for length in lengths) and len(lengths) == 23  # up to 20,000 tokens
+    assert max(flex_row_length(n) / n for n in range(513, 20_001)) == 1024 / 769
+    assert max(flex_row_length(n) / n for n in range(2049, 20_001)) < 1.23

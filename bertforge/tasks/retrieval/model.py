@@ -21,6 +21,7 @@ skip-list, ``string.punctuation``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import string
@@ -41,6 +42,7 @@ from bertforge.data.tokenizer import load_tokenizer, special_ids
 from bertforge.data.vocab import is_tokenizer_json
 from bertforge.formats.hf import find_model, is_hf_directory
 from bertforge.formats.load import load_model
+from bertforge.models.bert import flex_any_length
 from bertforge.models.modernbert import ModernBertModel, pool
 from bertforge.runs import saved_data_settings
 
@@ -277,23 +279,70 @@ def _read_prompts(file: Path) -> dict[str, Any]:
 # ---------------------------------------------------------------- the models
 
 
+PackedPath = Literal["documents", "flex"]
+FLEX_BLOCK = 128  # FlexAttention's block of queries and keys
+
+
+def packing_path(device: torch.device, cfg: ModelConfig, training: bool) -> PackedPath | None:
+    """How a batch of texts runs on ``device``: as one packed row attended one text at a time by
+    SDPA ("documents": the CPU), as one packed row under a FlexAttention block mask ("flex": CUDA,
+    torch's fused kernel, which skips the blocks between texts), or padded (None). FlexAttention has
+    no dropout, so a training batch of a model with attention dropout runs padded on CUDA: a packed
+    row's dense (N × N) mask would cost more than the padding it saves."""
+    if device.type == "cpu":
+        return "documents"
+    if device.type == "cuda" and not (training and cfg.attention_probs_dropout_prob > 0):
+        return "flex"
+    return None
+
+
+def flex_row_length(tokens: int) -> int:
+    """The length a packed row of ``tokens`` is padded to for FlexAttention: a multiple of its block,
+    from a geometric series of about 2^(1/4) (at most a third more past 512 tokens, 23 % past 2,048), so
+    that a compiled model (its layers compiled per shape) meets a few shapes per kind of text."""
+    length = FLEX_BLOCK
+    while length < tokens:
+        length = -(-int(length * 2 ** 0.25) // FLEX_BLOCK) * FLEX_BLOCK
+    return length
+
+
+@contextlib.contextmanager
+def block_masks(encoder: nn.Module, on: bool):
+    """The encoder's masks as FlexAttention block masks (``on``: its kernel for any length) or not, for the
+    calls inside."""
+    before = encoder.flex
+    encoder.flex = on  # type: ignore[assignment]  # (mypy reads it as a submodule)
+    try:
+        with flex_any_length() if on else contextlib.nullcontext():
+            yield
+    finally:
+        encoder.flex = before
+
+
 def token_states(encoder: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                 packed: bool = False) -> torch.Tensor:
+                 packed: bool | PackedPath = False) -> torch.Tensor:
     """The encoder's last hidden states (B, T, H), of either family (BERT's token types all 0).
 
     ``packed``: the padded batch's tokens run as one packed row (each text a sequence of it, at
     its padded positions), so that no layer computes padding and each text attends to itself
-    alone (one attention per text on the CPU: models.bert.Documents); the states are then put
-    back at their places, zeros at the padding, which what reads them (pooling) ignores."""
+    alone: one attention per text ("documents", or True: models.bert.Documents on the CPU), or a
+    FlexAttention block mask ("flex": the row padded to :func:`flex_row_length`, the padding a
+    sequence of its own that no text sees; the kernel compiled for any length on CUDA:
+    models.bert.flex_any_length); the states are then put back at their places, zeros at
+    the padding, which what reads them (pooling) ignores."""
     if packed and not bool(attention_mask.all()):
         keep = attention_mask.bool()
         B, T = input_ids.shape
         columns = torch.arange(T, device=input_ids.device).expand(B, T)
         rows = torch.arange(1, B + 1, device=input_ids.device)[:, None].expand(B, T)
-        row = {"position_ids": columns[keep][None], "sequence_ids": rows[keep][None]}
-        states = encoder(input_ids[keep][None], **row) if isinstance(encoder, ModernBertModel) \
-            else encoder(input_ids[keep][None], **row)[0]
-        return states.new_zeros((B, T, states.shape[-1])).index_put((keep,), states[0])
+        ids, row = input_ids[keep][None], {"position_ids": columns[keep][None], "sequence_ids": rows[keep][None]}
+        tokens = ids.shape[1]
+        if packed == "flex":  # padding: token 0, position 0, sequence 0
+            extra = flex_row_length(tokens) - tokens
+            ids, row = F.pad(ids, (0, extra)), {name: F.pad(value, (0, extra)) for name, value in row.items()}
+        with block_masks(encoder, packed == "flex"):
+            states = encoder(ids, **row) if isinstance(encoder, ModernBertModel) else encoder(ids, **row)[0]
+        return states.new_zeros((B, T, states.shape[-1])).index_put((keep,), states[0, :tokens])
     if isinstance(encoder, ModernBertModel):
         return encoder(input_ids, attention_mask)
     return encoder(input_ids, None, attention_mask)[0]
@@ -348,11 +397,12 @@ class TextModel(nn.Module):
 
 class Embedder(TextModel):
     """One vector per text: the encoder's token states pooled (mean of the real tokens, or [CLS])
-    and, with ``settings.normalize``, L2-normalized. On the CPU a batch runs packed (see
-    :func:`token_states`): the same embeddings (to float rounding) without computing padding."""
+    and, with ``settings.normalize``, L2-normalized. A batch runs packed where :func:`packing_path`
+    says (see :func:`token_states`): the same embeddings (to float rounding) without computing padding."""
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        states = token_states(self.encoder, input_ids, attention_mask, packed=input_ids.device.type == "cpu")
+        path = packing_path(input_ids.device, self.config, self.training)
+        states = token_states(self.encoder, input_ids, attention_mask, packed=path or False)
         embeddings = pool(states, attention_mask, self.settings.pooling)
         return F.normalize(embeddings, dim=-1) if self.settings.normalize else embeddings
 
