@@ -132,10 +132,12 @@ def test_a_sentence_transformers_6_save_reads_back_with_its_pooling_and_length(s
                                ).min().item() >= 1 - 1e-6
 
 
+@pytest.mark.parametrize("grouped", [True, False], ids=["grouped", "per-text"])
 @pytest.mark.parametrize("family", ["bert", "modernbert"])
-def test_a_packed_batch_gives_the_padded_batchs_states_and_gradients(family):
-    """On the CPU the Embedder runs a padded batch as one packed row (its texts attended one at a
-    time): the real tokens' states and the gradients equal the padded batch's; padding is zero."""
+def test_a_packed_batch_gives_the_padded_batchs_states_and_gradients(family, grouped):
+    """On the CPU the Embedder runs a padded batch as one packed row (its texts attended in groups
+    of near lengths, or one at a time): the real tokens' states and the gradients equal the padded
+    batch's; padding is zero."""
     from bertforge.config import MODEL_PRESETS, ModelConfig
     from bertforge.models.bert import BertModel
     from bertforge.models.modernbert import ModernBertModel
@@ -146,15 +148,16 @@ def test_a_packed_batch_gives_the_padded_batchs_states_and_gradients(family):
                          "attention_probs_dropout_prob": 0.0, "local_attention": 16})
     torch.manual_seed(0)
     encoder = BertModel(cfg) if family == "bert" else ModernBertModel(cfg)
-    lengths = [37, 5, 60, 19]  # beyond ModernBERT's local window of 16 and within it
-    ids = torch.randint(5, 300, (4, 60))
-    mask = (torch.arange(60)[None] < torch.tensor(lengths)[:, None]).long()
+    # beyond ModernBERT's local window of 16 and within it; grouped: 160, 137 (padded) | 100 | 19, 5
+    lengths = [137, 5, 160, 19, 100]
+    ids = torch.randint(5, 300, (5, 160))
+    mask = (torch.arange(160)[None] < torch.tensor(lengths)[:, None]).long()
     ids = ids * mask
-    weights = torch.randn(4, 60, cfg.hidden_size)
+    weights = torch.randn(5, 160, cfg.hidden_size)
     states, grads = {}, {}
     for packed in (False, True):
         encoder.zero_grad()
-        out = token_states(encoder, ids, mask, packed=packed)
+        out = token_states(encoder, ids, mask, packed=packed, grouped=grouped)
         (out * mask[..., None] * weights).sum().backward()  # (not the squares: the final norm fixes their sum)
         states[packed] = out
         grads[packed] = {n: p.grad.clone() for n, p in encoder.named_parameters() if p.grad is not None}

@@ -41,6 +41,7 @@ from bertforge.data.tokenizer import load_tokenizer, special_ids
 from bertforge.data.vocab import is_tokenizer_json
 from bertforge.formats.hf import find_model, is_hf_directory
 from bertforge.formats.load import load_model
+from bertforge.models.bert import grouped_documents
 from bertforge.models.modernbert import ModernBertModel, pool
 from bertforge.runs import saved_data_settings
 
@@ -278,21 +279,23 @@ def _read_prompts(file: Path) -> dict[str, Any]:
 
 
 def token_states(encoder: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                 packed: bool = False) -> torch.Tensor:
+                 packed: bool = False, grouped: bool = True) -> torch.Tensor:
     """The encoder's last hidden states (B, T, H), of either family (BERT's token types all 0).
 
     ``packed``: the padded batch's tokens run as one packed row (each text a sequence of it, at
     its padded positions), so that no layer computes padding and each text attends to itself
-    alone (one attention per text on the CPU: models.bert.Documents); the states are then put
-    back at their places, zeros at the padding, which what reads them (pooling) ignores."""
+    alone (on the CPU: models.bert.Documents, texts of near lengths in one SDPA call, or with
+    ``grouped=False`` one call per text); the states are then put back at their places, zeros at
+    the padding, which what reads them (pooling) ignores."""
     if packed and not bool(attention_mask.all()):
         keep = attention_mask.bool()
         B, T = input_ids.shape
         columns = torch.arange(T, device=input_ids.device).expand(B, T)
         rows = torch.arange(1, B + 1, device=input_ids.device)[:, None].expand(B, T)
         row = {"position_ids": columns[keep][None], "sequence_ids": rows[keep][None]}
-        states = encoder(input_ids[keep][None], **row) if isinstance(encoder, ModernBertModel) \
-            else encoder(input_ids[keep][None], **row)[0]
+        with grouped_documents(grouped):
+            states = encoder(input_ids[keep][None], **row) if isinstance(encoder, ModernBertModel) \
+                else encoder(input_ids[keep][None], **row)[0]
         return states.new_zeros((B, T, states.shape[-1])).index_put((keep,), states[0])
     if isinstance(encoder, ModernBertModel):
         return encoder(input_ids, attention_mask)
@@ -349,10 +352,16 @@ class TextModel(nn.Module):
 class Embedder(TextModel):
     """One vector per text: the encoder's token states pooled (mean of the real tokens, or [CLS])
     and, with ``settings.normalize``, L2-normalized. On the CPU a batch runs packed (see
-    :func:`token_states`): the same embeddings (to float rounding) without computing padding."""
+    :func:`token_states`): the same embeddings (to float rounding) without computing padding.
+    ``packed = False`` runs it padded, ``grouped = False`` packed with one SDPA per text
+    (benchmarks/retrieval_step.py compares the three)."""
+
+    packed = True
+    grouped = True
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        states = token_states(self.encoder, input_ids, attention_mask, packed=input_ids.device.type == "cpu")
+        packed = self.packed and input_ids.device.type == "cpu"
+        states = token_states(self.encoder, input_ids, attention_mask, packed=packed, grouped=self.grouped)
         embeddings = pool(states, attention_mask, self.settings.pooling)
         return F.normalize(embeddings, dim=-1) if self.settings.normalize else embeddings
 
