@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -227,57 +227,136 @@ class BertPooler(nn.Module):
 
 
 class Documents:
-    """Packed rows' attention as one SDPA per document: the CPU's way to compute the scores inside
-    documents alone (FlexAttention skips blocks only on CUDA), a row of three documents of about
-    T/3 computing a third of the row's T² and no (T × T) bias. A document is a run of one sequence
-    id (padding included: padding sees padding, as :func:`attention_rule` has it); a row whose
-    sequences are not runs (Graphcore's BERT packing puts each [CLS] at the row's end) is gathered
-    into runs first and scattered back after. ``window`` (ModernBERT's local layers): keys at most
-    that far, as an additive bias per document length, made once per batch and shared by the
-    layers. Each document's output is laid out (T, heads, head size) before the concatenation, so
-    that the attention module's reshape after it is a view (one copy a layer, the concatenation)."""
+    """Packed rows' attention inside documents alone, the CPU's way (FlexAttention skips blocks only on
+    CUDA): a row of three documents of about T/3 computes a third of the row's T² and no (T × T) bias.
+    A document is a run of one sequence id (padding included: padding sees padding, as
+    :func:`attention_rule` has it), or a sequence's tokens gathered where they are not a run
+    (Graphcore's BERT packing puts each [CLS] at the row's end).
+
+    With ``group_by_length`` (:func:`grouped_documents`), documents of the same or a near length (of
+    any row) are attended in one SDPA call, padded to the group's longest with its padding keys
+    masked (:func:`length_groups`): one SDPA per text is many small kernels, each a parallel region
+    whose threads must all meet, which a busy machine makes wait (issue 40). The Embedder's packed
+    batches take it (tasks/retrieval/model.py: a row of 32 texts and more); packed pre-training rows
+    keep one call per document, the layout whose memory parallel/plan.py plans. A group's queries,
+    keys and values are gathered from the tokens (a document alone that is a run: views of its
+    row) and its outputs put back, laid out (T, heads, head size) so that the attention module's
+    reshape after is a view. ``window`` (ModernBERT's local layers): keys at most that far, by the
+    tokens' row positions. The masks are made once per batch and shared by the layers."""
+
+    group_by_length = False
 
     def __init__(self, sequence_ids: torch.Tensor, window: int | None, dtype: torch.dtype):
-        self.window, self.dtype = window, dtype
-        # Per row: its documents' lengths, their window biases, and the gather that makes them runs
-        # (None: they are) with its inverse.
-        self.rows: list[tuple[list[int], list[torch.Tensor | None], tuple[torch.Tensor, torch.Tensor] | None]] = []
-        self.biases: dict[tuple[int, ...], torch.Tensor | None] = {}  # by length, or by positions where not a run
-        for row in sequence_ids.cpu().long():  # (packed files keep them as uint8)
-            starts = [0, *((row[1:] != row[:-1]).nonzero().flatten() + 1).tolist(), len(row)]
-            lengths = [b - a for a, b in zip(starts[:-1], starts[1:])]
-            if len(lengths) == len(row.unique()):  # every sequence one run
-                self.rows.append((lengths, [self.bias((n,), None, sequence_ids.device) for n in lengths], None))
-                continue
+        B, T = sequence_ids.shape
+        self.shape = (B, T)
+        documents: list[torch.Tensor] = []  # each document's token positions in the flattened (B × T) rows
+        for b, row in enumerate(sequence_ids.cpu().long()):  # (packed files keep them as uint8)
             order = row.argsort(stable=True)  # each sequence's tokens together, in row order
-            lengths = row.bincount()[row.unique()].tolist()
-            biases = [self.bias(tuple(p.tolist()), p, sequence_ids.device) for p in order.split(lengths)]
-            self.rows.append((lengths, biases, (order, order.argsort())))
-
-    def bias(self, key: tuple[int, ...], positions: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
-        """The window's additive bias over a document: a run of ``key[0]`` tokens, or the tokens at row
-        ``positions`` (None: the window holds every pair)."""
-        if self.window is None:
-            return None
-        if key not in self.biases:
-            positions = torch.arange(key[0]) if positions is None else positions
-            far = (positions[:, None] - positions[None, :]).abs() > self.window
-            self.biases[key] = torch.zeros(far.shape, dtype=self.dtype).masked_fill_(
-                far, torch.finfo(self.dtype).min).to(device) if bool(far.any()) else None
-        return self.biases[key]
+            documents += [b * T + positions for positions in order.split(row.bincount()[row.unique()].tolist())]
+        device = sequence_ids.device
+        # Per group: the gather of its (documents, longest) slots (or, for a document alone that is a run,
+        # its (row, first token, length), attended as a view of the row), its real slots among them (None: all)
+        # and its additive mask (None: none; the window's of a run is shared by the runs of its length).
+        self.groups: list[tuple[torch.Tensor | tuple[int, int, int], torch.Tensor | None, torch.Tensor | None]] = []
+        windows: dict[int, torch.Tensor | None] = {}
+        slots = []  # each group's real slots, in the order of the groups' outputs
+        for group in length_groups([len(d) for d in documents], self.group_by_length):
+            first, n = int(documents[group[0]][0]), len(documents[group[0]])
+            if len(group) == 1 and int(documents[group[0]][-1]) == first + n - 1:
+                if n not in windows:
+                    windows[n] = group_bias(torch.arange(n)[None], torch.ones(1, n, dtype=torch.bool), window,
+                                            dtype, device)
+                self.groups.append(((first // T, first % T, n), None, windows[n]))
+                slots.append(documents[group[0]])
+                continue
+            index = torch.stack([F.pad(documents[i], (0, n - len(documents[i])), value=int(documents[i][0]))
+                                 for i in group])  # (documents, longest); padding slots repeat a token
+            real = torch.arange(n)[None] < torch.tensor([len(documents[i]) for i in group])[:, None]
+            keep = None if bool(real.all()) else real.flatten().nonzero().flatten().to(device)
+            self.groups.append((index.to(device), keep, group_bias(index % T, real, window, dtype, device)))
+            slots.append(index[real])
+        order = torch.cat(slots)  # the token of each real slot, groups in turn
+        in_order = bool((order == torch.arange(B * T)).all())
+        self.scatter = None if in_order else order.argsort().to(device)  # each token's real slot
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
         """(B, heads, T, head size) queries, keys and values to the output of the same shape."""
-        rows = []
-        for (lengths, biases, gather), qr, kr, vr in zip(self.rows, q.split(1), k.split(1), v.split(1)):
-            if gather is not None:
-                qr, kr, vr = (x.index_select(2, gather[0].to(x.device)) for x in (qr, kr, vr))
-            pieces = [F.scaled_dot_product_attention(qd, kd, vd, attn_mask=bias, dropout_p=dropout_p).transpose(1, 2)
-                      for qd, kd, vd, bias in zip(qr.split(lengths, 2), kr.split(lengths, 2), vr.split(lengths, 2),
-                                                  biases)]
-            out = torch.cat(pieces, 1) if len(pieces) > 1 else pieces[0]  # (1, T, heads, head size)
-            rows.append(out if gather is None else out.index_select(1, gather[1].to(out.device)))
-        return (torch.cat(rows) if len(rows) > 1 else rows[0]).transpose(1, 2)
+        B, heads, T, size = q.shape
+        flat: list[torch.Tensor] = []  # (B × T, heads, head size) of each, made for the first gather
+        outputs = []  # (tokens, heads, head size) of each group
+        for index, keep, bias in self.groups:
+            if isinstance(index, tuple):  # a run: views of its row, as a row of its own
+                b, first, n = index
+                qg, kg, vg = (x[b:b + 1, :, first:first + n] for x in (q, k, v))
+                out = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=bias, dropout_p=dropout_p)
+                outputs.append(out.transpose(1, 2)[0])
+                continue
+            flat = flat or [x.transpose(1, 2).reshape(B * T, heads, size) for x in (q, k, v)]
+            n, longest = index.shape
+            qg, kg, vg = (x.index_select(0, index.flatten()).view(n, longest, heads, size).transpose(1, 2)
+                          for x in flat)
+            out = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=bias, dropout_p=dropout_p)
+            out = out.transpose(1, 2).reshape(n * longest, heads, size)
+            outputs.append(out if keep is None else out.index_select(0, keep))
+        out = torch.cat(outputs) if len(outputs) > 1 else outputs[0].contiguous()
+        if self.scatter is not None:
+            out = out.index_select(0, self.scatter)
+        return out.view(B, T, heads, size).transpose(1, 2)
+
+
+@contextlib.contextmanager
+def grouped_documents(on: bool = True) -> Iterator[None]:
+    """Packed rows made in the block are attended in groups of near lengths (``on``) or one SDPA per
+    document (:class:`Documents`)."""
+    before = Documents.group_by_length
+    Documents.group_by_length = on
+    try:
+        yield
+    finally:
+        Documents.group_by_length = before
+
+
+def group_bias(positions: torch.Tensor, real: torch.Tensor, window: int | None, dtype: torch.dtype,
+               device: torch.device) -> torch.Tensor | None:
+    """The additive mask of a group of documents padded to one length: ``positions`` (documents,
+    longest) their tokens' row positions, ``real`` which slots are tokens. Padding keys are masked;
+    with ``window``, a real query's keys further than it too (a padding query, whose output no one
+    reads, keeps the real keys: no row is all masked). None where nothing is."""
+    if window is None:
+        if bool(real.all()):
+            return None
+        masked = ~real[:, None, None, :]  # (documents, 1, 1, longest)
+    else:
+        far = (positions[:, :, None] - positions[:, None, :]).abs() > window
+        masked = (~real[:, None, :] | (far & real[:, :, None]))[:, None]  # (documents, 1, longest, longest)
+        if not bool(masked.any()):
+            return None
+    return torch.zeros(masked.shape, dtype=dtype).masked_fill_(masked, torch.finfo(dtype).min).to(device)
+
+
+def length_groups(lengths: Sequence[int], group: bool = True, waste: float = 0.25,
+                  small: int = 64) -> list[list[int]]:
+    """The documents of ``lengths`` (their indices) in groups attended together, each longest first:
+    longest documents first, a document joins the group before it while the group's padded score
+    area (documents × longest²) stays within ``1 + waste`` of its real one, or while the group's
+    longest is at most ``small`` tokens (where a call's overhead is more than its padding's cost).
+    ``group=False``: one group per document, in order."""
+    if not group:  # (in order: each row's runs back in place by the concatenation alone)
+        return [[i] for i in range(len(lengths))]
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    area = 0
+    for i in order:
+        if groups:
+            longest = lengths[groups[-1][0]]
+            joined = area + lengths[i] ** 2
+            if longest <= small or (len(groups[-1]) + 1) * longest ** 2 <= (1 + waste) * joined:
+                groups[-1].append(i)
+                area = joined
+                continue
+        groups.append([i])
+        area = lengths[i] ** 2
+    return groups
 
 
 # What attention takes: an additive bias, a block mask, a packed row's documents, or none.

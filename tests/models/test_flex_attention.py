@@ -27,6 +27,7 @@ from bertforge.models.bert import (
     dense_bias,
     document_block_mask,
     layers_mask,
+    length_groups,
     padding_block_mask,
     set_attention_backends,
 )
@@ -97,25 +98,43 @@ def test_block_masks_are_the_bias_rules_and_skip_what_no_query_sees():
     assert padding_block_mask(valid).sparsity() == 100 * 8 / 16
 
 
+@pytest.mark.parametrize("grouped", [True, False], ids=["grouped", "per-document"])
 @pytest.mark.parametrize("window", [None, 5, 40])
-def test_attention_per_document_equals_the_rows_bias(window):
+def test_attention_per_document_equals_the_rows_bias(window, grouped, monkeypatch):
     """The CPU's per-document attention equals SDPA over the whole row with the rule's bias, forward and
     backward: documents of consecutive tokens, one whose last token sits at the row's end (Graphcore's
-    BERT packing), padding between and after, and a row of one document."""
-    ids = torch.zeros(3, 64, dtype=torch.long)
-    ids[0, :20], ids[0, 20:45], ids[0, 45:50] = 1, 2, 3  # then 14 of padding
-    ids[1, :30], ids[1, 30:52], ids[1, 63] = 1, 2, 1  # sequence 1's [CLS] at the end; padding in between
+    BERT packing), padding between and after, a row of one document, and documents of rows of 200
+    tokens whose lengths make several groups (attended together padded to the group's longest: a
+    group of two lengths, one alone, one of short documents), or one SDPA per document."""
+    monkeypatch.setattr(Documents, "group_by_length", grouped)
+    ids = torch.zeros(4, 200, dtype=torch.long)
+    ids[0, :20], ids[0, 20:45], ids[0, 45:50] = 1, 2, 3  # then 150 of padding
+    ids[1, :30], ids[1, 30:52], ids[1, 199] = 1, 2, 1  # sequence 1's [CLS] at the end; padding in between
     ids[2, :] = 1
+    ids[3, :120], ids[3, 120:190], ids[3, 190:] = 1, 2, 3
     torch.manual_seed(0)
-    q, k, v = (torch.randn(3, 2, 64, 8, requires_grad=True) for _ in range(3))
+    q, k, v = (torch.randn(4, 2, 200, 8, requires_grad=True) for _ in range(3))
     rule = attention_rule(None, ids, window)
-    want = attend(q, k, v, dense_bias(rule, 3, 64, torch.float32, q.device), None, 0.0)
-    got = attend(q, k, v, Documents(ids, window, torch.float32), None, 0.0)
+    want = attend(q, k, v, dense_bias(rule, 4, 200, torch.float32, q.device), None, 0.0)
+    documents = Documents(ids, window, torch.float32)
+    # 11 documents; grouped: 200 | 150, 147 (padding), 120 | 70 | 31, 25, 22, 20, 10, 5
+    sizes = [1 if isinstance(index, tuple) else len(index) for index, _, _ in documents.groups]
+    assert sizes == ([1, 3, 1, 6] if grouped else [1] * 11)
+    got = attend(q, k, v, documents, None, 0.0)
     real = (ids > 0)[:, None, :, None]  # a padding query's output is what no real token reads
     torch.testing.assert_close(torch.where(real, got, 0.0), torch.where(real, want, 0.0), rtol=1e-6, atol=1e-6)
     grads = [torch.autograd.grad((out * real).square().sum(), (q, k, v)) for out in (want, got)]
     for theirs, ours in zip(*grads):
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_documents_are_grouped_by_length_with_little_padding():
+    """Longest first; a document joins the group before it while the padded score area stays within
+    1.25 × the real one, or while the group's longest is at most 64 tokens (a call costs more)."""
+    lengths = [256, 250, 120, 15, 30, 256]
+    assert length_groups(lengths) == [[0, 5, 1], [2], [4, 3]]
+    assert length_groups(lengths, group=False) == [[0], [1], [2], [3], [4], [5]]
+    assert length_groups([100, 100, 100]) == [[0, 1, 2]]  # equal lengths: one call, no padding
 
 
 def test_flex_is_used_only_where_it_changes_nothing():
@@ -126,7 +145,7 @@ def test_flex_is_used_only_where_it_changes_nothing():
     # FlexAttention has no dropout: a training forward with attention dropout takes SDPA's path (on the
     # CPU an attention per document; elsewhere the additive bias) ...
     documents = layers_mask(x, None, rows["sequence_ids"], dropout, flex=True, training=True)
-    assert isinstance(documents, Documents) and len(documents.rows) == 4
+    assert isinstance(documents, Documents) and documents.shape == (4, 256)
     # ... and an evaluation, which has none, the block mask.
     assert isinstance(layers_mask(x, None, rows["sequence_ids"], dropout, flex=True, training=False), BlockMask)
     assert layers_mask(x, None, None, CFG, flex=True, training=True) is None  # no padding: no mask at all

@@ -133,13 +133,15 @@ def test_a_sentence_transformers_6_save_reads_back_with_its_pooling_and_length(s
 
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
-@pytest.mark.parametrize("path", ["documents", "flex"])
+@pytest.mark.parametrize(("path", "grouped"), [("documents", True), ("documents", False), ("flex", True)],
+                         ids=["documents-grouped", "documents-per-text", "flex"])
 @pytest.mark.parametrize("family", ["bert", "modernbert"])
-def test_a_packed_batch_gives_the_padded_batchs_states_and_gradients(family, path, monkeypatch):
-    """The Embedder runs a padded batch as one packed row, its texts attended one at a time on the
-    CPU ("documents") or under a FlexAttention block mask on CUDA ("flex": here torch's reference
-    implementation of the same block mask, whose CPU backward torch refuses at its entry only):
-    the real tokens' states and the gradients equal the padded batch's; padding is zero."""
+def test_a_packed_batch_gives_the_padded_batchs_states_and_gradients(family, path, grouped, monkeypatch):
+    """The Embedder runs a padded batch as one packed row, its texts attended on the CPU in groups of
+    near lengths or one at a time ("documents"), or under a FlexAttention block mask on CUDA ("flex":
+    here torch's reference implementation of the same block mask, whose CPU backward torch refuses
+    at its entry only): the real tokens' states and the gradients equal the padded batch's; padding
+    is zero."""
     import torch.nn.attention.flex_attention as flex_module
 
     from bertforge.config import MODEL_PRESETS, ModelConfig
@@ -152,11 +154,12 @@ def test_a_packed_batch_gives_the_padded_batchs_states_and_gradients(family, pat
                          "attention_probs_dropout_prob": 0.0, "local_attention": 16})
     torch.manual_seed(0)
     encoder = BertModel(cfg) if family == "bert" else ModernBertModel(cfg)
-    lengths = [37, 5, 60, 19]  # beyond ModernBERT's local window of 16 and within it
-    ids = torch.randint(5, 300, (4, 60))
-    mask = (torch.arange(60)[None] < torch.tensor(lengths)[:, None]).long()
+    # beyond ModernBERT's local window of 16 and within it; grouped: 160, 137 (padded) | 100 | 19, 5
+    lengths = [137, 5, 160, 19, 100]
+    ids = torch.randint(5, 300, (5, 160))
+    mask = (torch.arange(160)[None] < torch.tensor(lengths)[:, None]).long()
     ids = ids * mask
-    weights = torch.randn(4, 60, cfg.hidden_size)
+    weights = torch.randn(5, 160, cfg.hidden_size)
     states, grads = {}, {}
     import bertforge.models.bert as bert_module
 
@@ -170,7 +173,7 @@ def test_a_packed_batch_gives_the_padded_batchs_states_and_gradients(family, pat
     monkeypatch.setattr(bert_module, "flex_kernel", recording)
     for packed in (False, path):
         encoder.zero_grad()
-        out = token_states(encoder, ids, mask, packed=packed)
+        out = token_states(encoder, ids, mask, packed=packed, grouped=grouped)
         (out * mask[..., None] * weights).sum().backward()  # (not the squares: the final norm fixes their sum)
         states[bool(packed)] = out
         grads[bool(packed)] = {n: p.grad.clone() for n, p in encoder.named_parameters() if p.grad is not None}

@@ -42,7 +42,7 @@ from bertforge.data.tokenizer import load_tokenizer, special_ids
 from bertforge.data.vocab import is_tokenizer_json
 from bertforge.formats.hf import find_model, is_hf_directory
 from bertforge.formats.load import load_model
-from bertforge.models.bert import flex_any_length
+from bertforge.models.bert import flex_any_length, grouped_documents
 from bertforge.models.modernbert import ModernBertModel, pool
 from bertforge.runs import saved_data_settings
 
@@ -320,15 +320,16 @@ def block_masks(encoder: nn.Module, on: bool):
 
 
 def token_states(encoder: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                 packed: bool | PackedPath = False) -> torch.Tensor:
+                 packed: bool | PackedPath = False, grouped: bool = True) -> torch.Tensor:
     """The encoder's last hidden states (B, T, H), of either family (BERT's token types all 0).
 
     ``packed``: the padded batch's tokens run as one packed row (each text a sequence of it, at
     its padded positions), so that no layer computes padding and each text attends to itself
-    alone: one attention per text ("documents", or True: models.bert.Documents on the CPU), or a
-    FlexAttention block mask ("flex": the row padded to :func:`flex_row_length`, the padding a
-    sequence of its own that no text sees; the kernel compiled for any length on CUDA:
-    models.bert.flex_any_length); the states are then put back at their places, zeros at
+    alone: one attention per text ("documents", or True: models.bert.Documents on the CPU, texts of
+    near lengths in one SDPA call, or with ``grouped=False`` one call per text), or a FlexAttention
+    block mask ("flex": the row padded to :func:`flex_row_length`, the padding a sequence of its own
+    that no text sees; the kernel compiled for any length on CUDA: models.bert.flex_any_length); the
+    states are then put back at their places, zeros at
     the padding, which what reads them (pooling) ignores."""
     if packed and not bool(attention_mask.all()):
         keep = attention_mask.bool()
@@ -340,7 +341,7 @@ def token_states(encoder: nn.Module, input_ids: torch.Tensor, attention_mask: to
         if packed == "flex":  # padding: token 0, position 0, sequence 0
             extra = flex_row_length(tokens) - tokens
             ids, row = F.pad(ids, (0, extra)), {name: F.pad(value, (0, extra)) for name, value in row.items()}
-        with block_masks(encoder, packed == "flex"):
+        with block_masks(encoder, packed == "flex"), grouped_documents(grouped):
             states = encoder(ids, **row) if isinstance(encoder, ModernBertModel) else encoder(ids, **row)[0]
         return states.new_zeros((B, T, states.shape[-1])).index_put((keep,), states[0, :tokens])
     if isinstance(encoder, ModernBertModel):
@@ -398,11 +399,16 @@ class TextModel(nn.Module):
 class Embedder(TextModel):
     """One vector per text: the encoder's token states pooled (mean of the real tokens, or [CLS])
     and, with ``settings.normalize``, L2-normalized. A batch runs packed where :func:`packing_path`
-    says (see :func:`token_states`): the same embeddings (to float rounding) without computing padding."""
+    says (see :func:`token_states`): the same embeddings (to float rounding) without computing padding.
+    ``packed = False`` runs it padded, ``grouped = False`` packed with one SDPA per text on the CPU
+    (benchmarks/retrieval_step.py compares the three)."""
+
+    packed = True
+    grouped = True
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        path = packing_path(input_ids.device, self.config, self.training)
-        states = token_states(self.encoder, input_ids, attention_mask, packed=path or False)
+        path = packing_path(input_ids.device, self.config, self.training) if self.packed else None
+        states = token_states(self.encoder, input_ids, attention_mask, packed=path or False, grouped=self.grouped)
         embeddings = pool(states, attention_mask, self.settings.pooling)
         return F.normalize(embeddings, dim=-1) if self.settings.normalize else embeddings
 
