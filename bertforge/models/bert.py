@@ -272,7 +272,7 @@ class Documents:
                 self.groups.append(((first // T, first % T, n), None, windows[n]))
                 slots.append(documents[group[0]])
                 continue
-            index = torch.stack([F.pad(documents[i], (0, n - len(documents[i])), value=documents[i][0].tolist())
+            index = torch.stack([F.pad(documents[i], (0, n - len(documents[i])), value=documents[i][:1].tolist()[0])
                                  for i in group])  # (documents, longest); padding slots repeat a token
             real = torch.arange(n)[None] < torch.tensor([len(documents[i]) for i in group])[:, None]
             keep = None if real.all().tolist() else real.flatten().nonzero().flatten().to(device)

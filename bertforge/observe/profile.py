@@ -132,8 +132,9 @@ class PhaseMemory:
     def peaks(self, closed: bool = False) -> dict[str, float]:
         """The peaks of the whole run so far; ``closed``: of the recorded phases only (after
         ``close``), so that what other threads allocate afterwards cannot exceed them all."""
-        host = [*([] if closed else [peak_rss_mb()]), *self.host.values()]
-        row = {"peak_rss_mb": round(max(host), 1)}
+        if not closed:  # what a row reports stays a peak of its phase, so the end's peak is never below it
+            self.host[self.current] = max(self.host.get(self.current, 0.0), peak_rss_mb())
+        row = {"peak_rss_mb": round(max(self.host.values()), 1)}
         if self.cuda:
             gpu = [*([] if closed else [torch.cuda.max_memory_allocated(self.device) / MB]), *self.gpu.values()]
             row["cuda_peak_mb"] = round(max(gpu), 1)
